@@ -1,0 +1,35 @@
+# Two commands: `make demo` and `make test`. Both set up .venv first (idempotent: the stamp file
+# is newer than requirements.txt and pyproject.toml, so a second run installs nothing).
+#
+# The venv is built on Debian's /usr/bin/python3.11 when it exists: the python-backend stub that
+# ships in the nvidia-pytriton wheel embeds the system libpython3.11, and stdlib extension
+# modules of another 3.11 build (e.g. pyenv's _ssl) fail to load inside it.
+PYTHON_BASE ?= $(shell test -x /usr/bin/python3.11 && echo /usr/bin/python3.11 || command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: setup demo test test-all clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON_BASE) -m venv $(VENV)
+	$(BIN)/python -m pip install --disable-pip-version-check -q -r requirements.txt
+	$(BIN)/python -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/ensemble demo $(ARGS)
+
+# pytest exit code 5 means no test was collected: report it as the failure it is.
+test: setup
+	@$(BIN)/python -m pytest tests -q -rs $(ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+test-all: setup
+	$(BIN)/python -m pytest tests -q -rs -m "" $(ARGS)
+
+clean:
+	rm -rf build

@@ -1,0 +1,5 @@
+import sys
+
+from ensemble.cli import main
+
+sys.exit(main())

@@ -1,0 +1,175 @@
+"""`ensemble demo`: synthesize -> fit -> train -> export -> serve -> check parity -> measure."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ensemble import data, features, schema, training
+from ensemble.export import TrainedArtifacts, export_repository
+from ensemble.runtime import Pipeline
+from ensemble.serve import ServerOptions, TritonServer
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    synth: data.SynthConfig = field(default_factory=data.SynthConfig)
+    train: training.TrainConfig = field(default_factory=training.TrainConfig)
+    workdir: Path = Path("build")
+    repository: Path = Path("model_repository")
+    server: ServerOptions | None = None  # repository filled in from above
+    keep_serving: bool = False
+    parity_rows: int = 2000
+    latency_requests: int = 300
+
+
+def edge_case_rows(rng: np.random.Generator, n: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """Rows a real client may send: everything missing, unseen/odd strings, negative, huge and
+    non-finite integers. Returns ([n x 13] float32, [n x 26] bytes objects)."""
+    dense = rng.integers(-5, 1000, (n, schema.N_DENSE)).astype(np.float32)
+    dense[0] = np.nan
+    dense[1, :4] = [np.inf, -np.inf, 3.0e38, -1e9]
+    dense[2] = 1e30
+    cats = np.array([[f"{v:08x}".encode() for v in row] for row in rng.integers(0, 2**32, (n, 26))], dtype=object)
+    cats[0] = b""
+    cats[3, :5] = [b"not-hex!", b"x" * 5000, "\u00e9\u00e8".encode(), b"\xff\xfe", b"  "]
+    cats[4, ::2] = b""
+    return dense, cats
+
+
+def _percentiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"p50_ms": statistics.median(ordered) * 1e3, "p99_ms": pick(0.99) * 1e3, "n": len(ordered)}
+
+
+def _timed(fn: Callable[[], object], n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
+    """Run the whole pipeline once and return the summary (also written to the workdir)."""
+    from clients.triton import RankerClient
+
+    started = time.perf_counter()
+    workdir = Path(options.workdir)
+    summary: dict = {"machine": f"{platform.machine()}, {_cpu_count()} cores, no GPU used",
+                     "synth": asdict(options.synth)}
+
+    log(f"1/6 synthesizing {options.synth.rows} rows (cardinality scale {options.synth.scale})")
+    synth = data.synthesize(options.synth)
+    path = data.write_criteo(synth.frame, workdir / "data" / "synthetic.tsv")
+    frame = data.read_criteo([path])
+    train, valid, test = data.split(frame)
+    n_test = len(test)
+    from ensemble.metrics import auc
+    summary["best_possible_test_auc"] = auc(test[schema.LABEL], synth.probability[-n_test:])
+    log(f"    click rate {frame[schema.LABEL].mean():.3f}; the generator's own (best possible) "
+        f"test AUC {summary['best_possible_test_auc']:.4f}")
+
+    log("2/6 fitting NVTabular features and training xgb, dlrm_torch, dlrm_tf, blend")
+    report = training.train_all(train, valid, test, workdir, options.train, log)
+    summary["accuracy"] = report["test"]
+    summary["train_seconds"] = report["seconds"]
+    for name, m in report["test"].items():
+        log(f"    {name:<11} test AUC {m['auc']:.4f}  log loss {m['logloss']:.4f}")
+
+    log(f"3/6 exporting the model repository to {options.repository}")
+    export_repository(TrainedArtifacts(workdir / "workflow", workdir / "models"), options.repository)
+
+    summary["lean_transform"] = _transform_timings(workdir / "workflow", test)
+    log(f"    features, 1 row: lean {summary['lean_transform']['lean_1row_ms']:.4f} ms, "
+        f"NVTabular Workflow.transform {summary['lean_transform']['nvtabular_1row_ms']:.1f} ms (medians)")
+
+    server_options = options.server or ServerOptions(Path(options.repository))
+    server_options = ServerOptions(**{**asdict(server_options), "repository": Path(options.repository)})
+    log("4/6 starting tritonserver")
+    server = TritonServer(server_options)
+    start = time.perf_counter()
+    server.start()
+    summary["server_start_seconds"] = time.perf_counter() - start
+    try:
+        log(f"    ready in {summary['server_start_seconds']:.1f}s: HTTP {server.http_url}, "
+            f"gRPC {server.grpc_url}, metrics {server.metrics_url}")
+        http = RankerClient(server.http_url, "http")
+        grpc = RankerClient(server.grpc_url, "grpc")
+
+        log("5/6 parity: served scores vs the in-process pipeline on fresh random rows")
+        fresh = data.synthesize(data.SynthConfig(rows=options.parity_rows, scale=options.synth.scale,
+                                                 seed=options.synth.seed + 1000)).frame
+        dense = np.concatenate([features.dense_array(fresh), edge_case_rows(np.random.default_rng(7))[0]])
+        cats = np.concatenate([features.encode_categorical(fresh), edge_case_rows(np.random.default_rng(7))[1]])
+        local = Pipeline.from_repository(options.repository).score(dense, cats)
+        served = http.score(dense, cats, all_scores=True)
+        diffs = {k: float(np.max(np.abs(served[k] - local[k].ravel()))) for k in served}
+        summary["parity_max_abs_diff"] = diffs
+        summary["parity_rows"] = int(len(dense))
+        ok = max(diffs.values()) <= 1e-5
+        log(f"    {len(dense)} rows, max |served - in-process|: "
+            + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()) + ("  OK" if ok else "  MISMATCH"))
+
+        log("6/6 latency sample (sequential requests, one client, this machine)")
+        summary["latency"] = {}
+        for label, client in (("http", http), ("grpc", grpc)):
+            for rows in (1, 100):
+                d, c = dense[:rows], cats[:rows]
+                client.infer(d, c)  # warm-up
+                samples = _timed(lambda: client.infer(d, c), options.latency_requests)
+                summary["latency"][f"{label}_{rows}rows"] = _percentiles(samples)
+        for key, value in summary["latency"].items():
+            log(f"    {key:<12} p50 {value['p50_ms']:.2f} ms  p99 {value['p99_ms']:.2f} ms  (n={value['n']})")
+        summary["server_rss_mib"] = server.resident_memory_bytes() / 2**20
+        log(f"    server resident memory, all processes: {summary['server_rss_mib']:.0f} MiB")
+        summary["seconds_total"] = time.perf_counter() - started
+        (workdir / "demo_summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        log(f"done in {summary['seconds_total']:.0f}s; summary in {workdir / 'demo_summary.json'}")
+        if not ok:
+            raise SystemExit("served scores differ from the in-process pipeline")
+        if options.keep_serving:
+            log("serving until Ctrl-C")
+            _wait_for_interrupt(server)
+    finally:
+        server.stop()
+    return summary
+
+
+def _transform_timings(workflow_dir: Path, test) -> dict[str, float]:
+    from ensemble.features import LeanTransform, load_workflow, nvtabular_transform
+
+    lean = LeanTransform.load(workflow_dir)
+    # NVTabular fails when a categorical column is null in every row of a call: use a full row.
+    full = test[test[list(schema.CATEGORICAL_COLUMNS)].notna().all(axis=1)].iloc[:1]
+    d, c = features.dense_array(full), features.encode_categorical(full)
+    lean_ms = statistics.median(_timed(lambda: lean(d, c), 2000)) * 1e3
+    workflow = load_workflow(workflow_dir)
+    nvtabular_transform(workflow, full)  # warm-up
+    nvt_ms = statistics.median(_timed(lambda: nvtabular_transform(workflow, full), 20)) * 1e3
+    return {"lean_1row_ms": lean_ms, "nvtabular_1row_ms": nvt_ms}
+
+
+def _wait_for_interrupt(server: TritonServer) -> None:
+    import signal
+
+    stop = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.append(1))
+    while not stop and server.alive():
+        time.sleep(0.5)
+
+
+def _cpu_count() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))

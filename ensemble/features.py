@@ -1,0 +1,189 @@
+"""Feature transforms: NVTabular fits them, a lean numpy transform serves them.
+
+NVTabular's ``Workflow`` is fitted on the training split and saved in its own format. Its
+``transform`` costs ~55 ms per call on CPU whatever the row count and crashes when a
+categorical column is null in every row of a call, so serving uses :class:`LeanTransform`:
+the same arithmetic, built from the fitted workflow's statistics, with no pandas or NVTabular.
+
+Encoding (NVTabular 23.08 ``Categorify``): 0 = padding (unused), 1 = missing, 2 = out of
+vocabulary (unseen, or seen fewer than ``freq_threshold`` times), 3.. = vocabulary, most
+frequent first.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from itertools import repeat
+from pathlib import Path
+
+import numpy as np
+
+from ensemble import schema
+
+NULL_ID = 1
+OOV_ID = 2
+FIRST_ID = 3
+LEAN_FILE = "lean.json"
+
+
+def fit_workflow(train, out_dir: str | Path, freq_threshold: int = 3) -> Path:
+    """Fit the NVTabular workflow on a training frame and save it.
+
+    Args:
+        train: frame from :func:`ensemble.data.read_criteo` (``I*`` float, ``C*`` str/None).
+        out_dir: the saved workflow directory (NVTabular's format; categories inside).
+        freq_threshold: values seen fewer times than this map to the out-of-vocabulary id.
+
+    Returns:
+        ``out_dir``.
+    """
+    import nvtabular as nvt
+    from nvtabular import ops
+
+    out_dir = Path(out_dir)
+    dense = (list(schema.DENSE_COLUMNS) >> ops.FillMissing(fill_val=0) >> ops.Clip(min_value=0)
+             >> ops.LogOp() >> ops.Normalize())
+    # out_path keeps NVTabular from writing ./categories into the working directory.
+    categorical = list(schema.CATEGORICAL_COLUMNS) >> ops.Categorify(
+        freq_threshold=freq_threshold, out_path=str(out_dir.parent / f".{out_dir.name}-fit"))
+    workflow = nvt.Workflow(dense + categorical)
+    columns = [*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS]
+    workflow.fit(nvt.Dataset(train[columns].reset_index(drop=True), cpu=True))
+    workflow.save(str(out_dir))
+    _write_lean_stats(workflow, out_dir)
+    return out_dir
+
+
+def load_workflow(workflow_dir: str | Path):
+    """The saved NVTabular ``Workflow`` (imports NVTabular, TensorFlow and torch: ~5 s)."""
+    import nvtabular as nvt
+
+    return nvt.Workflow.load(str(workflow_dir))
+
+
+def nvtabular_transform(workflow, frame):
+    """Run the saved workflow itself (the reference the lean transform is tested against).
+
+    Args:
+        workflow: a loaded ``Workflow`` or its directory.
+        frame: Criteo frame (at least one non-null value per categorical column: NVTabular
+            23.08 fails on a column that is null in every row).
+
+    Returns:
+        (dense [B x 13] float64, ids [B x 26] int64)
+    """
+    if isinstance(workflow, (str, Path)):
+        workflow = load_workflow(workflow)
+    columns = [*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS]
+    out = workflow.transform(frame[columns].reset_index(drop=True))
+    return (out[list(schema.DENSE_COLUMNS)].to_numpy(np.float64),
+            out[list(schema.CATEGORICAL_COLUMNS)].to_numpy(np.int64))
+
+
+def _ops_of(workflow) -> list:
+    found, stack = [], [workflow.output_node]
+    while stack:
+        node = stack.pop()
+        if node.op is not None:
+            found.append(node.op)
+        stack.extend(node.parents_with_dependencies)
+    return found
+
+
+def _write_lean_stats(workflow, out_dir: Path) -> None:
+    """Copy what the lean transform needs out of the fitted workflow's operators."""
+    by_type = {type(op).__name__: op for op in _ops_of(workflow)}
+    normalize, fill, clip, cat = (by_type[k] for k in ("Normalize", "FillMissing", "Clip", "Categorify"))
+    stats = {
+        "fill_value": float(fill.fill_val),
+        "clip_min": float(clip.min_value),
+        "means": [float(normalize.means[c]) for c in schema.DENSE_COLUMNS],
+        "stds": [float(normalize.stds[c]) for c in schema.DENSE_COLUMNS],
+        "freq_threshold": int(cat.freq_threshold if isinstance(cat.freq_threshold, int) else 0),
+        "vocabularies": {c: f"categories/unique.{c}.parquet" for c in schema.CATEGORICAL_COLUMNS},
+    }
+    (out_dir / LEAN_FILE).write_text(json.dumps(stats, indent=1))
+
+
+@dataclass(frozen=True)
+class LeanTransform:
+    """The fitted workflow's arithmetic in numpy.
+
+    Attributes:
+        means, stds: [13] Normalize statistics (of log(x+1) on the training split).
+        fill_value, clip_min: FillMissing and Clip parameters.
+        lookups: per categorical column, ``bytes value -> id`` (b"" -> missing id).
+    """
+
+    means: np.ndarray
+    stds: np.ndarray
+    fill_value: float
+    clip_min: float
+    lookups: tuple[dict, ...]
+
+    @classmethod
+    def load(cls, workflow_dir: str | Path) -> "LeanTransform":
+        import pyarrow.parquet as pq
+
+        workflow_dir = Path(workflow_dir)
+        stats = json.loads((workflow_dir / LEAN_FILE).read_text())
+        lookups = []
+        for col in schema.CATEGORICAL_COLUMNS:
+            # ParquetFile, not read_table: read_table imports pyarrow.dataset and with it pandas.
+            table = pq.ParquetFile(workflow_dir / stats["vocabularies"][col]).read(columns=[col])
+            values = table.column(0).to_pylist()
+            lookup = {v.encode("utf-8"): FIRST_ID + i for i, v in enumerate(values) if v is not None}
+            lookup[b""] = NULL_ID
+            lookups.append(lookup)
+        return cls(np.asarray(stats["means"], np.float64), np.asarray(stats["stds"], np.float64),
+                   float(stats["fill_value"]), float(stats["clip_min"]), tuple(lookups))
+
+    @property
+    def cardinalities(self) -> tuple[int, ...]:
+        """Embedding rows each column needs (reserved ids + vocabulary)."""
+        return tuple(FIRST_ID + len(lookup) - 1 for lookup in self.lookups)
+
+    def __call__(self, dense: np.ndarray, categorical: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Transform a batch.
+
+        Args:
+            dense: [B x 13] raw integer features as float (NaN or +-inf = missing).
+            categorical: [B x 26] object array of bytes (b"" = missing).
+
+        Returns:
+            (dense_features [B x 13] float32, category_ids [B x 26] int64)
+        """
+        return self.transform_dense(dense), self.transform_categorical(categorical)
+
+    def transform_dense(self, dense: np.ndarray) -> np.ndarray:
+        x = np.array(dense, dtype=np.float32, copy=True)
+        x[~np.isfinite(x)] = self.fill_value  # inf is treated as missing, like NaN
+        np.maximum(x, np.float32(self.clip_min), out=x)
+        # Same float32 formula as NVTabular's LogOp, then Normalize in float64.
+        logged = np.log(x + np.float32(1))
+        safe_std = np.where(self.stds > 0, self.stds, 1.0)
+        return ((logged - self.means) / safe_std).astype(np.float32)
+
+    def transform_categorical(self, categorical: np.ndarray) -> np.ndarray:
+        categorical = np.asarray(categorical, dtype=object)
+        batch = categorical.shape[0]
+        ids = np.empty((batch, schema.N_CATEGORICAL), dtype=np.int64)
+        for j, lookup in enumerate(self.lookups):
+            ids[:, j] = np.fromiter(map(lookup.get, categorical[:, j], repeat(OOV_ID)),
+                                    dtype=np.int64, count=batch)
+        return ids
+
+
+def encode_categorical(frame) -> np.ndarray:
+    """Criteo ``C*`` columns (str, None/NaN = missing) -> [B x 26] object array of bytes."""
+    out = np.empty((len(frame), schema.N_CATEGORICAL), dtype=object)
+    for j, col in enumerate(schema.CATEGORICAL_COLUMNS):
+        out[:, j] = [v.encode("utf-8") if isinstance(v, str) else (v if isinstance(v, bytes) else b"")
+                     for v in frame[col].tolist()]
+    return out
+
+
+def dense_array(frame) -> np.ndarray:
+    """Criteo ``I*`` columns -> [B x 13] float32 (NaN = missing)."""
+    return frame[list(schema.DENSE_COLUMNS)].to_numpy(dtype=np.float32, na_value=np.nan)

@@ -1,0 +1,257 @@
+"""Start a real tritonserver on a model repository.
+
+The binary is the one the ``nvidia-pytriton`` wheel ships (Triton 2.51 with the python
+backend), or a ``tritonserver`` on PATH. The python backend stub embeds libpython and finds
+packages through the first ``python3`` on PATH, so the server's PATH starts with this
+interpreter's ``bin/``; PYTHONPATH adds this project so ``model.py`` can import ``ensemble``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+# Shared objects whose presence in a process's memory map shows the framework was imported.
+HEAVY_LIBRARIES = {"torch": "libtorch_cpu", "tensorflow": "libtensorflow_framework",
+                   "xgboost": "libxgboost"}  # NVTabular imports both torch and TensorFlow
+
+
+class ServerError(RuntimeError):
+    """The server failed to start or died; the message ends with its log tail."""
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How to run tritonserver.
+
+    Attributes:
+        repository: the model repository folder.
+        host: address HTTP, gRPC and metrics bind to (loopback unless told otherwise).
+        http_port, grpc_port, metrics_port: ports (0 is not allowed; pick free ones).
+        model_config_name: read ``<model>/configs/<name>.pbtxt`` instead of config.pbtxt.
+        log_file: where the server's output goes (a temp file if None).
+        startup_timeout: seconds to wait for readiness.
+    """
+
+    repository: Path
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    model_config_name: str | None = None
+    log_file: Path | None = None
+    startup_timeout: float = 300.0
+
+
+def _pytriton_dir() -> Path | None:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+
+
+def find_tritonserver() -> Path:
+    """The wheel's binary, else ``tritonserver`` on PATH."""
+    bundled = _pytriton_dir()
+    if bundled is not None and (bundled / "bin" / "tritonserver").is_file():
+        return bundled / "bin" / "tritonserver"
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return Path(on_path)
+    raise ServerError("no tritonserver found: install nvidia-pytriton (make demo does) or put one on PATH")
+
+
+def _backend_directory(binary: Path, into: Path) -> Path:
+    """Backends next to the binary, with the python stub built for this Python version."""
+    dist = binary.parent.parent
+    backends = into / "backends"
+    shutil.copytree(dist / "backends", backends)
+    stub = dist / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / \
+        "triton_python_backend_stub"
+    if stub.is_file():
+        shutil.copy2(stub, backends / "python" / "triton_python_backend_stub")
+    return backends
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TritonServer:
+    """A tritonserver process: ``start()`` waits until ready, ``stop()`` terminates -> waits -> kills."""
+
+    def __init__(self, options: ServerOptions):
+        self.options = options
+        self.process: subprocess.Popen | None = None
+        self._scratch: Path | None = None
+        self.log_file = options.log_file
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.options.host}:{self.options.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.options.host}:{self.options.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.options.host}:{self.options.metrics_port}/metrics"
+
+    def command(self, binary: Path, backends: Path) -> list[str]:
+        o = self.options
+        cmd = [str(binary), f"--model-repository={Path(o.repository).resolve()}",
+               f"--backend-directory={backends}",
+               f"--http-address={o.host}", f"--http-port={o.http_port}",
+               f"--grpc-address={o.host}", f"--grpc-port={o.grpc_port}",
+               f"--metrics-address={o.host}", f"--metrics-port={o.metrics_port}",
+               "--allow-gpu-metrics=false", "--exit-on-error=true", "--log-verbose=0"]
+        if o.model_config_name:
+            cmd.append(f"--model-config-name={o.model_config_name}")
+        return cmd
+
+    def environment(self, binary: Path) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
+        libs = binary.parent.parent.parent.parent / "nvidia_pytriton.libs"
+        if libs.is_dir():
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                p for p in (env.get("LD_LIBRARY_PATH"), str(libs)) if p)
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        return env
+
+    def start(self) -> "TritonServer":
+        binary = find_tritonserver()
+        self._scratch = Path(tempfile.mkdtemp(prefix="ensemble-triton-"))
+        backends = _backend_directory(binary, self._scratch)
+        if self.log_file is None:
+            self.log_file = self._scratch / "tritonserver.log"
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as log:
+            self.process = subprocess.Popen(self.command(binary, backends), stdout=log,
+                                            stderr=subprocess.STDOUT, env=self.environment(binary),
+                                            start_new_session=True)
+        deadline = time.monotonic() + self.options.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self._cleanup()
+                raise ServerError(f"tritonserver exited with code {self.process.returncode}\n{self.log_tail()}")
+            if self.ready():
+                return self
+            time.sleep(0.25)
+        self.stop()
+        raise ServerError(f"tritonserver not ready after {self.options.startup_timeout:.0f}s\n{self.log_tail()}")
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The server's error lines (Triton prefixes them with ``E``), then the last lines."""
+        if self.log_file is None or not Path(self.log_file).is_file():
+            return "(no log)"
+        text = Path(self.log_file).read_text(errors="replace").splitlines()
+        errors = [line[:2000] for line in text if line[:1] == "E" and line[1:5].isdigit()]
+        return "\n".join(["--- errors ---", *errors[-10:], "--- last lines ---", *text[-lines:]])
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, 9)
+                self.process.wait()
+        self._cleanup()
+        return None if self.process is None else self.process.returncode
+
+    def _cleanup(self) -> None:
+        if self._scratch is not None:
+            # keep the log when it lives in the scratch folder and the server failed
+            for item in self._scratch.iterdir():
+                if item.is_dir():
+                    shutil.rmtree(item, ignore_errors=True)
+
+    def resident_memory_bytes(self) -> int:
+        """Resident memory of the server and every process it started (the backend stubs)."""
+        if not self.alive():
+            return 0
+        return sum(_rss(pid) for pid in _process_tree(self.process.pid))
+
+    def backend_processes(self) -> dict[str, dict]:
+        """Per python-backend stub process: the model it serves, its resident memory, and which
+        heavy frameworks it has loaded (read from /proc/<pid>/maps)."""
+        if not self.alive():
+            return {}
+        found = {}
+        for pid in _process_tree(self.process.pid)[1:]:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                maps = Path(f"/proc/{pid}/maps").read_text(errors="replace")
+            except OSError:
+                continue
+            model_py = next((a.decode() for a in cmdline if a.endswith(b"model.py")), None)
+            if model_py is None:
+                continue
+            model = Path(model_py).parent.parent.name
+            found[model] = {"pid": pid, "rss_mib": _rss(pid) / 2**20,
+                            "frameworks": sorted(name for name, marker in HEAVY_LIBRARIES.items()
+                                                 if marker in maps)}
+        return found
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _process_tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    tree, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        tree.append(pid)
+        stack.extend(children.get(pid, []))
+    return tree
+
+
+def _rss(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

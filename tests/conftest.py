@@ -1,0 +1,49 @@
+"""Shared fixtures: a small trained model repository, built once per test session."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ensemble import data
+
+from tests.helpers import SYNTH
+
+
+@dataclass(frozen=True)
+class Trained:
+    workdir: Path
+    repository: Path
+    train: pd.DataFrame
+    valid: pd.DataFrame
+    test: pd.DataFrame
+    report: dict
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory) -> Trained:
+    from ensemble import training
+    from ensemble.export import TrainedArtifacts, export_repository
+    from ensemble.models.dlrm import DLRMConfig
+    from ensemble.models.xgb import XGBConfig
+
+    root = tmp_path_factory.mktemp("trained")
+    path = data.write_criteo(data.synthesize(SYNTH).frame, root / "data.tsv")
+    train, valid, test = data.split(data.read_criteo([path]))
+    config = training.TrainConfig(xgb=XGBConfig(rounds=40, max_depth=6),
+                                  dlrm=DLRMConfig(epochs=1, embedding_dim=8, bottom_mlp=(32,), top_mlp=(32,)))
+    report = training.train_all(train, valid, test, root / "work", config, log=lambda _: None)
+    repository = root / "model_repository"
+    export_repository(TrainedArtifacts(root / "work" / "workflow", root / "work" / "models"), repository)
+    return Trained(root / "work", repository, train, valid, test, report)
+
+
+@pytest.fixture(scope="session")
+def pipeline(trained):
+    from ensemble.runtime import Pipeline
+
+    return Pipeline.from_repository(trained.repository)

@@ -1,0 +1,31 @@
+"""Serving budgets that are facts, not timings: which processes load which frameworks, memory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_light_steps_load_no_heavy_framework(server):
+    processes = server.backend_processes()
+    assert set(processes) == {"features", "xgb", "dlrm_torch", "dlrm_tf", "blend"}
+    assert processes["features"]["frameworks"] == []
+    assert processes["blend"]["frameworks"] == []
+    assert processes["dlrm_torch"]["frameworks"] == ["torch"]
+    assert processes["dlrm_tf"]["frameworks"] == ["tensorflow"]
+
+
+def test_server_memory_under_three_gib(server):
+    assert 0 < server.resident_memory_bytes() < 3 * 2**30
+
+
+def test_light_steps_import_no_framework_in_process(trained):
+    code = (
+        "import sys; from ensemble.runtime import load_step, latest_version; from pathlib import Path\n"
+        f"repo = Path({str(trained.repository)!r})\n"
+        "for m in ('features', 'blend'): load_step(m, latest_version(repo / m))\n"
+        "heavy = [m for m in ('torch', 'tensorflow', 'nvtabular', 'pandas', 'xgboost') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

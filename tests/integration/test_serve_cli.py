@@ -1,0 +1,53 @@
+"""`ensemble serve`: binds loopback, waits until ready, stops cleanly on SIGTERM/SIGINT, and
+exits non-zero with the server's log tail when the server cannot start."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from ensemble.serve import free_port
+
+
+def _serve(repository, *extra):
+    ports = [free_port() for _ in range(3)]
+    cmd = [sys.executable, "-m", "ensemble", "serve", "--repository", str(repository),
+           "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), ports
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_until_signal(trained, sig):
+    proc, ports = _serve(trained.repository)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("ready:"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        assert f"127.0.0.1:{ports[0]}" in line
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/models/ranker/ready", timeout=5) as reply:
+            assert reply.status == 200
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 0
+        assert "stopped" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    time.sleep(0.5)
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/health/ready", timeout=2)
+
+
+def test_serve_fails_with_log_tail(trained, tmp_path):
+    broken = tmp_path / "repo"
+    shutil.copytree(trained.repository, broken)
+    (broken / "blend" / "1" / "blend.json").write_text("{}")  # no longer matches its manifest
+    proc, _ = _serve(broken)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert "checksum mismatch" in err and "blend" in err

@@ -1,0 +1,51 @@
+"""Configs come from one typed source; the committed files are exactly what it generates."""
+
+from pathlib import Path
+
+import pytest
+
+from ensemble import configs, schema
+from ensemble.schema import Model
+
+REPO = Path(__file__).resolve().parents[2] / "model_repository"
+
+
+def test_committed_configs_are_generated(tmp_path):
+    configs.write_configs(tmp_path)
+    for name in configs.all_configs():
+        committed = REPO / name / configs.CONFIG_FILE
+        assert committed.read_text() == (tmp_path / name / configs.CONFIG_FILE).read_text(), (
+            f"{committed} differs from ensemble/configs.py: run `ensemble export` or regenerate")
+
+
+@pytest.mark.parametrize("name", [m.value for m in Model])
+def test_config_parses_as_triton_model_config(name):
+    config = configs.parse((REPO / name / configs.CONFIG_FILE).read_text())
+    assert config.name == name
+    assert config.max_batch_size >= 8192
+
+
+def test_ranker_contract():
+    config = configs.ensemble_config()
+    assert config.platform == "ensemble"
+    assert [(i.name, list(i.dims)) for i in config.input] == [("dense", [13]), ("categorical", [26])]
+    assert [o.name for o in config.output] == ["score", "score_xgb", "score_dlrm_torch", "score_dlrm_tf"]
+
+
+def test_ensemble_wiring_is_complete():
+    config = configs.ensemble_config()
+    available = {t.name for t in schema.RANKER_INPUTS}
+    for step in config.ensemble_scheduling.step:
+        spec = schema.STEPS[Model(step.model_name)]
+        assert set(step.input_map) == {t.name for t in spec.inputs}
+        assert set(step.input_map.values()) <= available, f"{step.model_name} reads a tensor not produced yet"
+        available |= set(step.output_map.values())
+    assert {t.name for t in schema.RANKER_OUTPUTS} <= available
+
+
+def test_python_models_batch_dynamically():
+    for spec in configs.RepositorySpec().models:
+        config = configs.model_config(spec)
+        assert config.backend == "python"
+        assert config.HasField("dynamic_batching")
+        assert config.instance_group[0].kind == config.instance_group[0].KIND_CPU

@@ -1,0 +1,63 @@
+"""Repository layout, atomic versions, manifests."""
+
+import json
+import shutil
+
+import pytest
+
+from ensemble import manifest
+from ensemble.export import TrainedArtifacts, export_repository
+from ensemble.runtime import Pipeline, latest_version, load_step
+from ensemble.schema import Model
+
+
+def test_repository_layout(trained):
+    repo = trained.repository
+    for model in Model:
+        assert (repo / model.value / "config.pbtxt").is_file()
+    assert (repo / "features" / "1" / "workflow" / "workflow.pkl").is_file()  # NVTabular's own format
+    assert (repo / "xgb" / "1" / "xgboost.json").is_file()
+    assert (repo / "dlrm_torch" / "1" / "model.pt").is_file()
+    assert (repo / "dlrm_tf" / "1" / "model.savedmodel" / "saved_model.pb").is_file()
+    body = json.loads((repo / "xgb" / "1" / "manifest.json").read_text())
+    assert "xgboost.json" in body["files"] and "numpy" in body["libraries"]
+
+
+def test_new_versions_are_published_whole_and_old_ones_pruned(trained, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(trained.repository, repo)
+    artifacts = TrainedArtifacts(trained.workdir / "workflow", trained.workdir / "models")
+    export_repository(artifacts, repo, keep=2)
+    export_repository(artifacts, repo, keep=2)
+    versions = sorted(p.name for p in (repo / "xgb").iterdir())
+    assert versions == ["2", "3", "config.pbtxt"]  # no staging folder left behind
+    assert latest_version(repo / "xgb").name == "3"
+
+
+def test_tampered_artifact_fails_loudly(trained, tmp_path):
+    version = tmp_path / "1"
+    shutil.copytree(trained.repository / "blend" / "1", version)
+    load_step(Model.BLEND, version)  # intact: loads
+    (version / "blend.json").write_text('{"weights": [9, 9, 9], "bias": 0}')
+    with pytest.raises(manifest.ManifestError, match="checksum mismatch"):
+        load_step(Model.BLEND, version)
+    (version / "blend.json").unlink()
+    with pytest.raises(manifest.ManifestError, match="missing artifact"):
+        load_step(Model.BLEND, version)
+    with pytest.raises(manifest.ManifestError, match="written for model"):
+        load_step(Model.XGB, version)
+
+
+def test_pipeline_scores_are_probabilities(pipeline):
+    from tests.helpers import fresh_rows
+
+    dense, cats = fresh_rows(500, seed=9)
+    out = pipeline.score(dense, cats)
+    for name, values in out.items():
+        assert values.shape == (len(dense), 1), name
+        assert ((values > 0) & (values < 1)).all(), name
+
+
+def test_training_report_has_every_model(trained):
+    assert set(trained.report["test"]) == {"xgb", "dlrm_torch", "dlrm_tf", "blend"}
+    assert trained.report["test"]["xgb"]["auc"] > 0.55

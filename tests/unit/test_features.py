@@ -1,0 +1,77 @@
+"""The lean serving transform gives the same tensors as NVTabular's Workflow.transform."""
+
+import numpy as np
+import pytest
+
+from ensemble import data, features, schema
+from ensemble.features import NULL_ID, OOV_ID, LeanTransform
+
+
+@pytest.fixture(scope="module")
+def lean(trained):
+    return LeanTransform.load(trained.workdir / "workflow")
+
+
+@pytest.fixture(scope="module")
+def workflow(trained):
+    return features.load_workflow(trained.workdir / "workflow")
+
+
+def _fresh_frame(seed: int, rows: int = 3000):
+    # A different seed: most values of big columns are unseen; missing values everywhere.
+    frame = data.synthesize(data.SynthConfig(rows=rows, scale=0.002, seed=seed)).frame
+    # as the reader returns it: float32 integers with NaN for missing
+    for col in schema.DENSE_COLUMNS:
+        frame[col] = frame[col].to_numpy(np.float32, na_value=np.nan)
+    frame.loc[::7, "I3"] = -50  # negative -> clipped to 0
+    frame.loc[::11, "I5"] = 10**9  # huge
+    frame.loc[::5, "C1"] = "not-a-hex-value"
+    return frame
+
+
+@pytest.mark.parametrize("seed", [101, 202])
+def test_lean_equals_nvtabular_on_fresh_rows(lean, workflow, seed):
+    frame = _fresh_frame(seed)
+    nvt_dense, nvt_ids = features.nvtabular_transform(workflow, frame)
+    dense, ids = lean(features.dense_array(frame), features.encode_categorical(frame))
+    assert dense.dtype == np.float32 and dense.shape == (len(frame), schema.N_DENSE)
+    assert ids.dtype == np.int64 and ids.shape == (len(frame), schema.N_CATEGORICAL)
+    np.testing.assert_allclose(dense, nvt_dense, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(ids, nvt_ids)
+    # the comparison covered every kind of id
+    assert (ids == NULL_ID).any() and (ids == OOV_ID).any() and (ids > OOV_ID).any()
+
+
+def test_lean_on_training_rows_matches_too(lean, workflow, trained):
+    frame = trained.train.iloc[:2000]
+    nvt_dense, nvt_ids = features.nvtabular_transform(workflow, frame)
+    dense, ids = lean(features.dense_array(frame), features.encode_categorical(frame))
+    np.testing.assert_allclose(dense, nvt_dense, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(ids, nvt_ids)
+
+
+def test_lean_handles_what_nvtabular_cannot(lean):
+    # One row, every categorical missing (NVTabular 23.08 raises here), non-finite integers.
+    dense = np.array([[np.nan, np.inf, -np.inf, 3e38, -1e9, 0, 1, 2, 3, 4, 5, 6, 7]], np.float32)
+    cats = np.array([[b""] * 26], dtype=object)
+    out_dense, out_ids = lean(dense, cats)
+    assert np.isfinite(out_dense).all()
+    assert (out_ids == NULL_ID).all()
+    # inf is treated as missing, exactly like NaN
+    np.testing.assert_array_equal(out_dense[0, 1:3], lean(np.full((1, 13), np.nan, np.float32), cats)[0][0, 1:3])
+    odd = np.array([[b"\xff\xfe", b"x" * 100_000, "\u00e9".encode()] + [b"zz"] * 23], dtype=object)
+    assert (lean(dense, odd)[1] == OOV_ID).all()
+
+
+def test_ids_stay_inside_embedding_tables(lean, trained):
+    frame = _fresh_frame(303)
+    _, ids = lean(features.dense_array(frame), features.encode_categorical(frame))
+    assert (ids >= 1).all() and (ids < np.array(lean.cardinalities)).all()
+
+
+def test_encode_categorical_maps_missing_to_empty_bytes():
+    import pandas as pd
+
+    frame = pd.DataFrame({c: ["ab", None] for c in schema.CATEGORICAL_COLUMNS})
+    out = features.encode_categorical(frame)
+    assert out[0, 0] == b"ab" and out[1, 5] == b""

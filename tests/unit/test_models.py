@@ -1,0 +1,83 @@
+"""Each model exports to its native format and loads back to the same numbers."""
+
+import numpy as np
+import pytest
+
+from ensemble import metrics
+from ensemble.models import blend, dlrm_tf, dlrm_torch, xgb
+from ensemble.models.dlrm import DLRMConfig
+
+CONFIG = DLRMConfig(embedding_dim=4, bottom_mlp=(8,), top_mlp=(8,), cardinalities=(5,) * 26)
+
+
+def _batch(n=64, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 13)).astype(np.float32), rng.integers(0, 5, (n, 26)).astype(np.int64)
+
+
+def test_torch_dlrm_scripts_and_reloads(tmp_path):
+    import torch
+
+    model = dlrm_torch.build(CONFIG).eval()
+    dense, ids = _batch()
+    with torch.no_grad():
+        eager = model(torch.from_numpy(dense), torch.from_numpy(ids)).numpy()
+    assert eager.shape == (64, 1)
+    dlrm_torch.save(model, tmp_path)
+    served = dlrm_torch.TorchScorer(tmp_path)(dense, ids)
+    np.testing.assert_allclose(served, eager, atol=1e-6)
+
+
+def test_torch_and_tf_dlrm_have_the_same_architecture():
+    import torch
+
+    n_torch = sum(p.numel() for p in dlrm_torch.build(CONFIG).parameters())
+    n_tf = dlrm_tf.build(CONFIG).count_params()
+    assert n_torch == n_tf
+    assert CONFIG.n_interactions(26) == 351
+
+
+def test_tf_dlrm_exports_savedmodel_and_reloads(tmp_path):
+    model = dlrm_tf.build(CONFIG)
+    dense, ids = _batch()
+    direct = np.asarray(model([dense, ids]))
+    dlrm_tf.save(model, tmp_path)
+    served = dlrm_tf.TFScorer(tmp_path)(dense, ids)
+    np.testing.assert_allclose(served, direct, atol=1e-6)
+
+
+def test_dlrm_training_learns_a_signal():
+    rng = np.random.default_rng(1)
+    dense, ids = _batch(6000, seed=2)
+    labels = (rng.random(6000) < 1 / (1 + np.exp(-(2 * dense[:, 0] + (ids[:, 3] == 1))))).astype(np.int8)
+    config = DLRMConfig(embedding_dim=4, bottom_mlp=(8,), top_mlp=(8,), cardinalities=(5,) * 26, epochs=3,
+                        batch_size=256)
+    split = (dense[:5000], ids[:5000], labels[:5000]), (dense[5000:], ids[5000:], labels[5000:])
+    model = dlrm_torch.train(config, *split, log=lambda _: None)
+    assert metrics.auc(labels[5000:], dlrm_torch.predict(model, dense[5000:], ids[5000:])) > 0.7
+
+
+def test_xgb_round_trip_and_early_stopping(tmp_path):
+    dense, ids = _batch(3000, seed=4)
+    y = (dense[:, 0] + 0.1 * ids[:, 0] > 0.2).astype(np.int8)
+    x = xgb.design_matrix(dense, ids)
+    booster = xgb.train(xgb.XGBConfig(rounds=500, early_stopping=5), x[:2000], y[:2000], x[2000:], y[2000:])
+    assert booster.num_boosted_rounds() < 500
+    xgb.save(booster, tmp_path)
+    np.testing.assert_allclose(xgb.XGBScorer(tmp_path)(dense, ids).ravel(), booster.inplace_predict(x), atol=1e-7)
+
+
+def test_blend_fit_recovers_weights(tmp_path):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(20000, 3))
+    true = np.array([1.0, 0.5, 0.0])
+    y = (rng.random(20000) < 1 / (1 + np.exp(-(logits @ true - 0.3)))).astype(int)
+    scores = 1 / (1 + np.exp(-logits))
+    fitted = blend.Blender.fit(scores, y)
+    np.testing.assert_allclose(fitted.weights, true, atol=0.08)
+    assert fitted.bias == pytest.approx(-0.3, abs=0.08)
+    fitted.save(tmp_path)
+    again = blend.Blender.load(tmp_path)
+    cols = [scores[:, i:i + 1] for i in range(3)]
+    np.testing.assert_array_equal(again(*cols), fitted(*cols))
+    assert again(*cols).shape == (20000, 1)
