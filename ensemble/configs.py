@@ -25,13 +25,15 @@ class ModelSpec:
         model: which model.
         threads: intra-op threads the framework may use inside this model's process.
         instances: model instances (each is one backend process).
-        queue_delay_us: how long the dynamic batcher waits to fill a batch.
+        queue_delay_us: how long the dynamic batcher waits to fill a batch. 0: requests that
+            queue while the model is busy are still batched together, but a lone request never
+            waits (measured here: 100 us per step took the 1-row round trip from 4.7 to 7.9 ms).
     """
 
     model: Model
     threads: int = 1
     instances: int = 1
-    queue_delay_us: int = 100
+    queue_delay_us: int = 0
     max_batch_size: int = schema.MAX_BATCH_SIZE
 
 

@@ -111,7 +111,8 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
                                                  seed=options.synth.seed + 1000)).frame
         dense = np.concatenate([features.dense_array(fresh), edge_case_rows(np.random.default_rng(7))[0]])
         cats = np.concatenate([features.encode_categorical(fresh), edge_case_rows(np.random.default_rng(7))[1]])
-        local = Pipeline.from_repository(options.repository).score(dense, cats)
+        pipeline = Pipeline.from_repository(options.repository, threads=1)
+        local = pipeline.score(dense, cats)
         served = http.score(dense, cats, all_scores=True)
         diffs = {k: float(np.max(np.abs(served[k] - local[k].ravel()))) for k in served}
         summary["parity_max_abs_diff"] = diffs
@@ -130,8 +131,15 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
                 summary["latency"][f"{label}_{rows}rows"] = _percentiles(samples)
         for key, value in summary["latency"].items():
             log(f"    {key:<12} p50 {value['p50_ms']:.2f} ms  p99 {value['p99_ms']:.2f} ms  (n={value['n']})")
+        summary["in_process_step_ms"] = _step_timings(pipeline, dense, cats)
+        for rows, steps in summary["in_process_step_ms"].items():
+            log(f"    in-process, 1 thread, {rows}: " + ", ".join(f"{k} {v:.3f}" for k, v in steps.items()) + " ms")
         summary["server_rss_mib"] = server.resident_memory_bytes() / 2**20
+        summary["backend_processes"] = server.backend_processes()
         log(f"    server resident memory, all processes: {summary['server_rss_mib']:.0f} MiB")
+        for model, proc in sorted(summary["backend_processes"].items()):
+            log(f"      {model:<11} {proc['rss_mib']:6.0f} MiB  frameworks loaded: "
+                f"{', '.join(proc['frameworks']) or 'none (numpy only)'}")
         summary["seconds_total"] = time.perf_counter() - started
         (workdir / "demo_summary.json").write_text(json.dumps(summary, indent=1, default=str))
         log(f"done in {summary['seconds_total']:.0f}s; summary in {workdir / 'demo_summary.json'}")
@@ -143,6 +151,20 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
     finally:
         server.stop()
     return summary
+
+
+def _step_timings(pipeline: Pipeline, dense: np.ndarray, cats: np.ndarray) -> dict[str, dict[str, float]]:
+    """Median time of each step called in-process back to back (warm caches): what the served
+    chain would cost without the five python-backend hops."""
+    out = {}
+    for rows in (1, 100):
+        tensors = {schema.DENSE.name: dense[:rows], schema.CATEGORICAL.name: cats[:rows]}
+        out[f"{rows} rows"] = {}
+        for model, step in pipeline.steps.items():
+            step.run(tensors)
+            out[f"{rows} rows"][model.value] = statistics.median(_timed(lambda: step.run(tensors), 200)) * 1e3
+            tensors.update(step.run(tensors))
+    return out
 
 
 def _transform_timings(workflow_dir: Path, test) -> dict[str, float]:

@@ -74,3 +74,15 @@ def test_json_data_shorter_than_shape(server):
     assert status in (400, 500) and "shape" in reply["error"].lower()
     ok_status, _ = _post(server, {"inputs": [_dense(), _cats()]})
     assert ok_status == 200
+
+
+def test_json_nan_and_infinity_are_missing_values(server, pipeline):
+    """Triton's JSON parser takes bare NaN/Infinity (json.dumps writes them); both mean missing."""
+    row = np.array([[np.nan, 5, np.inf, 3, -np.inf, 4, 15, 2, 181, 1, 2, np.nan, 2]], np.float32)
+    cats = np.array([[b"68fd1e64", b""] * 13], dtype=object)
+    status, reply = _post(server, {"inputs": [
+        {"name": "dense", "shape": [1, 13], "datatype": "FP32", "data": row.ravel().tolist()},
+        {"name": "categorical", "shape": [1, 26], "datatype": "BYTES", "data": [c.decode() for c in cats[0]]}]})
+    assert status == 200, reply
+    score = {o["name"]: o["data"][0] for o in reply["outputs"]}["score"]
+    assert abs(score - float(pipeline.score(row, cats)["score"][0, 0])) <= 1e-6
