@@ -1,7 +1,9 @@
 """Write the Triton model repository from trained artifacts.
 
-Layout: ``<repository>/<model>/config.pbtxt`` and ``<repository>/<model>/<version>/`` holding
-the native artifact, the shared ``model.py`` and ``manifest.json``. A new version is written
+Layout: ``<repository>/<model>/config.pbtxt`` (CPU), ``<repository>/<model>/configs/gpu.pbtxt``
+(GPU) and ``<repository>/<model>/<version>/`` holding the native artifacts under the file names
+both configurations' backends expect (``xgboost.json`` + ``checkpoint.tl`` for FIL, ``model.pt``
+for libtorch, ``model.savedmodel/`` for TensorFlow), the shared ``model.py`` and ``manifest.json``. A new version is written
 into a hidden staging folder and renamed into place, so a running server never sees half a
 version.
 """
@@ -84,6 +86,8 @@ def export_repository(artifacts: TrainedArtifacts, repository: str | Path, keep:
                     shutil.copytree(src, target)
                 else:
                     shutil.copy2(src, target)
+            if model is Model.XGB:  # the file the GPU configuration's FIL backend loads
+                xgb.write_fil_checkpoint(staging)
             shutil.copy2(MODEL_PY, staging / "model.py")
             manifest.write(staging, model)
 

@@ -27,19 +27,22 @@ FIRST_ID = 3
 LEAN_FILE = "lean.json"
 
 
-def fit_workflow(train, out_dir: str | Path, freq_threshold: int = 3) -> Path:
+def fit_workflow(train, out_dir: str | Path, freq_threshold: int = 3, device: str = "cpu") -> Path:
     """Fit the NVTabular workflow on a training frame and save it.
 
     Args:
         train: frame from :func:`ensemble.data.read_criteo` (``I*`` float, ``C*`` str/None).
         out_dir: the saved workflow directory (NVTabular's format; categories inside).
         freq_threshold: values seen fewer times than this map to the out-of-vocabulary id.
+        device: "gpu" fits on cuDF when cuDF is installed (see :func:`ensemble.gpu.fit_frame`).
 
     Returns:
         ``out_dir``.
     """
     import nvtabular as nvt
     from nvtabular import ops
+
+    from ensemble import gpu
 
     out_dir = Path(out_dir)
     dense = (list(schema.DENSE_COLUMNS) >> ops.FillMissing(fill_val=0) >> ops.Clip(min_value=0)
@@ -49,7 +52,8 @@ def fit_workflow(train, out_dir: str | Path, freq_threshold: int = 3) -> Path:
         freq_threshold=freq_threshold, out_path=str(out_dir.parent / f".{out_dir.name}-fit"))
     workflow = nvt.Workflow(dense + categorical)
     columns = [*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS]
-    workflow.fit(nvt.Dataset(train[columns].reset_index(drop=True), cpu=True))
+    frame, on_gpu = gpu.fit_frame(train[columns].reset_index(drop=True), device)
+    workflow.fit(nvt.Dataset(frame, cpu=not on_gpu))
     workflow.save(str(out_dir))
     _write_lean_stats(workflow, out_dir)
     return out_dir
@@ -62,23 +66,27 @@ def load_workflow(workflow_dir: str | Path):
     return nvt.Workflow.load(str(workflow_dir))
 
 
-def nvtabular_transform(workflow, frame):
+def nvtabular_transform(workflow, frame, device: str = "cpu"):
     """Run the saved workflow itself (the reference the lean transform is tested against).
 
     Args:
         workflow: a loaded ``Workflow`` or its directory.
         frame: Criteo frame (at least one non-null value per categorical column: NVTabular
             23.08 fails on a column that is null in every row).
+        device: "gpu" transforms on cuDF when cuDF is installed (training's bulk transform).
 
     Returns:
         (dense [B x 13] float64, ids [B x 26] int64)
     """
+    from ensemble import gpu
+
     if isinstance(workflow, (str, Path)):
         workflow = load_workflow(workflow)
     columns = [*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS]
-    out = workflow.transform(frame[columns].reset_index(drop=True))
-    return (out[list(schema.DENSE_COLUMNS)].to_numpy(np.float64),
-            out[list(schema.CATEGORICAL_COLUMNS)].to_numpy(np.int64))
+    frame, _ = gpu.fit_frame(frame[columns].reset_index(drop=True), device)
+    out = workflow.transform(frame)
+    return (gpu.to_host(out[list(schema.DENSE_COLUMNS)].values).astype(np.float64),
+            gpu.to_host(out[list(schema.CATEGORICAL_COLUMNS)].values).astype(np.int64))
 
 
 def _ops_of(workflow) -> list:

@@ -16,6 +16,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ensemble import manifest, schema
+from ensemble.gpu import Device
 from ensemble.schema import Model
 
 LOG = logging.getLogger(__name__)
@@ -59,37 +60,58 @@ class StepRunner:
         return {t.name: np.asarray(o, dtype=t.dtype.numpy) for t, o in zip(self.step.outputs, outputs)}
 
 
-def _load_features(version_dir: Path, threads: int):
+# Loaders take (version folder, threads, device). Features and blend are numpy work and stay on CPU.
+def _load_features(version_dir: Path, threads: int, device: Device):
     from ensemble.features import LeanTransform
 
     return LeanTransform.load(version_dir / "workflow")
 
 
-def _load_xgb(version_dir: Path, threads: int):
+def _load_xgb(version_dir: Path, threads: int, device: Device):
+    if device is Device.GPU:
+        from ensemble.gpu import GpuTreeScorer
+
+        return GpuTreeScorer(version_dir)
     from ensemble.models.xgb import XGBScorer
 
     return XGBScorer(version_dir, threads)
 
 
-def _load_dlrm_torch(version_dir: Path, threads: int):
+def _load_dlrm_torch(version_dir: Path, threads: int, device: Device):
     from ensemble.models.dlrm_torch import TorchScorer
 
-    return TorchScorer(version_dir, threads)
+    return TorchScorer(version_dir, threads, device.value)
 
 
-def _load_dlrm_tf(version_dir: Path, threads: int):
+def _load_dlrm_tf(version_dir: Path, threads: int, device: Device):
     from ensemble.models.dlrm_tf import TFScorer
 
-    return TFScorer(version_dir, threads)
+    return TFScorer(version_dir, threads)  # TensorFlow places the signature on a visible GPU itself
 
 
-def _load_blend(version_dir: Path, threads: int):
+def _load_blend(version_dir: Path, threads: int, device: Device):
     from ensemble.models.blend import Blender
 
     return Blender.load(version_dir).with_inputs
 
 
-LOADERS: dict[Model, Callable[[Path, int], Callable[..., object]]] = {
+def _gpu_step_set(model: Model, fn: Callable[..., object]) -> Callable[..., object]:
+    """Adapt a step to ``schema.GPU_STEPS``: features also emits the trees' design matrix; xgb
+    reads it (what the FIL backend takes in the GPU configuration)."""
+    from ensemble.models.xgb import design_matrix
+
+    if model is Model.FEATURES:
+        def features(dense, categorical):
+            dense_features, ids = fn(dense, categorical)
+            return dense_features, ids, design_matrix(dense_features, ids)
+        return features
+    if model is Model.XGB:
+        n_dense = schema.N_DENSE
+        return lambda x: fn(x[:, :n_dense], x[:, n_dense:].astype(np.int64))
+    return fn
+
+
+LOADERS: dict[Model, Callable[[Path, int, Device], Callable[..., object]]] = {
     Model.FEATURES: _load_features,
     Model.XGB: _load_xgb,
     Model.DLRM_TORCH: _load_dlrm_torch,
@@ -98,12 +120,24 @@ LOADERS: dict[Model, Callable[[Path, int], Callable[..., object]]] = {
 }
 
 
-def load_step(model: Model | str, version_dir: str | Path, threads: int = 1) -> StepRunner:
-    """Verify a version folder against its manifest and load its step."""
+def load_step(model: Model | str, version_dir: str | Path, threads: int = 1, steps: str = "cpu",
+              device: Device | str = Device.CPU) -> StepRunner:
+    """Verify a version folder against its manifest and load its step.
+
+    Args:
+        steps: "cpu" for ``schema.STEPS``, "gpu" for ``schema.GPU_STEPS`` (the tensors of the
+            GPU configuration; set by its ``steps`` parameter).
+        device: where the step computes (see :mod:`ensemble.gpu`).
+    """
     model = Model(model)
     version_dir = Path(version_dir)
     manifest.verify(version_dir, model)
-    return StepRunner(schema.STEPS[model], LOADERS[model](version_dir, threads))
+    fn = LOADERS[model](version_dir, threads, Device(device))
+    if steps == "gpu":
+        return StepRunner(schema.GPU_STEPS[model], _gpu_step_set(model, fn))
+    if steps != "cpu":
+        raise ValueError(f"steps must be 'cpu' or 'gpu', not {steps!r}")
+    return StepRunner(schema.STEPS[model], fn)
 
 
 def latest_version(model_dir: Path) -> Path:
@@ -124,9 +158,13 @@ class Pipeline:
         self.steps = dict(steps)
 
     @classmethod
-    def from_repository(cls, repository: str | Path, threads: int = 2) -> "Pipeline":
+    def from_repository(cls, repository: str | Path, threads: int = 2,
+                        device: Device | str = Device.CPU) -> "Pipeline":
+        """Load the latest version of every step; ``device="gpu"`` runs the trees (FIL or XGBoost
+        CUDA) and the torch DLRM on the GPU (``ensemble.gpu.resolve_device`` maps ``auto``)."""
         repository = Path(repository)
-        return cls({m: load_step(m, latest_version(repository / m.value), threads) for m in LOADERS})
+        return cls({m: load_step(m, latest_version(repository / m.value), threads, device=device)
+                    for m in LOADERS})
 
     def score(self, dense: np.ndarray, categorical: np.ndarray) -> dict[str, np.ndarray]:
         """Score a batch.

@@ -104,3 +104,16 @@ STEPS: dict[Model, Step] = {
     Model.DLRM_TF: Step(Model.DLRM_TF, (DENSE_FEATURES, CATEGORY_IDS), (PROB_DLRM_TF,)),
     Model.BLEND: Step(Model.BLEND, (PROB_XGB, PROB_DLRM_TORCH, PROB_DLRM_TF), RANKER_OUTPUTS),
 }
+
+# The GPU configuration serves the trees on Triton's FIL backend, which takes exactly one FP32
+# input (`input__0`, [n_features]). The features step therefore also emits the trees' design
+# matrix (13 normalized dense features, then the 26 category ids as floats: see
+# ensemble.models.xgb.design_matrix) and xgb reads that instead of the two tensors above.
+# These two steps are the only ones whose tensors differ between the CPU and GPU configurations.
+XGB_FEATURES = Tensor("xgb_features", DType.FP32, (N_DENSE + N_CATEGORICAL,))
+
+GPU_STEPS: dict[Model, Step] = {
+    **STEPS,
+    Model.FEATURES: Step(Model.FEATURES, (DENSE, CATEGORICAL), (DENSE_FEATURES, CATEGORY_IDS, XGB_FEATURES)),
+    Model.XGB: Step(Model.XGB, (XGB_FEATURES,), (PROB_XGB,)),
+}

@@ -33,12 +33,10 @@ class TrainConfig:
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` -> ``gpu`` when torch sees a CUDA device, else ``cpu``."""
-    if device != "auto":
-        return device
-    import torch
+    """``auto`` -> ``gpu`` when an NVIDIA GPU is visible, else ``cpu`` (see :mod:`ensemble.gpu`)."""
+    from ensemble.gpu import resolve_device as resolve
 
-    return "gpu" if torch.cuda.is_available() else "cpu"
+    return resolve(device).value
 
 
 @dataclass(frozen=True)
@@ -48,8 +46,8 @@ class Tensors:
     labels: np.ndarray  # [B] int8
 
 
-def _to_tensors(workflow, frame: pd.DataFrame) -> Tensors:
-    dense, ids = features.nvtabular_transform(workflow, frame)
+def _to_tensors(workflow, frame: pd.DataFrame, device: str = "cpu") -> Tensors:
+    dense, ids = features.nvtabular_transform(workflow, frame, device)
     return Tensors(dense.astype(np.float32), ids, frame[schema.LABEL].to_numpy(np.int8))
 
 
@@ -65,9 +63,9 @@ def train_all(train: pd.DataFrame, valid: pd.DataFrame, test: pd.DataFrame, work
     timings: dict[str, float] = {}
 
     start = time.perf_counter()
-    features.fit_workflow(train, artifacts.workflow_dir, config.freq_threshold)
+    features.fit_workflow(train, artifacts.workflow_dir, config.freq_threshold, config.device)
     workflow = features.load_workflow(artifacts.workflow_dir)
-    splits = {name: _to_tensors(workflow, frame)
+    splits = {name: _to_tensors(workflow, frame, config.device)
               for name, frame in (("train", train), ("valid", valid), ("test", test))}
     cardinalities = features.LeanTransform.load(artifacts.workflow_dir).cardinalities
     timings["features"] = time.perf_counter() - start

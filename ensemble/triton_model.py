@@ -16,9 +16,10 @@ from ensemble import runtime
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        threads = int(runtime.model_parameters(args["model_config"]).get("threads", "1"))
+        params = runtime.model_parameters(args["model_config"])
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        self.runner = runtime.load_step(config["name"], version_dir, threads)
+        self.runner = runtime.load_step(config["name"], version_dir, int(params.get("threads", "1")),
+                                        steps=params.get("steps", "cpu"))
 
     def execute(self, requests):
         responses, batch, sizes, members = [None] * len(requests), [], [], []

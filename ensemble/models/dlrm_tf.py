@@ -58,8 +58,12 @@ def train(config: DLRMConfig, train_data: tuple[np.ndarray, np.ndarray, np.ndarr
     import tensorflow as tf
 
     keras.mixed_precision.set_global_policy("mixed_float16" if device == "gpu" else "float32")
+    if device == "gpu":  # TF32 matmuls/convolutions on Ampere and later (TensorFlow's default, made explicit)
+        tf.config.experimental.enable_tensor_float_32_execution(True)
     model = build(config)
     optimizer = keras.optimizers.Adam(config.learning_rate)
+    if device == "gpu":  # float16 gradients underflow without dynamic loss scaling
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     loss_fn = keras.losses.BinaryCrossentropy()
     dense, ids, labels = (tf.constant(a) for a in train_data)
     labels = tf.reshape(tf.cast(labels, tf.float32), (-1, 1))
@@ -68,7 +72,8 @@ def train(config: DLRMConfig, train_data: tuple[np.ndarray, np.ndarray, np.ndarr
     def step(d, i, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model([d, i], training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
+        # scale_loss is the identity for a plain optimizer; LossScaleOptimizer unscales in apply.
+        grads = tape.gradient(optimizer.scale_loss(loss), model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 

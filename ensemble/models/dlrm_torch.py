@@ -127,17 +127,22 @@ def save(model, out_dir: str | Path) -> Path:
 
 
 class TorchScorer:
-    """Loads ``model.pt``; ``(dense_features, category_ids) -> [B x 1] float32``."""
+    """Loads ``model.pt``; ``(dense_features, category_ids) -> [B x 1] float32``.
 
-    def __init__(self, model_dir: str | Path, threads: int = 1):
+    ``device="gpu"`` loads the module onto CUDA and copies each batch there and back.
+    """
+
+    def __init__(self, model_dir: str | Path, threads: int = 1, device: str = "cpu"):
         import torch
 
         torch.set_num_threads(threads)
         self._torch = torch
-        self.model = torch.jit.load(str(Path(model_dir) / MODEL_FILE), map_location="cpu").eval()
+        self._device = torch.device("cuda" if device == "gpu" else "cpu")
+        self.model = torch.jit.load(str(Path(model_dir) / MODEL_FILE), map_location=self._device).eval()
 
     def __call__(self, dense_features: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
-        with self._torch.inference_mode():
-            out = self.model(self._torch.from_numpy(np.ascontiguousarray(dense_features)),
-                             self._torch.from_numpy(np.ascontiguousarray(category_ids)))
-        return out.numpy().astype(np.float32).reshape(-1, 1)
+        torch = self._torch
+        with torch.inference_mode():
+            out = self.model(torch.from_numpy(np.ascontiguousarray(dense_features)).to(self._device),
+                             torch.from_numpy(np.ascontiguousarray(category_ids)).to(self._device))
+        return out.float().cpu().numpy().reshape(-1, 1)

@@ -8,6 +8,11 @@ from pathlib import Path
 import numpy as np
 
 MODEL_FILE = "xgboost.json"
+# What the GPU configuration's FIL backend loads (model_type "treelite_checkpoint"): the FIL
+# backend of the pinned container links Treelite 4.4.1, which cannot parse the JSON that
+# XGBoost 3.x writes (an unknown "cats" key, then base_score written as a vector "[2.5E-1]"),
+# the failure users report in fil_backend issues #311 and #378 for earlier version pairs.
+FIL_FILE = "checkpoint.tl"
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,22 @@ def train(config: XGBConfig, train_x: np.ndarray, train_y: np.ndarray,
 def save(booster, out_dir: str | Path) -> Path:
     path = Path(out_dir) / MODEL_FILE
     booster.save_model(str(path))
+    return path
+
+
+def write_fil_checkpoint(model_dir: str | Path) -> Path:
+    """Convert ``xgboost.json`` in ``model_dir`` to a Treelite checkpoint next to it.
+
+    Uses the Treelite of this environment (requirements.txt), which reads XGBoost 3.x JSON;
+    ``ensemble check --target gpu`` then loads the checkpoint with the pinned FIL backend's
+    Treelite and compares its predictions with XGBoost's.
+    """
+    import treelite
+
+    model_dir = Path(model_dir)
+    model = treelite.frontend.load_xgboost_model(str(model_dir / MODEL_FILE))
+    path = model_dir / FIL_FILE
+    model.serialize(str(path))
     return path
 
 

@@ -10,17 +10,21 @@ from ensemble.schema import Model
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
 
 
-def test_committed_configs_are_generated(tmp_path):
-    configs.write_configs(tmp_path)
+@pytest.mark.parametrize("relative", [configs.CONFIG_FILE, configs.GPU_CONFIG_FILE])
+def test_committed_configs_are_generated(tmp_path, relative):
+    written = configs.write_configs(tmp_path)
+    assert {p.relative_to(tmp_path).as_posix() for p in written} == {
+        f"{m.value}/{r}" for m in Model for r in (configs.CONFIG_FILE, configs.GPU_CONFIG_FILE)}
     for name in configs.all_configs():
-        committed = REPO / name / configs.CONFIG_FILE
-        assert committed.read_text() == (tmp_path / name / configs.CONFIG_FILE).read_text(), (
+        committed = REPO / name / relative
+        assert committed.read_text() == (tmp_path / name / relative).read_text(), (
             f"{committed} differs from ensemble/configs.py: run `ensemble export` or regenerate")
 
 
+@pytest.mark.parametrize("relative", [configs.CONFIG_FILE, configs.GPU_CONFIG_FILE])
 @pytest.mark.parametrize("name", [m.value for m in Model])
-def test_config_parses_as_triton_model_config(name):
-    config = configs.parse((REPO / name / configs.CONFIG_FILE).read_text())
+def test_config_parses_as_triton_model_config(name, relative):
+    config = configs.parse((REPO / name / relative).read_text())
     assert config.name == name
     assert config.max_batch_size >= 8192
 

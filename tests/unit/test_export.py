@@ -30,7 +30,7 @@ def test_new_versions_are_published_whole_and_old_ones_pruned(trained, tmp_path)
     export_repository(artifacts, repo, keep=2)
     export_repository(artifacts, repo, keep=2)
     versions = sorted(p.name for p in (repo / "xgb").iterdir())
-    assert versions == ["2", "3", "config.pbtxt"]  # no staging folder left behind
+    assert versions == ["2", "3", "config.pbtxt", "configs"]  # no staging folder left behind
     assert latest_version(repo / "xgb").name == "3"
 
 

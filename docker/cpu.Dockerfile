@@ -1,0 +1,24 @@
+# syntax=docker/dockerfile:1
+# The embedded CPU configuration (pip tritonserver + python backend), the naive baseline and
+# locust, for machines without a GPU. Debian's python3.11 is the interpreter build the CPU path
+# was run with: the python backend stub in the nvidia-pytriton wheel embeds libpython3.11, and
+# stdlib extension modules of another 3.11 build fail to load inside it (README).
+FROM debian:bookworm-slim
+
+# Debian's package versions move with security updates; pinning them (DL3008) would break
+# rebuilds, so the release (bookworm) is the pin.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3.11 python3.11-venv libpython3.11 libgomp1 make \
+    && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /opt/ensemble
+COPY Makefile requirements.txt pyproject.toml ./
+COPY ensemble ./ensemble
+COPY clients ./clients
+COPY loadtest ./loadtest
+# The project's own set-up step: .venv on /usr/bin/python3.11, pinned requirements, the package.
+RUN make setup PYTHON_BASE=/usr/bin/python3.11
+ENV PATH=/opt/ensemble/.venv/bin:$PATH \
+    PYTHONPATH=/opt/ensemble
+ENTRYPOINT ["ensemble"]

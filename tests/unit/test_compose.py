@@ -1,0 +1,186 @@
+"""docker-compose.yml and the Dockerfiles, checked statically (no Docker engine on these machines).
+
+The compose file is validated against the Compose Specification's JSON schema (the copy that
+check-jsonschema vendors); the Dockerfiles are parsed with BuildKit's own parser (the
+`dockerfile` package) and linted with hadolint; the rest checks that they say what they do.
+"""
+
+import fnmatch
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ensemble import configs, releases
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILES = sorted((ROOT / "docker").glob("*.Dockerfile"))
+
+
+def _validate(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec",
+                           str(path)], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_compose_file_matches_the_compose_specification():
+    done = _validate(COMPOSE)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_schema_validation_is_strict(tmp_path, compose):
+    broken = dict(compose, services=dict(compose["services"]))
+    broken["services"]["triton"] = dict(compose["services"]["triton"], helthcheck={"test": ["CMD", "true"]})
+    path = tmp_path / "compose.yml"
+    path.write_text(yaml.safe_dump(broken))
+    done = _validate(path)
+    assert done.returncode != 0 and "helthcheck" in done.stdout + done.stderr
+
+
+def test_services_and_profiles(compose):
+    services = compose["services"]
+    profiles = {name: tuple(s.get("profiles", ())) for name, s in services.items()}
+    assert profiles == {"trainer": ("gpu",), "triton": ("gpu",), "trainer-cpu": ("cpu",), "triton-cpu": ("cpu",),
+                        "naive": (), "locust-master": (), "locust-worker": ()}
+
+
+def _gpu_reserved(service: dict) -> bool:
+    devices = service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+    return any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices)
+
+
+def test_triton_service(compose):
+    triton = compose["services"]["triton"]
+    assert triton["build"]["dockerfile"] == "docker/triton.Dockerfile"
+    assert triton["command"][0] == "tritonserver"
+    assert f"--model-config-name={configs.GPU_CONFIG_NAME}" in triton["command"]
+    assert "--model-repository=/models" in triton["command"]
+    assert "model-repository:/models:ro" in triton["volumes"]
+    assert _gpu_reserved(triton)
+    assert "/v2/health/ready" in " ".join(triton["healthcheck"]["test"])
+    assert triton["depends_on"]["trainer"]["condition"] == "service_completed_successfully"
+
+
+def test_trainer_trains_on_gpu_and_exports_into_the_volume(compose):
+    services = compose["services"]
+    trainer = services["trainer"]
+    assert _gpu_reserved(trainer) and trainer["environment"]["DEVICE"] == "gpu"
+    assert "model-repository:/models" in trainer["volumes"]
+    script = trainer["command"][0]
+    for step in ('ensemble train /data/train.tsv --workdir /data/work --device "${DEVICE}"',
+                 "ensemble export --workdir /data/work --repository /models",
+                 'ensemble check --repository /models --target "${CHECK_TARGET}"'):
+        assert step in script.replace("$$", "$"), step
+    assert trainer["environment"]["CHECK_TARGET"] == "gpu"
+    assert not _gpu_reserved(services["trainer-cpu"]) and services["trainer-cpu"]["environment"]["DEVICE"] == "cpu"
+
+
+def test_cpu_profile_serves_the_embedded_configuration(compose):
+    cpu = compose["services"]["triton-cpu"]
+    assert cpu["build"]["dockerfile"] == "docker/cpu.Dockerfile" and not _gpu_reserved(cpu)
+    assert cpu["command"][:3] == ["serve", "--repository", "/models"] and "--model-config-name" not in cpu["command"]
+    assert "triton" in cpu["networks"]["default"]["aliases"]  # locust and clients use one host name
+
+
+def test_locust_and_baseline(compose):
+    services = compose["services"]
+    master, worker = services["locust-master"], services["locust-worker"]
+    for service in (master, worker):
+        assert service["entrypoint"] == ["locust"] and "loadtest/locustfile.py" in service["command"]
+    assert "--master" in master["command"] and master["command"][master["command"].index("--host") + 1] == \
+        "http://triton:8000"
+    assert worker["command"][worker["command"].index("--master-host") + 1] == "locust-master"
+    assert set(master["depends_on"]) == {"triton", "triton-cpu"}
+    assert all(d["required"] is False for d in master["depends_on"].values())
+    assert services["naive"]["command"][:3] == ["baseline-serve", "--kind", "naive"]
+
+
+def _instructions(path: Path):
+    import dockerfile
+
+    return dockerfile.parse_file(str(path))
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_parses_and_passes_hadolint(path):
+    assert _instructions(path)
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    done = subprocess.run([hadolint, "--no-color", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_triton_image_is_the_pinned_release():
+    commands = _instructions(ROOT / "docker" / "triton.Dockerfile")
+    args = dict(c.value[0].split("=", 1) for c in commands if c.cmd == "ARG" and "=" in c.value[0])
+    image = next(c.value[0] for c in commands if c.cmd == "FROM")
+    assert re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], image) == releases.PINNED.image
+
+
+def _ignored(relative: str) -> bool:
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    return any(fnmatch.fnmatch(relative, p) or relative.split("/")[0] == p for p in patterns)
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_copy_sources_are_in_the_build_context(path, compose):
+    contexts = {s["build"]["dockerfile"]: s["build"]["context"] for s in compose["services"].values() if "build" in s}
+    context = (ROOT / contexts[path.relative_to(ROOT).as_posix()]).resolve()
+    for command in _instructions(path):
+        if command.cmd in ("COPY", "ADD") and not any(f.startswith("--from") for f in command.flags):
+            for source in command.value[:-1]:
+                assert (context / source).exists(), f"{path.name}: COPY {source} not in the build context"
+                assert not _ignored(source), f"{path.name}: COPY {source} is excluded by .dockerignore"
+
+
+def test_triton_image_installs_into_the_stub_python():
+    text = (ROOT / "docker" / "triton.Dockerfile").read_text()
+    runs = " ".join(c.original for c in _instructions(ROOT / "docker" / "triton.Dockerfile") if c.cmd == "RUN")
+    assert "python3 -m pip install" in runs and "venv" not in runs  # the system python3 the stub embeds
+    pinned = re.search(r"grep -E '\^\(([\w|]+)\)==' requirements.txt", text).group(1).split("|")
+    requirements = (ROOT / "requirements.txt").read_text()
+    assert all(re.search(rf"^{name}==", requirements, re.M) for name in pinned), pinned
+    assert "import ensemble.runtime" in runs  # what model.py imports, tried at build time
+
+
+def test_serving_steps_need_only_numpy_and_pyarrow(trained):
+    """What the triton image installs for features and blend is enough (GPU step set included)."""
+    code = (
+        "import sys; from ensemble.runtime import load_step, latest_version; from pathlib import Path;"
+        f"repo = Path({str(trained.repository)!r});"
+        "load_step('features', latest_version(repo / 'features'), steps='gpu');"
+        "load_step('blend', latest_version(repo / 'blend'));"
+        "print(sorted(m for m in ('torch', 'tensorflow', 'xgboost', 'pandas', 'nvtabular', 'treelite')"
+        " if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_trainer_image_swaps_cpu_wheels_for_gpu_builds():
+    import tomllib
+
+    text = (ROOT / "docker" / "trainer.Dockerfile").read_text()
+    pattern = re.search(r"sed -E 's/(.+?)/(.+?)/'", text)
+    requirements = (ROOT / "requirements.txt").read_text()
+    swapped = re.sub(pattern.group(1), pattern.group(2).replace("\\1", r"\1"), requirements, flags=re.M)
+    for name in ("xgboost", "tensorflow"):
+        version = re.search(rf"^{name}-cpu==(\S+)", requirements, re.M).group(1)
+        assert re.search(rf"^{name}=={re.escape(version)}$", swapped, re.M), name
+    assert "-cpu==" not in swapped
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {"xgboost", "tensorflow[and-cuda]"} <= set(extras["gpu"])
+    assert '".[gpu]"' in text
+
+
+def test_cpu_image_uses_the_project_setup():
+    text = (ROOT / "docker" / "cpu.Dockerfile").read_text()
+    assert "make setup" in text and re.search(r"^setup:", (ROOT / "Makefile").read_text(), re.M)

@@ -1,0 +1,139 @@
+"""The GPU configuration: generated from the same typed source as the CPU one, parsed as Triton's
+ModelConfig, agreeing with the CPU configuration, and the python-side steps it relies on."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ensemble import check, configs, releases, schema
+from ensemble.schema import Model
+
+
+def _parsed(texts: dict[str, str]) -> dict:
+    return {name: configs.parse(text) for name, text in texts.items()}
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    return _parsed(configs.all_gpu_configs())
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return _parsed(configs.all_configs())
+
+
+def test_same_models_as_cpu(cpu, gpu):
+    assert set(gpu) == set(cpu) == {m.value for m in Model}
+    assert all(gpu[name].name == name and gpu[name].max_batch_size == cpu[name].max_batch_size for name in gpu)
+
+
+def test_backends_and_placement(gpu):
+    kind = {name: [configs._pb().ModelInstanceGroup.Kind.Name(g.kind) for g in c.instance_group]
+            for name, c in gpu.items()}
+    assert (gpu["xgb"].backend, kind["xgb"]) == ("fil", ["KIND_GPU"])
+    assert (gpu["dlrm_torch"].platform, kind["dlrm_torch"]) == ("pytorch_libtorch", ["KIND_GPU"])
+    assert (gpu["dlrm_tf"].platform, kind["dlrm_tf"]) == ("tensorflow_savedmodel", ["KIND_GPU"])
+    for name in ("features", "blend"):
+        assert (gpu[name].backend, kind[name]) == ("python", ["KIND_CPU"])
+    assert gpu["ranker"].platform == "ensemble"
+    for name, config in gpu.items():
+        assert releases.backend_of(config.backend, config.platform) in releases.PINNED.backends, name
+
+
+def test_gpu_and_cpu_configs_agree(cpu, gpu):
+    findings = check._agreement(cpu, gpu)
+    assert findings and all(f.ok for f in findings), [f.line() for f in findings if not f.ok]
+
+
+def test_agreement_catches_a_dtype_change(cpu, gpu):
+    changed = dict(gpu)
+    changed["dlrm_tf"] = configs.parse(configs.all_gpu_configs()["dlrm_tf"])
+    changed["dlrm_tf"].input[0].data_type = configs._pb().DataType.Value("TYPE_FP16")
+    failed = [f for f in check._agreement(cpu, changed) if not f.ok]
+    assert [f.subject for f in failed] == ["dlrm_tf"]
+    assert "TYPE_FP16 [13], CPU is TYPE_FP32 [13]" in failed[0].message
+
+
+def test_backend_names_map_to_schema_tensors(gpu):
+    """libtorch: <name>__<index> in forward() order; FIL: input__0/output__0; TF: signature keys."""
+    steps = {s.model_name: s for s in gpu["ranker"].ensemble_scheduling.step}
+    assert dict(steps["dlrm_torch"].input_map) == {"dense_features__0": "dense_features",
+                                                    "category_ids__1": "category_ids"}
+    assert dict(steps["dlrm_torch"].output_map) == {"prob_dlrm_torch__0": "prob_dlrm_torch"}
+    assert dict(steps["xgb"].input_map) == {"input__0": schema.XGB_FEATURES.name}
+    assert dict(steps["xgb"].output_map) == {"output__0": "prob_xgb"}
+    assert dict(steps["dlrm_tf"].output_map) == {"output_0": "prob_dlrm_tf"}
+    assert [s.model_name for s in gpu["ranker"].ensemble_scheduling.step] == [m.value for m in configs.ORDER]
+
+
+def test_fil_parameters_valid_for_pinned_release(gpu):
+    assert check._fil("xgb", gpu["xgb"], None, releases.PINNED) == []
+    params = {k: v.string_value for k, v in gpu["xgb"].parameters.items()}
+    assert params == {"model_type": "treelite_checkpoint", "output_class": "false", "predict_proba": "false"}
+    assert list(gpu["xgb"].output[0].dims) == [1]
+
+
+def test_fil_parameters_follow_the_release():
+    """25.09 renamed output_class to is_classifier: configs generated for one release fail the other."""
+    new = configs.parse(configs.all_gpu_configs(releases.RELEASES["25.09"])["xgb"])
+    old = configs.parse(configs.all_gpu_configs(releases.PINNED)["xgb"])
+    assert check._fil("xgb", new, None, releases.RELEASES["25.09"]) == []
+    assert any("'output_class' is not read by the FIL backend of 25.09 (removed in 25.09)" in p
+               for p in check._fil("xgb", old, None, releases.RELEASES["25.09"]))
+    assert any("required parameter 'output_class' is missing" in p
+               for p in check._fil("xgb", new, None, releases.PINNED))
+
+
+def test_gpu_step_set_matches_cpu_steps(trained):
+    """features under steps="gpu" also emits the design matrix; xgb reading it scores the same."""
+    from ensemble.models.xgb import design_matrix
+    from ensemble.runtime import latest_version, load_step
+
+    from tests.helpers import fresh_rows
+
+    repo = trained.repository
+    dense, cats = fresh_rows(300, seed=21)
+    cpu_features = load_step(Model.FEATURES, latest_version(repo / "features"))
+    gpu_features = load_step(Model.FEATURES, latest_version(repo / "features"), steps="gpu")
+    assert gpu_features.step.outputs == schema.GPU_STEPS[Model.FEATURES].outputs
+    inputs = {schema.DENSE.name: dense, schema.CATEGORICAL.name: cats}
+    plain, extended = cpu_features.run(inputs), gpu_features.run(inputs)
+    np.testing.assert_array_equal(extended[schema.XGB_FEATURES.name],
+                                  design_matrix(plain["dense_features"], plain["category_ids"]))
+    cpu_xgb = load_step(Model.XGB, latest_version(repo / "xgb"))
+    gpu_xgb = load_step(Model.XGB, latest_version(repo / "xgb"), steps="gpu")
+    np.testing.assert_allclose(gpu_xgb.run(extended)["prob_xgb"], cpu_xgb.run(plain)["prob_xgb"], rtol=0, atol=1e-7)
+
+
+def test_export_writes_the_fil_checkpoint(trained):
+    import json
+
+    version = trained.repository / "xgb" / "1"
+    assert (version / "checkpoint.tl").is_file() and (version / "xgboost.json").is_file()
+    assert "checkpoint.tl" in json.loads((version / "manifest.json").read_text())["files"]
+    for model in Model:
+        assert (trained.repository / model.value / configs.GPU_CONFIG_FILE).is_file()
+
+
+def test_device_resolution_without_a_gpu(monkeypatch):
+    from ensemble import gpu
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert gpu.gpu_visible() is False
+    assert gpu.resolve_device("auto") is gpu.Device.CPU
+    assert gpu.resolve_device("cpu") is gpu.Device.CPU
+    with pytest.raises(gpu.GpuUnavailable, match="no NVIDIA GPU is visible"):
+        gpu.resolve_device("gpu")
+    frame = object()
+    assert gpu.fit_frame(frame, "cpu") == (frame, False)
+
+
+def test_gpu_libraries_are_never_imported_on_the_cpu_path():
+    code = ("import sys, ensemble.gpu, ensemble.runtime, ensemble.check, ensemble.configs, ensemble.cli;"
+            "ensemble.configs.all_gpu_configs();"
+            "print(sorted(m for m in ('cudf', 'cupy', 'cuml', 'nvforest', 'dask_cudf', 'rmm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
