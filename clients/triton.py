@@ -1,17 +1,23 @@
-"""One client for the ``ranker`` ensemble over HTTP or gRPC (tritonclient).
+"""One client for the ``ranker`` ensemble over HTTP or gRPC (tritonclient), sync and asyncio.
 
-Request building is written once and shared by both protocols. Large inputs are split into
-requests no larger than the model's ``max_batch_size`` (read from the server) and re-joined in
-order.
+Request building is written once and shared by both protocols and both variants. Large inputs
+are split into requests no larger than the model's ``max_batch_size`` (read from the server)
+and re-joined in order. Transient failures (server unavailable, overloaded, connection reset)
+are retried with exponential backoff a bounded number of times; a request that still fails
+raises :class:`ScoringError` naming its rows.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
+from clients.inputs import to_tensors
 from ensemble import schema
 
 
@@ -20,89 +26,258 @@ class Protocol(str, enum.Enum):
     GRPC = "grpc"
 
 
-def _module(protocol: Protocol):
+class ScoringError(RuntimeError):
+    """Rows ``start..stop-1`` of a call could not be scored."""
+
+    def __init__(self, start: int, stop: int, cause: BaseException, attempts: int):
+        self.start, self.stop, self.cause, self.attempts = start, stop, cause, attempts
+        super().__init__(f"rows {start}..{stop - 1} failed after {attempts} attempt(s): "
+                         f"{type(cause).__name__}: {cause}")
+
+
+# Status strings tritonclient puts on InferenceServerException for failures worth retrying.
+TRANSIENT_STATUS = {"502", "503", "504", "429", "StatusCode.UNAVAILABLE", "StatusCode.RESOURCE_EXHAUSTED",
+                    "StatusCode.DEADLINE_EXCEEDED", "StatusCode.ABORTED"}
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Connection problems and overload rejections are transient; bad requests are not."""
+    import http.client
+
+    from tritonclient.utils import InferenceServerException
+
+    if isinstance(exc, InferenceServerException):
+        status = str(exc.status() or "")
+        return status in TRANSIENT_STATUS or "connect" in str(exc).lower()
+    try:  # the HTTP client's "server closed the connection" (not an OSError)
+        from geventhttpclient.response import HTTPConnectionClosed
+    except ImportError:  # pragma: no cover - geventhttpclient comes with tritonclient[http]
+        HTTPConnectionClosed = ()  # noqa: N806
+    try:  # the asyncio HTTP client's disconnects
+        from aiohttp import ClientConnectionError
+    except ImportError:  # pragma: no cover
+        ClientConnectionError = ()  # noqa: N806
+    return isinstance(exc, (OSError, TimeoutError, asyncio.TimeoutError, http.client.IncompleteRead,
+                            HTTPConnectionClosed, ClientConnectionError))
+
+
+def parse_url(url: str, protocol: Protocol | str | None = None) -> tuple[str, Protocol]:
+    """``grpc://host:8001`` / ``http://host:8000`` / ``host:port`` (+ protocol) -> (host:port, protocol)."""
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        chosen = Protocol(scheme.lower())
+        if protocol is not None and Protocol(protocol) is not chosen:
+            raise ValueError(f"URL {url!r} says {chosen.value} but protocol={Protocol(protocol).value}")
+        return rest.rstrip("/"), chosen
+    return url.rstrip("/"), Protocol(protocol or Protocol.HTTP)
+
+
+@dataclass(frozen=True)
+class Retry:
+    """At most ``attempts`` tries; sleep ``backoff * 2**k`` (capped at ``max_sleep``) between."""
+
+    attempts: int = 4
+    backoff: float = 0.25
+    max_sleep: float = 4.0
+
+    def sleeps(self):
+        for k in range(self.attempts - 1):
+            yield min(self.backoff * 2 ** k, self.max_sleep)
+
+
+def _module(protocol: Protocol, aio: bool = False):
+    # Import only what is used: grpc.aio must not be imported under gevent (locust users).
     if protocol is Protocol.GRPC:
-        import tritonclient.grpc as module
+        if aio:
+            import tritonclient.grpc.aio as module
+        else:
+            import tritonclient.grpc as module
+    elif aio:
+        import tritonclient.http.aio as module
     else:
         import tritonclient.http as module
     return module
 
 
+def build_inputs(tc, protocol: Protocol, binary: bool, dense: np.ndarray, categorical: np.ndarray) -> list:
+    """The request tensors for one batch ([B x 13] float32, [B x 26] bytes objects)."""
+    inputs = []
+    for tensor, array in ((schema.DENSE, np.ascontiguousarray(dense, np.float32)),
+                          (schema.CATEGORICAL, np.asarray(categorical, object))):
+        item = tc.InferInput(tensor.name, list(array.shape), tensor.dtype.wire)
+        if protocol is Protocol.HTTP:
+            item.set_data_from_numpy(array, binary_data=binary)
+        else:
+            item.set_data_from_numpy(array)
+        inputs.append(item)
+    return inputs
+
+
+def build_outputs(tc, protocol: Protocol, binary: bool, all_scores: bool) -> list:
+    tensors = schema.RANKER_OUTPUTS if all_scores else (schema.SCORE,)
+    if protocol is Protocol.HTTP:
+        return [tc.InferRequestedOutput(t.name, binary_data=binary) for t in tensors]
+    return [tc.InferRequestedOutput(t.name) for t in tensors]
+
+
+def read_result(result, all_scores: bool) -> dict[str, np.ndarray]:
+    tensors = schema.RANKER_OUTPUTS if all_scores else (schema.SCORE,)
+    return {t.name: result.as_numpy(t.name).reshape(-1) for t in tensors}
+
+
+def _join(parts: list[dict[str, np.ndarray]], all_scores: bool):
+    if not parts:
+        names = [t.name for t in (schema.RANKER_OUTPUTS if all_scores else (schema.SCORE,))]
+        parts = [{n: np.empty(0, np.float32) for n in names}]
+    joined = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return joined if all_scores else joined[schema.SCORE.name]
+
+
 @dataclass
-class RankerClient:
-    """``score(dense, categorical)`` against a running server.
-
-    Args:
-        url: ``host:port`` of the HTTP or gRPC endpoint.
-        protocol: ``http`` or ``grpc``.
-        model: ensemble name.
-        binary: HTTP binary tensor extension (True) or JSON (False); gRPC is always binary.
-        timeout: per-request timeout in seconds.
-    """
-
+class _Settings:
     url: str
-    protocol: Protocol = Protocol.HTTP
+    protocol: Protocol | str | None = None
     model: str = schema.Model.RANKER.value
     binary: bool = True
-    timeout: float = 30.0
+    timeout: float = 60.0
+    retry: Retry = field(default_factory=Retry)
+    compression: str | None = None  # gRPC: None (off), "gzip" or "deflate"
 
     def __post_init__(self) -> None:
-        self.protocol = Protocol(self.protocol)
+        self.url, self.protocol = parse_url(self.url, self.protocol)
+
+    def _client_kwargs(self) -> dict:
+        if self.protocol is Protocol.HTTP:
+            return {"network_timeout": self.timeout, "connection_timeout": self.timeout}
+        return {}
+
+    def _infer_kwargs(self) -> dict:
+        if self.protocol is Protocol.GRPC:
+            return {"client_timeout": self.timeout, "compression_algorithm": self.compression}
+        return {}
+
+
+@dataclass
+class RankerClient(_Settings):
+    """Synchronous client: ``score(rows)`` against a running server.
+
+    Args:
+        url: ``host:port``, or ``http://host:port`` / ``grpc://host:port`` (then the protocol
+            comes from the URL).
+        protocol: ``http`` (default) or ``grpc`` when the URL has no scheme.
+        binary: HTTP binary tensor extension (default) or JSON; gRPC is always binary.
+        timeout: seconds per request.
+        retry: bounded retries with backoff for transient failures.
+        compression: gRPC compression (off by default).
+    """
+
+    sleep: Callable[[float], None] = time.sleep
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self._tc = _module(self.protocol)
-        kwargs = {"network_timeout": self.timeout, "connection_timeout": self.timeout} \
-            if self.protocol is Protocol.HTTP else {}
-        self._client = self._tc.InferenceServerClient(self.url, **kwargs)
+        self._client = self._tc.InferenceServerClient(self.url, **self._client_kwargs())
         self._max_batch: int | None = None
 
     @property
     def max_batch_size(self) -> int:
+        """The model's ``max_batch_size`` as the server reports it (read once)."""
         if self._max_batch is None:
             config = self._client.get_model_config(self.model)
-            if self.protocol is Protocol.GRPC:
-                self._max_batch = int(config.config.max_batch_size)
-            else:
-                self._max_batch = int(config["max_batch_size"])
+            self._max_batch = int(config.config.max_batch_size if self.protocol is Protocol.GRPC
+                                  else config["max_batch_size"])
         return self._max_batch
 
-    def build_inputs(self, dense: np.ndarray, categorical: np.ndarray) -> list:
-        """The request tensors for one batch ([B x 13] float32, [B x 26] bytes objects)."""
-        inputs = []
-        for tensor, array in ((schema.DENSE, np.asarray(dense, np.float32)),
-                              (schema.CATEGORICAL, np.asarray(categorical, object))):
-            item = self._tc.InferInput(tensor.name, list(array.shape), tensor.dtype.wire)
-            if self.protocol is Protocol.HTTP:
-                item.set_data_from_numpy(array, binary_data=self.binary)
-            else:
-                item.set_data_from_numpy(array)
-            inputs.append(item)
-        return inputs
-
-    def build_outputs(self, all_scores: bool) -> list:
-        tensors = schema.RANKER_OUTPUTS if all_scores else (schema.SCORE,)
-        if self.protocol is Protocol.HTTP:
-            return [self._tc.InferRequestedOutput(t.name, binary_data=self.binary) for t in tensors]
-        return [self._tc.InferRequestedOutput(t.name) for t in tensors]
-
     def infer(self, dense: np.ndarray, categorical: np.ndarray, all_scores: bool = False) -> dict[str, np.ndarray]:
-        """One request (at most ``max_batch_size`` rows); raises tritonclient's exception on error."""
-        kwargs = {"client_timeout": self.timeout} if self.protocol is Protocol.GRPC else {}
-        result = self._client.infer(self.model, self.build_inputs(dense, categorical),
-                                    outputs=self.build_outputs(all_scores), **kwargs)
-        tensors = schema.RANKER_OUTPUTS if all_scores else (schema.SCORE,)
-        return {t.name: result.as_numpy(t.name) for t in tensors}
+        """One request, no retries; raises tritonclient's exception on error."""
+        result = self._client.infer(
+            self.model, build_inputs(self._tc, self.protocol, self.binary, dense, categorical),
+            outputs=build_outputs(self._tc, self.protocol, self.binary, all_scores), **self._infer_kwargs())
+        return read_result(result, all_scores)
 
-    def score(self, dense: np.ndarray, categorical: np.ndarray, all_scores: bool = False):
-        """Score any number of rows.
+    def infer_with_retry(self, dense, categorical, all_scores: bool = False, offset: int = 0):
+        sleeps = self.retry.sleeps()
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                return self.infer(dense, categorical, all_scores)
+            except Exception as exc:  # noqa: BLE001 - classified below
+                pause = next(sleeps, None) if is_transient(exc) else None
+                if pause is None:
+                    raise ScoringError(offset, offset + len(dense), exc, attempts) from exc
+                self.sleep(pause)
+
+    def score(self, rows, categorical: np.ndarray | None = None, all_scores: bool = False):
+        """Score any number of rows (arrays, DataFrame, pyarrow Table or Criteo TSV lines).
 
         Returns:
             [B] float32 blended scores, or with ``all_scores`` a dict of [B] arrays keyed by
-            output name (``score``, ``score_xgb``, ...).
+            output name (``score``, ``score_xgb``, ``score_dlrm_torch``, ``score_dlrm_tf``).
         """
+        dense, cats = to_tensors(rows, categorical)
         step = self.max_batch_size
-        parts = [self.infer(dense[s:s + step], categorical[s:s + step], all_scores)
+        parts = [self.infer_with_retry(dense[s:s + step], cats[s:s + step], all_scores, offset=s)
                  for s in range(0, len(dense), step)]
-        joined = {k: np.concatenate([p[k] for p in parts]).reshape(-1) for k in parts[0]}
-        return joined if all_scores else joined[schema.SCORE.name]
+        return _join(parts, all_scores)
 
     def close(self) -> None:
         self._client.close()
+
+
+@dataclass
+class AsyncRankerClient(_Settings):
+    """asyncio client (``tritonclient.http.aio`` / ``tritonclient.grpc.aio``) for high concurrency.
+
+    ``await score(rows)`` sends the pieces of a large input concurrently (at most
+    ``max_in_flight`` at once) and re-joins them in order.
+    """
+
+    max_in_flight: int = 8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._tc = _module(self.protocol, aio=True)
+        kwargs = {"conn_timeout": self.timeout} if self.protocol is Protocol.HTTP else {}
+        self._client = self._tc.InferenceServerClient(self.url, **kwargs)
+        self._max_batch: int | None = None
+
+    async def max_batch_size(self) -> int:
+        if self._max_batch is None:
+            config = await self._client.get_model_config(self.model)
+            self._max_batch = int(config.config.max_batch_size if self.protocol is Protocol.GRPC
+                                  else config["max_batch_size"])
+        return self._max_batch
+
+    async def infer(self, dense, categorical, all_scores: bool = False) -> dict[str, np.ndarray]:
+        # HTTP: the aiohttp session's total timeout (conn_timeout) bounds each request.
+        result = await self._client.infer(
+            self.model, build_inputs(self._tc, self.protocol, self.binary, dense, categorical),
+            outputs=build_outputs(self._tc, self.protocol, self.binary, all_scores), **self._infer_kwargs())
+        return read_result(result, all_scores)
+
+    async def _infer_with_retry(self, dense, categorical, all_scores, offset, gate):
+        sleeps = self.retry.sleeps()
+        attempts = 0
+        async with gate:
+            while True:
+                attempts += 1
+                try:
+                    return await self.infer(dense, categorical, all_scores)
+                except Exception as exc:  # noqa: BLE001 - classified below
+                    pause = next(sleeps, None) if is_transient(exc) else None
+                    if pause is None:
+                        raise ScoringError(offset, offset + len(dense), exc, attempts) from exc
+                    await asyncio.sleep(pause)
+
+    async def score(self, rows, categorical: np.ndarray | None = None, all_scores: bool = False):
+        dense, cats = to_tensors(rows, categorical)
+        step = await self.max_batch_size()
+        gate = asyncio.Semaphore(self.max_in_flight)
+        parts = await asyncio.gather(*(
+            self._infer_with_retry(dense[s:s + step], cats[s:s + step], all_scores, s, gate)
+            for s in range(0, len(dense), step)))
+        return _join(list(parts), all_scores)
+
+    async def close(self) -> None:
+        await self._client.close()

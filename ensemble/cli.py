@@ -97,6 +97,58 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_score(args) -> int:
+    from clients.batch import ChunkFailed, ScoreSettings
+    from clients.scoring import score_files, score_files_dask
+    from clients.triton import Retry
+
+    if not args.local and not args.url:
+        print("error: give --url (one or more) or --local", file=sys.stderr)
+        return 2
+    settings = ScoreSettings(urls=tuple(args.url or ()), protocol=args.protocol, local=args.local,
+                             repository=args.repository, batch_size=args.batch_size,
+                             concurrency=args.concurrency, all_scores=args.all_scores,
+                             retry=Retry(attempts=args.retries + 1, backoff=args.backoff), timeout=args.timeout)
+    partition_bytes = int(args.partition_mb * 2**20)
+    try:
+        if args.dask_scheduler or args.dask_local:
+            summary = score_files_dask(args.input, args.output, settings, args.dask_scheduler, args.dask_local,
+                                       progress=not args.no_progress, partition_bytes=partition_bytes)
+        else:
+            summary = score_files(args.input, args.output, settings, progress=not args.no_progress,
+                                  partition_bytes=partition_bytes)
+    except ChunkFailed as exc:
+        print(f"error: {exc}\nno output written to {args.output}", file=sys.stderr)
+        return 1
+    print(summary.line())
+    return 0
+
+
+def cmd_baseline_serve(args) -> int:
+    from loadtest.baselines.app import Kind, serve
+
+    print(f"baseline {args.kind} on http://{args.host}:{args.port} (repository {args.repository})", flush=True)
+    serve(Kind(args.kind), args.repository, args.host, args.port, args.threads)
+    return 0
+
+
+def cmd_loadtest(args) -> int:
+    from loadtest.runner import RunnerOptions, run
+
+    options = RunnerOptions.from_args(args)
+    report = run(options)
+    print(f"report: {report}")
+    return 0
+
+
+def cmd_cost(args) -> int:
+    from loadtest.cost import cost_table, load_prices, render
+
+    results = json.loads(Path(args.results).read_text())
+    print(render(cost_table(results, load_prices(args.prices))))
+    return 0
+
+
 def cmd_demo(args) -> int:
     from ensemble.demo import DemoOptions, run_demo
 
@@ -105,6 +157,17 @@ def cmd_demo(args) -> int:
                           keep_serving=args.keep_serving)
     run_demo(options)
     return 0
+
+
+def cmd_check(args) -> int:
+    from ensemble.check import CheckOptions, report, run_check
+    from ensemble.releases import RELEASES
+
+    release = RELEASES[args.release]
+    findings = run_check(CheckOptions(Path(args.repository), args.target, release,
+                                      Path(args.treelite_dir) if args.treelite_dir else None))
+    print(report(findings, release, args.target))
+    return 0 if all(f.ok for f in findings) else 1
 
 
 def _add_synth(p: argparse.ArgumentParser, rows: int) -> None:
@@ -161,12 +224,61 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server(p)
     p.set_defaults(func=cmd_serve)
 
+    p = sub.add_parser("score", help="score files (TSV/.gz/Parquet) through Triton, in-process, or on Dask")
+    p.add_argument("input", nargs="+", help="Criteo TSV (.gz too; label optional) or Parquet files")
+    p.add_argument("--output", required=True, help="Parquet, or CSV by suffix; a folder with --dask-*")
+    p.add_argument("--url", action="append", help="Triton endpoint host:port or http://, grpc:// (repeatable)")
+    p.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    p.add_argument("--local", action="store_true", help="score in-process from --repository, no server")
+    p.add_argument("--repository", default="model_repository")
+    p.add_argument("--batch-size", type=int, default=4096, help="rows per request")
+    p.add_argument("--concurrency", type=int, default=4, help="requests in flight per process")
+    p.add_argument("--all-scores", action="store_true", help="also write score_xgb, score_dlrm_torch, score_dlrm_tf")
+    p.add_argument("--retries", type=int, default=5, help="retries of a request after a transient failure")
+    p.add_argument("--backoff", type=float, default=0.5, help="first retry pause in seconds (doubles, max 4)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    p.add_argument("--dask-scheduler", default=None, help="address of a running Dask scheduler")
+    p.add_argument("--dask-local", type=int, default=0, help="start a LocalCluster with N worker processes")
+    p.add_argument("--partition-mb", type=float, default=64, help="plain-TSV partition size")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser("baseline-serve", help="a CPU baseline server (FastAPI) with the ranker's HTTP contract")
+    p.add_argument("--kind", choices=["naive", "inproc"], required=True)
+    p.add_argument("--repository", default="model_repository")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8010)
+    p.add_argument("--threads", type=int, default=1, help="framework threads (same budget as the Triton models)")
+    p.set_defaults(func=cmd_baseline_serve)
+
+    p = sub.add_parser("loadtest", help="locust scenario matrix: Triton vs CPU baselines -> report folder")
+    from loadtest.runner import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=cmd_loadtest)
+
+    p = sub.add_parser("cost", help="dollars per million predictions from a loadtest results.json")
+    p.add_argument("results", help="results.json of a loadtest report")
+    p.add_argument("--prices", default=str(Path(__file__).resolve().parent.parent / "loadtest" / "prices.yaml"))
+    p.set_defaults(func=cmd_cost)
+
     p = sub.add_parser("demo", help="synthesize, train, export, serve, check parity, measure")
     _add_synth(p, 300_000)
     _add_train(p)
     _add_server(p)
     p.add_argument("--keep-serving", action="store_true", help="keep the server up after the demo")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("check", help="verify the repository against the pinned NGC Triton release (no GPU needed)")
+    p.add_argument("--repository", default="model_repository")
+    p.add_argument("--target", choices=["gpu", "cpu"], default="gpu")
+    from ensemble.releases import PINNED, RELEASES
+
+    p.add_argument("--release", default=PINNED.tag, choices=sorted(RELEASES),
+                   help="NGC container release (table in ensemble/releases.py)")
+    p.add_argument("--treelite-dir", default=None,
+                   help="folder with that release's Treelite (default: installed once into ~/.cache/ensemble)")
+    p.set_defaults(func=cmd_check)
     return parser
 
 

@@ -31,38 +31,62 @@ CATEGORICAL_MISSING: tuple[float, ...] = (
 )
 
 
+def criteo_columns(has_label: bool = True) -> list[str]:
+    """Column names of a Criteo line, with or without the leading label (test days have none)."""
+    return list(schema.CRITEO_COLUMNS if has_label else schema.CRITEO_COLUMNS[1:])
+
+
+def has_label(first_line: str | bytes) -> bool:
+    """Whether a Criteo line starts with a label: 40 tab-separated fields, or 39 without."""
+    fields = (first_line.decode() if isinstance(first_line, bytes) else first_line).rstrip("\r\n").split("\t")
+    if len(fields) not in (39, 40):
+        raise ValueError(f"not a Criteo line: {len(fields)} tab-separated fields (expected 40, or 39 without label)")
+    return len(fields) == 40
+
+
+def parse_criteo(source, with_label: bool = True, nrows: int | None = None, chunksize: int | None = None,
+                 compression: str = "infer"):
+    """Parse Criteo TSV from a path or a binary buffer.
+
+    Returns:
+        One frame (or an iterator of frames when ``chunksize`` is set) with ``label`` (int8,
+        when present), ``I1..I13`` (float32, NaN = missing) and ``C1..C26`` (object: str,
+        None = missing), in file order.
+    """
+    columns = criteo_columns(with_label)
+    dtypes = {c: ("int8" if c == schema.LABEL else "float32" if c in schema.DENSE_COLUMNS else "object")
+              for c in columns}
+    reader = pd.read_csv(source, sep="\t", header=None, names=columns, dtype=dtypes, keep_default_na=False,
+                         na_values=[""], nrows=nrows, compression=compression, quoting=3, chunksize=chunksize)
+    if chunksize is None:
+        return _missing_as_none(reader)
+    return (_missing_as_none(frame) for frame in reader)
+
+
+def _missing_as_none(frame: pd.DataFrame) -> pd.DataFrame:
+    cats = frame[list(schema.CATEGORICAL_COLUMNS)]
+    frame[list(schema.CATEGORICAL_COLUMNS)] = cats.where(cats.notna(), None)
+    return frame
+
+
 def read_criteo(paths: Sequence[str | Path], nrows: int | None = None) -> pd.DataFrame:
-    """Read one or several Criteo TSV files (plain or .gz) into one frame.
+    """Read one or several labelled Criteo TSV files (plain or .gz) into one frame, in order.
 
     Args:
         paths: day files, read in order.
         nrows: stop after this many rows in total (None = all).
-
-    Returns:
-        Frame with ``label`` (int8), ``I1..I13`` (float32, NaN = missing) and ``C1..C26``
-        (object: str, None = missing), in file order.
     """
-    dtypes = {schema.LABEL: "int8"}
-    dtypes.update({c: "float32" for c in schema.DENSE_COLUMNS})
-    dtypes.update({c: "object" for c in schema.CATEGORICAL_COLUMNS})
     frames, remaining = [], nrows
     for path in paths:
         if remaining is not None and remaining <= 0:
             break
-        frame = pd.read_csv(
-            path, sep="\t", header=None, names=list(schema.CRITEO_COLUMNS), dtype=dtypes,
-            keep_default_na=False, na_values=[""], nrows=remaining, compression="infer",
-            quoting=3,
-        )
+        frame = parse_criteo(path, nrows=remaining)
         frames.append(frame)
         if remaining is not None:
             remaining -= len(frame)
     if not frames:
         raise ValueError("no input files given")
-    frame = pd.concat(frames, ignore_index=True)
-    cats = frame[list(schema.CATEGORICAL_COLUMNS)]
-    frame[list(schema.CATEGORICAL_COLUMNS)] = cats.where(cats.notna(), None)
-    return frame
+    return pd.concat(frames, ignore_index=True)
 
 
 def split(frame: pd.DataFrame, valid: float = 0.1, test: float = 0.1
@@ -83,13 +107,17 @@ class SynthConfig:
         rows: number of lines.
         scale: per-column cardinality as a fraction of Criteo's (1.0 = full size: three
             columns with millions of values).
-        seed: everything is drawn from ``np.random.default_rng(seed)``.
+        seed: draws the rows.
+        world_seed: draws the hidden world (value frequencies, effects, interactions). Data
+            sets with the same world and scale come from one distribution, so a model trained
+            on one scores the others; a new ``seed`` gives fresh rows (and unseen values).
         ctr: target share of positive labels.
     """
 
     rows: int = 300_000
     scale: float = 0.01
     seed: int = 0
+    world_seed: int = 0
     ctr: float = 0.25
 
     def cardinalities(self) -> tuple[int, ...]:
@@ -114,11 +142,66 @@ def _hex_names(column: int, ranks: np.ndarray) -> np.ndarray:
     return np.array([f"{v:08x}" for v in h.tolist()], dtype=object)
 
 
-def _zipf_ranks(rng: np.random.Generator, n: int, cardinality: int, exponent: float) -> np.ndarray:
-    weights = 1.0 / np.power(np.arange(1, cardinality + 1, dtype=np.float64) + 2.0, exponent)
-    cdf = np.cumsum(weights)
-    cdf /= cdf[-1]
-    return np.minimum(np.searchsorted(cdf, rng.random(n)), cardinality - 1)
+# Pairs of categorical columns whose latent vectors interact, and (dense, categorical) pairs
+# whose slope depends on the category.
+_CAT_PAIRS = ((0, 1), (4, 5), (13, 16), (22, 24), (0, 13), (5, 22))
+_DENSE_CAT = ((0, 1), (5, 4), (9, 13))
+
+
+class _World:
+    """The hidden parameters: drawn once from ``world_seed`` and shared by every draw of rows."""
+
+    def __init__(self, config: SynthConfig):
+        rng = np.random.default_rng(config.world_seed)
+        self.cards = config.cardinalities()
+        self.dense = [(rng.uniform(0.0, 3.5), rng.uniform(0.8, 2.0), rng.normal(0, 0.25), rng.normal(0, 0.3))
+                      for _ in schema.DENSE_COLUMNS]
+        self.cdfs, self.effects = [], []
+        for card in self.cards:
+            weights = 1.0 / np.power(np.arange(1, card + 1, dtype=np.float64) + 2.0, rng.uniform(1.05, 1.35))
+            cdf = np.cumsum(weights)
+            self.cdfs.append(cdf / cdf[-1])
+            self.effects.append(rng.normal(0, rng.uniform(0.1, 0.6), card + 1))  # last entry: missing
+        used = sorted({c for pair in _CAT_PAIRS for c in pair})
+        self.latent = {j: rng.normal(0, 0.5, (self.cards[j] + 1, 4)) for j in used}
+        self.slopes = {c: rng.normal(0, 0.3, self.cards[c] + 1) for _, c in _DENSE_CAT}
+        # Scale and bias from a reference sample, so they do not depend on the rows drawn.
+        reference = self.raw_logit(*self.draw(np.random.default_rng(config.world_seed + 1), 20_000)[1:])
+        self.scale = 1.0 / max(float(reference.std()), 1e-9)
+        self.bias = _bias_for_rate(reference * self.scale, config.ctr)
+
+    def draw(self, rng: np.random.Generator, n: int):
+        """Rows: (dense values with NaN, log-dense [n x 13], ranks [n x 26] with -1 = missing)."""
+        values = np.empty((n, schema.N_DENSE))
+        dense_log = np.zeros((n, schema.N_DENSE))
+        for i, col in enumerate(schema.DENSE_COLUMNS):
+            mu, sigma, _, _ = self.dense[i]
+            v = np.floor(rng.lognormal(mu, sigma, n))
+            if col == "I2":
+                v -= rng.choice([0, 0, 0, 1, 2, 3], size=n)
+            missing = rng.random(n) < DENSE_MISSING[i]
+            dense_log[:, i] = np.where(missing, np.nan, np.log1p(np.maximum(v, 0)))
+            values[:, i] = np.where(missing, np.nan, v)
+        ranks = np.empty((n, schema.N_CATEGORICAL), dtype=np.int64)
+        for j, cdf in enumerate(self.cdfs):
+            r = np.minimum(np.searchsorted(cdf, rng.random(n)), len(cdf) - 1)
+            r[rng.random(n) < CATEGORICAL_MISSING[j]] = -1
+            ranks[:, j] = r
+        return values, dense_log, ranks
+
+    def raw_logit(self, dense_log: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+        logit = np.zeros(len(ranks))
+        for i, (mu, sigma, weight, missing_effect) in enumerate(self.dense):
+            missing = np.isnan(dense_log[:, i])
+            logit += weight * (np.nan_to_num(dense_log[:, i]) - mu) / (sigma + 1) + missing_effect * missing
+        for j, effect in enumerate(self.effects):
+            logit += effect[ranks[:, j]]
+        for a, b in _CAT_PAIRS:
+            logit += np.sum(self.latent[a][ranks[:, a]] * self.latent[b][ranks[:, b]], axis=1)
+        for d, c in _DENSE_CAT:
+            logit += self.slopes[c][ranks[:, c]] * (np.nan_to_num(dense_log[:, d]) - 1.5)
+        logit += 0.6 * ((np.nan_to_num(dense_log[:, 2]) > 1.5) & (np.nan_to_num(dense_log[:, 6]) < 1.0))
+        return logit
 
 
 def synthesize(config: SynthConfig) -> SynthData:
@@ -129,52 +212,20 @@ def synthesize(config: SynthConfig) -> SynthData:
     per-value effects, dense effects, categorical x categorical (latent dot products) and
     dense x categorical interactions.
     """
+    world = _World(config)
     rng = np.random.default_rng(config.seed)
-    n = config.rows
-    logit = np.zeros(n)
-    frame: dict[str, object] = {}
-
-    dense_log = np.zeros((n, schema.N_DENSE))
+    values, dense_log, ranks = world.draw(rng, config.rows)
+    probability = 1.0 / (1.0 + np.exp(-(world.raw_logit(dense_log, ranks) * world.scale + world.bias)))
+    label = (rng.random(config.rows) < probability).astype(np.int8)
+    frame: dict[str, object] = {schema.LABEL: label}
     for i, col in enumerate(schema.DENSE_COLUMNS):
-        mu, sigma = rng.uniform(0.0, 3.5), rng.uniform(0.8, 2.0)
-        values = np.floor(rng.lognormal(mu, sigma, n))
-        if col == "I2":
-            values -= rng.choice([0, 0, 0, 1, 2, 3], size=n)
-        missing = rng.random(n) < DENSE_MISSING[i]
-        dense_log[:, i] = np.where(missing, 0.0, np.log1p(np.maximum(values, 0)))
-        logit += rng.normal(0, 0.25) * (dense_log[:, i] - mu) / (sigma + 1) + rng.normal(0, 0.3) * missing
-        frame[col] = pd.array(np.where(missing, np.nan, values), dtype="Int64")
-
-    ranks = np.zeros((n, schema.N_CATEGORICAL), dtype=np.int64)
-    latent: dict[int, np.ndarray] = {}
-    for j, (col, card) in enumerate(zip(schema.CATEGORICAL_COLUMNS, config.cardinalities())):
-        r = _zipf_ranks(rng, n, card, rng.uniform(1.05, 1.35))
-        missing = rng.random(n) < CATEGORICAL_MISSING[j]
-        r[missing] = -1
-        ranks[:, j] = r
-        effect = rng.normal(0, rng.uniform(0.1, 0.6), card + 1)  # last entry: missing
-        logit += effect[r]
-        if j in (0, 1, 4, 5, 13, 16, 22, 24):
-            latent[j] = rng.normal(0, 0.5, (card + 1, 4))
-        uniq, inverse = np.unique(r, return_inverse=True)
+        frame[col] = pd.array(values[:, i], dtype="Int64")
+    for j, col in enumerate(schema.CATEGORICAL_COLUMNS):
+        uniq, inverse = np.unique(ranks[:, j], return_inverse=True)
         names = _hex_names(j, np.maximum(uniq, 0))
         names[uniq < 0] = None
         frame[col] = names[inverse]
-
-    pairs = [(0, 1), (4, 5), (13, 16), (22, 24), (0, 13), (5, 22)]
-    for a, b in pairs:
-        logit += np.sum(latent[a][ranks[:, a]] * latent[b][ranks[:, b]], axis=1)
-    for d, c in [(0, 1), (5, 4), (9, 13)]:  # dense x categorical
-        slope = rng.normal(0, 0.3, config.cardinalities()[c] + 1)
-        logit += slope[ranks[:, c]] * (dense_log[:, d] - dense_log[:, d].mean())
-    logit += 0.6 * ((dense_log[:, 2] > 1.5) & (dense_log[:, 6] < 1.0))
-
-    logit *= 1.0 / max(logit.std(), 1e-9)  # keep the problem in a realistic AUC range
-    bias = _bias_for_rate(logit, config.ctr)
-    probability = 1.0 / (1.0 + np.exp(-(logit + bias)))
-    label = (rng.random(n) < probability).astype(np.int8)
-    out = pd.DataFrame({schema.LABEL: label, **frame})[list(schema.CRITEO_COLUMNS)]
-    return SynthData(out, probability)
+    return SynthData(pd.DataFrame(frame)[list(schema.CRITEO_COLUMNS)], probability)
 
 
 def _bias_for_rate(logit: np.ndarray, rate: float) -> float:

@@ -43,6 +43,8 @@ class ServerOptions:
         model_config_name: read ``<model>/configs/<name>.pbtxt`` instead of config.pbtxt.
         log_file: where the server's output goes (a temp file if None).
         startup_timeout: seconds to wait for readiness.
+        cpu_list: run under ``taskset -c <cpu_list>`` (e.g. "1") to keep a load generator off
+            the server's cores.
     """
 
     repository: Path
@@ -53,6 +55,7 @@ class ServerOptions:
     model_config_name: str | None = None
     log_file: Path | None = None
     startup_timeout: float = 300.0
+    cpu_list: str | None = None
 
 
 def _pytriton_dir() -> Path | None:
@@ -124,6 +127,8 @@ class TritonServer:
                "--allow-gpu-metrics=false", "--exit-on-error=true", "--log-verbose=0"]
         if o.model_config_name:
             cmd.append(f"--model-config-name={o.model_config_name}")
+        if o.cpu_list:
+            cmd = ["taskset", "-c", o.cpu_list, *cmd]
         return cmd
 
     def environment(self, binary: Path) -> dict[str, str]:
@@ -187,6 +192,13 @@ class TritonServer:
                 self.process.wait()
         self._cleanup()
         return None if self.process is None else self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the server and its backend processes (simulates a crash)."""
+        if self.alive():
+            os.killpg(self.process.pid, 9)
+            self.process.wait()
+        self._cleanup()
 
     def _cleanup(self) -> None:
         if self._scratch is not None:

@@ -1,0 +1,308 @@
+"""Batch scoring: files in, predictions out, through Triton or in-process, on one machine or Dask.
+
+Inputs are Criteo TSV (plain or .gz, label optional) or Parquet with the Criteo column names.
+They are cut into partitions (byte ranges of plain TSV, whole .gz files, Parquet row groups),
+read in chunks of ``batch_size`` rows, scored with several requests in flight, and written in
+input order next to the passed-through columns (label, ids). Output is written aside and
+renamed at the end: a run that fails leaves no file that looks complete.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import pandas as pd
+
+from clients.inputs import from_frame
+from clients.triton import Protocol, RankerClient, Retry, ScoringError
+from ensemble import data, schema
+
+FEATURE_COLUMNS = (*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS)
+SCORE_COLUMNS = tuple(t.name for t in schema.RANKER_OUTPUTS)
+
+
+class ChunkFailed(RuntimeError):
+    """A chunk that kept failing: which file, which rows, why."""
+
+    def __init__(self, path: str, first_row: int, stop_row: int, cause: BaseException):
+        self.path, self.first_row, self.stop_row = path, first_row, stop_row
+        super().__init__(f"{path}: rows {first_row}..{stop_row - 1} of this partition failed: {cause}")
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A piece of one input file: a byte range of plain TSV, a whole .gz, or Parquet row groups."""
+
+    path: str
+    kind: str  # "tsv" or "parquet"
+    start: int = 0  # byte offset, or first row group
+    stop: int = -1  # byte end (exclusive), or row group end; -1 = to the end
+    index: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{Path(self.path).name}[{self.start}:{self.stop}]"
+
+
+def _is_parquet(path: str) -> bool:
+    return path.endswith((".parquet", ".pq"))
+
+
+def plan_partitions(paths: list[str], partition_bytes: int = 64 << 20) -> list[Partition]:
+    """Cut the inputs into partitions, in input order."""
+    parts: list[Partition] = []
+    for path in map(str, paths):
+        if _is_parquet(path):
+            import pyarrow.parquet as pq
+
+            groups = pq.ParquetFile(path).num_row_groups
+            parts += [Partition(path, "parquet", g, g + 1) for g in range(groups)]
+        elif path.endswith(".gz"):
+            parts.append(Partition(path, "tsv"))
+        else:
+            size = Path(path).stat().st_size
+            parts += [Partition(path, "tsv", s, min(s + partition_bytes, size))
+                      for s in range(0, max(size, 1), partition_bytes)]
+    return [Partition(p.path, p.kind, p.start, p.stop, i) for i, p in enumerate(parts)]
+
+
+def _tsv_has_label(path: str) -> bool:
+    import gzip
+
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as handle:
+        first = handle.readline()
+    return data.has_label(first) if first else True
+
+
+def read_partition(part: Partition, chunk_rows: int) -> Iterator[pd.DataFrame]:
+    """Frames of at most ``chunk_rows`` rows, in file order."""
+    if part.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        for batch in pq.ParquetFile(part.path).iter_batches(batch_size=chunk_rows,
+                                                            row_groups=range(part.start, part.stop)):
+            yield batch.to_pandas()
+        return
+    with_label = _tsv_has_label(part.path)
+    if part.stop < 0:
+        yield from data.parse_criteo(part.path, with_label=with_label, chunksize=chunk_rows)
+        return
+    for block in _line_blocks(part.path, part.start, part.stop, chunk_rows):
+        yield data.parse_criteo(io.BytesIO(block), with_label=with_label, compression=None)
+
+
+def _line_blocks(path: str, start: int, stop: int, lines_per_block: int) -> Iterator[bytes]:
+    """Lines that *start* inside [start, stop), grouped; each line belongs to one range."""
+    with open(path, "rb") as handle:
+        if start > 0:
+            handle.seek(start - 1)
+            if handle.read(1) != b"\n":
+                handle.readline()  # the line in progress belongs to the previous range
+        block: list[bytes] = []
+        while handle.tell() < stop:
+            line = handle.readline()
+            if not line:
+                break
+            if line.strip():
+                block.append(line if line.endswith(b"\n") else line + b"\n")
+            if len(block) >= lines_per_block:
+                yield b"".join(block)
+                block = []
+        if block:
+            yield b"".join(block)
+
+
+@dataclass(frozen=True)
+class ScoreSettings:
+    """Where and how to score.
+
+    Attributes:
+        urls: Triton endpoints (partitions go round-robin across them); empty with ``local``.
+        protocol: http or grpc (a scheme in a URL wins).
+        local: score in-process from ``repository`` instead of a server.
+        batch_size: rows per request.
+        concurrency: requests in flight per process.
+        all_scores: also write the per-model scores.
+        retry, timeout: transient-failure policy per request.
+    """
+
+    urls: tuple[str, ...] = ()
+    protocol: str = "http"
+    local: bool = False
+    repository: str = "model_repository"
+    batch_size: int = 4096
+    concurrency: int = 4
+    all_scores: bool = False
+    retry: Retry = field(default_factory=Retry)
+    timeout: float = 120.0
+
+    def scorer(self, partition_index: int = 0) -> Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]:
+        if self.local:
+            pipeline = _local_pipeline(str(Path(self.repository).resolve()))
+            return lambda d, c: {k: v.reshape(-1) for k, v in pipeline.score(d, c).items()}
+        if not self.urls:
+            raise ValueError("give --url (one or more) or --local")
+        url = self.urls[partition_index % len(self.urls)]
+        local_clients = threading.local()  # tritonclient's HTTP client is not shared across threads
+
+        def score(dense: np.ndarray, cats: np.ndarray) -> dict[str, np.ndarray]:
+            client = getattr(local_clients, "client", None)
+            if client is None:
+                client = local_clients.client = RankerClient(url, Protocol(self.protocol) if "://" not in url
+                                                             else None, timeout=self.timeout, retry=self.retry)
+            return client.score(dense, cats, all_scores=True)
+
+        return score
+
+
+@lru_cache(maxsize=2)
+def _local_pipeline(repository: str):
+    from ensemble.runtime import Pipeline
+
+    return Pipeline.from_repository(repository)
+
+
+def score_chunks(part: Partition, settings: ScoreSettings, on_rows: Callable[[int], None] = lambda n: None
+                 ) -> Iterator[pd.DataFrame]:
+    """Scored frames of one partition, in order, with ``concurrency`` chunks in flight."""
+    score = settings.scorer(part.index)
+    pending: deque[tuple[Future, pd.DataFrame, int]] = deque()
+    first_row = 0
+
+    def finish(item: tuple[Future, pd.DataFrame, int]) -> pd.DataFrame:
+        future, frame, start = item
+        try:
+            scores = future.result()
+        except ScoringError as exc:
+            raise ChunkFailed(part.path, start + exc.start, start + exc.stop, exc) from exc
+        except Exception as exc:  # noqa: BLE001 - reported with its rows
+            raise ChunkFailed(part.path, start, start + len(frame), exc) from exc
+        out = frame[[c for c in frame.columns if c not in FEATURE_COLUMNS]].reset_index(drop=True)
+        for name in SCORE_COLUMNS if settings.all_scores else (schema.SCORE.name,):
+            out[name] = scores[name]
+        on_rows(len(out))
+        return out
+
+    with ThreadPoolExecutor(max(1, settings.concurrency)) as pool:
+        try:
+            for frame in read_partition(part, settings.batch_size):
+                dense, cats = from_frame(frame)
+                pending.append((pool.submit(score, dense, cats), frame, first_row))
+                first_row += len(frame)
+                while len(pending) >= max(1, settings.concurrency):
+                    yield finish(pending.popleft())
+            while pending:
+                yield finish(pending.popleft())
+        finally:
+            for future, _, _ in pending:
+                future.cancel()
+
+
+def output_schema(parts: list[Partition], all_scores: bool):
+    """The output's columns: every input's pass-through columns (label, ids; first type seen
+    wins), then the scores. A column an input lacks is null in that input's rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    fields: dict[str, object] = {}
+    for path in dict.fromkeys(p.path for p in parts):
+        if _is_parquet(path):
+            for item in pq.ParquetFile(path).schema_arrow:
+                if item.name not in FEATURE_COLUMNS:
+                    fields.setdefault(item.name, item.type)
+        elif _tsv_has_label(path):
+            fields.setdefault(schema.LABEL, pa.int8())
+    for name in SCORE_COLUMNS if all_scores else (schema.SCORE.name,):
+        fields[name] = pa.float32()
+    return pa.schema(list(fields.items()))
+
+
+class OutputWriter:
+    """Parquet (default) or CSV by suffix, written to ``<path>.partial`` and renamed by ``commit``."""
+
+    def __init__(self, path: str | Path, arrow_schema):
+        self.path = Path(path)
+        self.tmp = self.path.with_name(self.path.name + ".partial")
+        self.schema = arrow_schema
+        self.rows = 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp.unlink(missing_ok=True)
+        if self.path.suffix.lower() == ".csv":
+            import pyarrow.csv as pacsv
+
+            self._writer = pacsv.CSVWriter(str(self.tmp), arrow_schema)
+        else:
+            import pyarrow.parquet as pq
+
+            self._writer = pq.ParquetWriter(str(self.tmp), arrow_schema)
+
+    def write(self, frame: pd.DataFrame) -> None:
+        import pyarrow as pa
+
+        columns = [pa.array(frame[f.name], type=f.type, from_pandas=True) if f.name in frame.columns
+                   else pa.nulls(len(frame), f.type) for f in self.schema]
+        self._writer.write_table(pa.Table.from_arrays(columns, schema=self.schema))
+        self.rows += len(frame)
+
+    def commit(self) -> Path:
+        self._close()
+        self.tmp.replace(self.path)
+        return self.path
+
+    def abort(self) -> None:
+        self._close()
+        self.tmp.unlink(missing_ok=True)
+
+    def _close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+@dataclass
+class Summary:
+    """What a run did; ``auc``/``logloss`` only when the input had labels."""
+
+    rows: int = 0
+    seconds: float = 0.0
+    auc: float | None = None
+    logloss: float | None = None
+    output: str = ""
+    parts: int = 0
+    _labels: list = field(default_factory=list, repr=False)
+    _scores: list = field(default_factory=list, repr=False)
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    def observe(self, frame: pd.DataFrame) -> None:
+        if schema.LABEL in frame.columns:
+            known = frame[schema.LABEL].notna().to_numpy()
+            self._labels.append(frame[schema.LABEL].to_numpy()[known].astype(np.int8))
+            self._scores.append(frame[schema.SCORE.name].to_numpy(np.float32)[known])
+
+    def finish(self, seconds: float) -> "Summary":
+        from ensemble import metrics
+
+        self.seconds = seconds
+        if self._labels:
+            labels, scores = np.concatenate(self._labels), np.concatenate(self._scores)
+            self.auc, self.logloss = metrics.auc(labels, scores), metrics.log_loss(labels, scores)
+        self._labels, self._scores = [], []
+        return self
+
+    def line(self) -> str:
+        text = f"{self.rows} rows in {self.seconds:.1f}s ({self.rows_per_second:,.0f} rows/s) -> {self.output}"
+        if self.auc is not None:
+            text += f"; AUC {self.auc:.4f}, log loss {self.logloss:.4f}"
+        return text

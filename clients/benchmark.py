@@ -1,0 +1,123 @@
+"""Batch-scoring throughput: in-process (`--local`) vs through Triton over HTTP and gRPC.
+
+Not a test: prints a table and writes ``<out>/scoring.json`` and ``<out>/scoring.md``. Every
+configuration scores the same synthetic file; each is run ``--repeats`` times and the median
+rows/s is reported, with its ratio to ``--local`` at the same batch size (same run, same
+machine). Usage::
+
+    .venv/bin/python -m clients.benchmark --repository model_repository
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from clients.batch import ScoreSettings, _local_pipeline
+from clients.scoring import score_files
+from ensemble import data
+
+
+def _machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores ({cpu}), {memory:.0f} GiB, no GPU"
+
+
+def _rows_per_second(path: Path, out: Path, settings: ScoreSettings, repeats: int) -> float:
+    rates = []
+    for _ in range(repeats):
+        summary = score_files([str(path)], str(out), settings, progress=False)
+        rates.append(summary.rows_per_second)
+    return statistics.median(rates)
+
+
+def run(args) -> list[dict]:
+    from ensemble.serve import ServerOptions, TritonServer, free_port
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    source = data.write_criteo(data.synthesize(data.SynthConfig(rows=args.rows, scale=args.scale, seed=4242)).frame,
+                               out / "input.tsv")
+    scratch = out / "scored.parquet"
+    results: list[dict] = []
+    _local_pipeline(str(Path(args.repository).resolve()))  # load once: a run measures scoring, not start-up
+    for batch in args.batch_sizes:
+        for concurrency in (1,):
+            settings = ScoreSettings(local=True, repository=args.repository, batch_size=batch, concurrency=concurrency)
+            results.append({"target": "local", "batch_size": batch, "concurrency": concurrency,
+                            "rows_per_s": _rows_per_second(source, scratch, settings, args.repeats)})
+            print(f"local  batch {batch:>5} conc {concurrency}: {results[-1]['rows_per_s']:>9,.0f} rows/s", flush=True)
+    server = None
+    urls = {"http": args.http_url, "grpc": args.grpc_url}
+    if not (args.http_url and args.grpc_url):
+        server = TritonServer(ServerOptions(Path(args.repository), http_port=free_port(), grpc_port=free_port(),
+                                            metrics_port=free_port())).start()
+        urls = {"http": server.http_url, "grpc": server.grpc_url}
+    try:
+        for protocol in ("http", "grpc"):
+            for batch in args.batch_sizes:
+                for concurrency in args.concurrency:
+                    settings = ScoreSettings(urls=(urls[protocol],), protocol=protocol, batch_size=batch,
+                                             concurrency=concurrency)
+                    rate = _rows_per_second(source, scratch, settings, args.repeats)
+                    results.append({"target": protocol, "batch_size": batch, "concurrency": concurrency,
+                                    "rows_per_s": rate})
+                    print(f"{protocol:<6} batch {batch:>5} conc {concurrency}: {rate:>9,.0f} rows/s", flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+    local = {r["batch_size"]: r["rows_per_s"] for r in results if r["target"] == "local"}
+    for r in results:
+        r["vs_local"] = r["rows_per_s"] / local[r["batch_size"]]
+    return results
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| target | batch size | requests in flight | rows/s (median) | vs `--local` |",
+             "| --- | --- | --- | --- | --- |"]
+    for r in results:
+        lines.append(f"| {r['target']} | {r['batch_size']} | {r['concurrency']} | {r['rows_per_s']:,.0f} "
+                     f"| {r['vs_local']:.0%} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repository", default="model_repository")
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--scale", type=float, default=0.01)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[512, 4096])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--http-url", default=None, help="use a running server instead of starting one")
+    parser.add_argument("--grpc-url", default=None)
+    parser.add_argument("--out", default="build/bench")
+    args = parser.parse_args(argv)
+    started = time.time()
+    results = run(args)
+    machine = _machine()
+    text = (f"Batch scoring of {args.rows:,} synthetic rows; machine: {machine}; "
+            f"median of {args.repeats} runs; {time.strftime('%Y-%m-%d')}\n\n{table(results)}\n")
+    print("\n" + text)
+    Path(args.out, "scoring.md").write_text(text)
+    Path(args.out, "scoring.json").write_text(json.dumps({"machine": machine, "rows": args.rows, "results": results,
+                                                         "seconds": time.time() - started}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""`ensemble score`: run batch scoring in this process or across a Dask cluster.
+
+Single process: one output file (Parquet or CSV). Dask: an output folder with one Parquet part
+per input partition and ``manifest.json``; the folder is built as ``<output>.partial`` and
+renamed when every part is in.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+
+from clients.batch import (ChunkFailed, OutputWriter, Partition, ScoreSettings, Summary, output_schema,
+                           plan_partitions, score_chunks)
+from ensemble import schema
+
+MANIFEST = "manifest.json"
+
+
+def _progress(enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(unit=" rows", unit_scale=True, disable=not enabled, file=sys.stderr, smoothing=0.1,
+                dynamic_ncols=True)
+
+
+def score_files(paths: list[str], output: str, settings: ScoreSettings, progress: bool = True,
+                partition_bytes: int = 64 << 20) -> Summary:
+    """Score every input into one output file, rows in input order.
+
+    Raises:
+        ChunkFailed: a chunk kept failing; nothing is left at ``output``.
+    """
+    started = time.perf_counter()
+    parts = plan_partitions(paths, partition_bytes)
+    writer = OutputWriter(output, output_schema(parts, settings.all_scores))
+    summary = Summary(output=str(output))
+    bar = _progress(progress)
+    try:
+        for part in parts:
+            for frame in score_chunks(part, settings, bar.update):
+                writer.write(frame)
+                summary.observe(frame)
+            summary.parts += 1
+        summary.rows = writer.rows
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        bar.close()
+    return summary.finish(time.perf_counter() - started)
+
+
+def score_partition_to_file(part: Partition, out_dir: str, settings: ScoreSettings, arrow_schema) -> dict:
+    """Dask task: score one partition into ``part-<index>.parquet`` (written aside, renamed)."""
+    target = Path(out_dir) / f"part-{part.index:05d}.parquet"
+    writer = OutputWriter(target, arrow_schema)
+    try:
+        for frame in score_chunks(part, settings):
+            writer.write(frame)
+        rows = writer.rows
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    return {"part": target.name, "input": part.path, "start": part.start, "stop": part.stop, "rows": rows}
+
+
+def score_files_dask(paths: list[str], output: str, settings: ScoreSettings, scheduler: str | None = None,
+                     local_workers: int = 0, progress: bool = True, partition_bytes: int = 64 << 20) -> Summary:
+    """Partition the inputs across a Dask cluster (``scheduler`` address, or a LocalCluster of
+    ``local_workers`` processes); each worker scores against the URLs (or in-process)."""
+    import logging
+
+    from dask.distributed import Client, LocalCluster, as_completed
+
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    started = time.perf_counter()
+    out = Path(output)
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    parts = plan_partitions(paths, partition_bytes)
+    arrow_schema = output_schema(parts, settings.all_scores)
+    cluster = None if scheduler else LocalCluster(n_workers=max(1, local_workers), threads_per_worker=1,
+                                                  processes=True, dashboard_address=None)
+    client = Client(scheduler or cluster)
+    bar = _progress(progress)
+    try:
+        futures = [client.submit(score_partition_to_file, p, str(staging), settings, arrow_schema, key=f"score-{p.index}",
+                                 pure=False, retries=1) for p in parts]
+        results = []
+        for future in as_completed(futures):
+            result = future.result()  # re-raises ChunkFailed from the worker
+            results.append(result)
+            bar.update(result["rows"])
+        results.sort(key=lambda r: r["part"])
+        manifest = {"parts": results, "rows": sum(r["rows"] for r in results), "inputs": list(map(str, paths)),
+                    "settings": {k: v for k, v in asdict(settings).items() if k != "retry"},
+                    "columns": arrow_schema.names}
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        shutil.rmtree(out, ignore_errors=True)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        bar.close()
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    summary = Summary(output=str(out), parts=len(parts))
+    for frame in read_parts(out, columns=[schema.LABEL, schema.SCORE.name]):
+        summary.rows += len(frame)
+        summary.observe(frame)
+    return summary.finish(time.perf_counter() - started)
+
+
+def read_parts(folder: str | Path, columns: list[str] | None = None):
+    """Frames of a Dask output folder, in input order (as listed in its manifest)."""
+    import pyarrow.parquet as pq
+
+    folder = Path(folder)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    for entry in manifest["parts"]:
+        available = pq.ParquetFile(folder / entry["part"]).schema_arrow.names
+        wanted = None if columns is None else [c for c in columns if c in available]
+        yield pd.read_parquet(folder / entry["part"], columns=wanted)
+
+
+__all__ = ["ChunkFailed", "score_files", "score_files_dask", "read_parts"]

@@ -1,0 +1,137 @@
+"""Locust users for the ranker: Triton over HTTP JSON or gRPC, and the CPU baselines.
+
+Run it like any locustfile (web UI, headless, or master + workers)::
+
+    locust -f loadtest/locustfile.py JsonUser --host http://127.0.0.1:8000 --rows-per-request 100
+    locust -f loadtest/locustfile.py TritonGrpcUser --host grpc://127.0.0.1:8001 --headless -u 8 -t 30s
+
+``JsonUser`` posts Triton's v2 JSON body, which Triton and both baselines accept, so the same
+bytes go to every HTTP target. Requests are drawn from a held-out Criteo TSV
+(``--data-file``); each carries ``--rows-per-request`` rows (1 = one item, 100 = a ranking
+request). ``--fail-ratio-stop`` ends the run when too many requests fail.
+"""
+
+from __future__ import annotations
+
+# tritonclient.grpc must run on gevent's loop inside locust; patch before any channel exists.
+import grpc.experimental.gevent as grpc_gevent
+
+grpc_gevent.init_gevent()
+
+import json  # noqa: E402
+import random  # noqa: E402
+import time  # noqa: E402
+
+import gevent  # noqa: E402
+import numpy as np  # noqa: E402
+from locust import FastHttpUser, User, constant, events, task  # noqa: E402
+
+INFER_PATH = "/v2/models/ranker/infer"
+POOL_SIZE = 256
+
+
+@events.init_command_line_parser.add_listener
+def _arguments(parser) -> None:
+    parser.add_argument("--data-file", default="build/loadtest/holdout.tsv", help="Criteo TSV to draw rows from")
+    parser.add_argument("--rows-per-request", type=int, default=1, help="rows in each request")
+    parser.add_argument("--fail-ratio-stop", type=float, default=0.2, help="stop when this share of requests fails")
+
+
+class Payloads:
+    """Pre-built requests (drawing and encoding rows is not part of what is measured)."""
+
+    def __init__(self, data_file: str, rows: int, seed: int = 0):
+        from clients.inputs import from_tsv_lines
+
+        with open(data_file, "rb") as handle:
+            lines = handle.read().splitlines()[:20_000]
+        dense, cats = from_tsv_lines(lines)
+        rng = np.random.default_rng(seed)
+        picks = [rng.integers(0, len(dense), rows) for _ in range(POOL_SIZE)]
+        self.arrays = [(dense[p], cats[p]) for p in picks]
+        self.json = [self._json(d, c) for d, c in self.arrays]
+
+    @staticmethod
+    def _json(dense: np.ndarray, cats: np.ndarray) -> bytes:
+        # Triton's parser takes bare NaN, which json.dumps writes for missing values.
+        return json.dumps({
+            "inputs": [{"name": "dense", "shape": list(dense.shape), "datatype": "FP32", "data": dense.ravel().tolist()},
+                       {"name": "categorical", "shape": list(cats.shape), "datatype": "BYTES",
+                        "data": [v.decode("utf-8", "replace") for v in cats.ravel()]}],
+            "outputs": [{"name": "score"}]}).encode()
+
+
+_payloads: dict = {}
+
+
+def payloads(environment) -> Payloads:
+    options = environment.parsed_options
+    key = (options.data_file, options.rows_per_request)
+    if key not in _payloads:
+        _payloads[key] = Payloads(*key)
+    return _payloads[key]
+
+
+@events.test_start.add_listener
+def _start_fail_ratio_watch(environment, **_kwargs) -> None:
+    from locust.runners import WorkerRunner
+
+    if isinstance(environment.runner, WorkerRunner) or environment.parsed_options is None:
+        return
+    limit = environment.parsed_options.fail_ratio_stop
+
+    def watch() -> None:
+        while environment.runner.state not in ("stopped", "stopping"):
+            gevent.sleep(1.0)
+            total = environment.runner.stats.total
+            if total.num_requests >= 50 and total.fail_ratio > limit:
+                print(f"fail ratio {total.fail_ratio:.2f} > {limit}: stopping", flush=True)
+                environment.process_exit_code = 3
+                environment.runner.quit()
+                return
+
+    gevent.spawn(watch)
+
+
+class JsonUser(FastHttpUser):
+    """Triton's HTTP endpoint or a baseline server: the same JSON body."""
+
+    wait_time = constant(0)
+
+    @task
+    def infer(self) -> None:
+        body = random.choice(payloads(self.environment).json)
+        with self.client.post(INFER_PATH, data=body, headers={"Content-Type": "application/json"},
+                              name=f"infer {self.environment.parsed_options.rows_per_request} rows",
+                              catch_response=True) as response:
+            if response.status_code != 200:
+                response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
+            elif b'"score"' not in response.content:
+                response.failure("no score in the response")
+
+
+class TritonGrpcUser(User):
+    """Wraps tritonclient.grpc and reports each call to locust with its timing."""
+
+    wait_time = constant(0)
+    abstract = False
+
+    def on_start(self) -> None:
+        from clients.triton import RankerClient
+
+        url = self.host.split("://", 1)[-1]
+        self.client = RankerClient(url, "grpc", timeout=30)
+
+    @task
+    def infer(self) -> None:
+        dense, cats = random.choice(payloads(self.environment).arrays)
+        name = f"infer {self.environment.parsed_options.rows_per_request} rows"
+        started = time.perf_counter()
+        error = None
+        try:
+            self.client.infer(dense, cats)
+        except Exception as exc:  # noqa: BLE001 - reported to locust as a failure
+            error = exc
+        self.environment.events.request.fire(
+            request_type="grpc", name=name, response_time=(time.perf_counter() - started) * 1000,
+            response_length=len(dense), exception=error, context={})

@@ -1,0 +1,284 @@
+"""`ensemble loadtest`: a scenario matrix (targets x rows per request x users) with locust.
+
+Each scenario: a warm-up run (discarded), then a measured headless run with ``--csv``. Servers
+are started and stopped here unless their URLs are given; every run is bounded (locust's own
+``-t`` plus a subprocess timeout) and servers are cleaned up on any exit. With ``--pin`` (the
+default on machines with 2+ cores) servers run on the last core and locust on the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ensemble import data
+
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+TARGETS = ("triton-http", "triton-grpc", "inproc", "naive")
+BASELINES = ("inproc", "naive")
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """The scenario matrix and where results go."""
+
+    repository: Path = Path("model_repository")
+    out: Path = Path("build/loadtest/report")
+    targets: tuple[str, ...] = TARGETS
+    rows: tuple[int, ...] = (1, 100)
+    users: tuple[int, ...] = (1, 4, 16)
+    duration: float = 12.0
+    warmup: float = 3.0
+    sla_ms: float = 10.0
+    fail_ratio: float = 0.2
+    pin: bool = True
+    data_file: Path | None = None
+    urls: dict[str, str] = field(default_factory=dict)  # target -> URL of a running server
+
+    @classmethod
+    def from_args(cls, args) -> "RunnerOptions":
+        urls = {t: u for t, u in (("triton-http", args.triton_http_url), ("triton-grpc", args.triton_grpc_url),
+                                  ("inproc", args.inproc_url), ("naive", args.naive_url)) if u}
+        return cls(Path(args.repository), Path(args.out), tuple(args.targets), tuple(args.rows), tuple(args.users),
+                   args.duration, args.warmup, args.sla_ms, args.fail_ratio, not args.no_pin,
+                   Path(args.data_file) if args.data_file else None, urls)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--repository", default="model_repository")
+    p.add_argument("--out", default="build/loadtest/report", help="report folder")
+    p.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
+    p.add_argument("--rows", nargs="+", type=int, default=[1, 100], help="rows per request")
+    p.add_argument("--users", nargs="+", type=int, default=[1, 4, 16], help="concurrent locust users")
+    p.add_argument("--duration", type=float, default=12.0, help="measured seconds per scenario")
+    p.add_argument("--warmup", type=float, default=3.0, help="discarded seconds before each scenario")
+    p.add_argument("--sla-ms", type=float, default=10.0, help="p99 latency bound of the headline")
+    p.add_argument("--fail-ratio", type=float, default=0.2, help="locust stops a run above this failure share")
+    p.add_argument("--no-pin", action="store_true", help="do not pin servers and locust to separate cores")
+    p.add_argument("--data-file", default=None, help="held-out Criteo TSV (default: synthesized)")
+    p.add_argument("--triton-http-url", default=None, help="use a running server (http://host:port)")
+    p.add_argument("--triton-grpc-url", default=None, help="use a running server (grpc://host:port)")
+    p.add_argument("--inproc-url", default=None)
+    p.add_argument("--naive-url", default=None)
+
+
+@dataclass(frozen=True)
+class Pinning:
+    server: str | None
+    load: str | None
+
+    @classmethod
+    def choose(cls, enabled: bool) -> "Pinning":
+        cores = sorted(os.sched_getaffinity(0))
+        if not enabled or len(cores) < 2 or not _has_taskset():
+            return cls(None, None)
+        return cls(str(cores[-1]), ",".join(map(str, cores[:-1])))
+
+    def prefix(self, cpus: str | None) -> list[str]:
+        return ["taskset", "-c", cpus] if cpus else []
+
+
+def _has_taskset() -> bool:
+    from shutil import which
+
+    return which("taskset") is not None
+
+
+def _wait_ready(url: str, process: subprocess.Popen | None, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"baseline exited with code {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not ready after {timeout:.0f}s")
+
+
+class Servers:
+    """Starts what the targets need (unless given URLs) and stops all of it on exit."""
+
+    def __init__(self, options: RunnerOptions, pinning: Pinning, log_dir: Path):
+        self.options, self.pinning, self.log_dir = options, pinning, log_dir
+        self.stack = contextlib.ExitStack()
+        self.triton = None
+        self.urls = dict(options.urls)
+
+    def __enter__(self) -> "Servers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stack.close()
+
+    def url(self, target: str) -> str:
+        if target in self.urls:
+            return self.urls[target]
+        if target.startswith("triton"):
+            self._start_triton()
+        else:
+            self._start_baseline(target)
+        return self.urls[target]
+
+    def _start_triton(self) -> None:
+        from ensemble.serve import ServerOptions, TritonServer, free_port
+
+        options = ServerOptions(self.options.repository, http_port=free_port(), grpc_port=free_port(),
+                                metrics_port=free_port(), log_file=self.log_dir / "tritonserver.log",
+                                cpu_list=self.pinning.server)
+        self.triton = TritonServer(options).start()
+        self.stack.callback(self.triton.stop)
+        self.urls.setdefault("triton-http", f"http://{self.triton.http_url}")
+        self.urls.setdefault("triton-grpc", f"grpc://{self.triton.grpc_url}")
+
+    def _start_baseline(self, kind: str) -> None:
+        from ensemble.serve import free_port
+
+        port = free_port()
+        cmd = [*self.pinning.prefix(self.pinning.server), sys.executable, "-m", "ensemble", "baseline-serve",
+               "--kind", kind, "--repository", str(self.options.repository), "--port", str(port)]
+        log = open(self.log_dir / f"{kind}.log", "ab")
+        self.stack.callback(log.close)
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.stack.callback(_terminate, process)
+        url = f"http://127.0.0.1:{port}"
+        _wait_ready(url, process)
+        self.urls[kind] = url
+
+    def triton_stats_url(self, target: str) -> str | None:
+        if not target.startswith("triton"):
+            return None
+        http = self.urls.get("triton-http")
+        return f"{http}/v2/models/stats" if http else None
+
+
+def _terminate(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _stats(url: str | None) -> dict | None:
+    if url is None:
+        return None
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return {m["name"]: m for m in json.load(reply)["model_stats"]}
+    except OSError:
+        return None
+
+
+def stage_times(before: dict | None, after: dict | None) -> dict[str, dict[str, float]]:
+    """Per composing model: mean queue and compute milliseconds per request, mean batch size."""
+    if not before or not after:
+        return {}
+    stages = {}
+    for name, model in after.items():
+        old = before.get(name, {}).get("inference_stats", {})
+        new = model["inference_stats"]
+        count = new["success"]["count"] - old.get("success", {}).get("count", 0)
+        if count <= 0:
+            continue
+        per = lambda key: (new[key]["ns"] - old.get(key, {}).get("ns", 0)) / count / 1e6  # noqa: E731
+        executions = model.get("execution_count", 0) - before.get(name, {}).get("execution_count", 0)
+        inferences = model.get("inference_count", 0) - before.get(name, {}).get("inference_count", 0)
+        stages[name] = {"requests": count, "queue_ms": per("queue"),
+                        "compute_ms": per("compute_input") + per("compute_infer") + per("compute_output"),
+                        "mean_batch_rows": inferences / executions if executions else 0.0}
+    return stages
+
+
+def locust_command(target: str, url: str, rows: int, users: int, seconds: float, options: RunnerOptions,
+                   data_file: Path, pinning: Pinning, csv_prefix: Path | None) -> list[str]:
+    user_class = "TritonGrpcUser" if target == "triton-grpc" else "JsonUser"
+    cmd = [*pinning.prefix(pinning.load), sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), user_class,
+           "--headless", "-u", str(users), "-r", str(users), "-t", f"{max(1, int(seconds))}s", "--host", url,
+           "--data-file", str(data_file), "--rows-per-request", str(rows), "--fail-ratio-stop",
+           str(options.fail_ratio), "--stop-timeout", "5", "--only-summary", "--loglevel", "WARNING"]
+    if csv_prefix is not None:
+        cmd += ["--csv", str(csv_prefix)]
+    return cmd
+
+
+def read_locust_csv(prefix: Path) -> dict[str, float]:
+    """The Aggregated row of ``<prefix>_stats.csv``."""
+    with open(f"{prefix}_stats.csv", newline="") as handle:
+        row = next(r for r in csv.DictReader(handle) if r["Name"] == "Aggregated")
+    number = lambda key: float(row[key]) if row.get(key) not in (None, "", "N/A") else float("nan")  # noqa: E731
+    return {"requests": number("Request Count"), "failures": number("Failure Count"),
+            "requests_per_s": number("Requests/s"), "mean_ms": number("Average Response Time"),
+            "p50_ms": number("50%"), "p90_ms": number("90%"), "p99_ms": number("99%"), "max_ms": number("Max")}
+
+
+def run_scenario(servers: Servers, target: str, rows: int, users: int, options: RunnerOptions,
+                 data_file: Path, pinning: Pinning, raw_dir: Path) -> dict:
+    url = servers.url(target)
+    bound = options.warmup + options.duration + 90
+    base = {"target": target, "rows": rows, "users": users}
+    warm = locust_command(target, url, rows, users, options.warmup, options, data_file, pinning, None)
+    prefix = raw_dir / f"{target}_rows{rows}_users{users}"
+    cmd = locust_command(target, url, rows, users, options.duration, options, data_file, pinning, prefix)
+    try:
+        subprocess.run(warm, capture_output=True, timeout=bound, check=False)
+        before = _stats(servers.triton_stats_url(target))
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=bound, check=False)
+    except subprocess.TimeoutExpired:  # subprocess.run has killed locust; record, go on
+        return {**base, "exit_code": None, "requests": 0.0, "failures": 0.0, "requests_per_s": 0.0,
+                "mean_ms": math.inf, "p50_ms": math.inf, "p90_ms": math.inf, "p99_ms": math.inf,
+                "max_ms": math.inf, "stages": {}, "rows_per_s": 0.0, "fail_ratio": 1.0,
+                "note": f"locust did not finish within {bound:.0f} s"}
+    after = _stats(servers.triton_stats_url(target))
+    result = {**base, "exit_code": done.returncode, **read_locust_csv(prefix), "stages": stage_times(before, after)}
+    result["rows_per_s"] = result["requests_per_s"] * rows
+    result["fail_ratio"] = result["failures"] / result["requests"] if result["requests"] else 1.0
+    if done.returncode not in (0, 1):
+        result["note"] = (done.stderr or "")[-500:]
+    return result
+
+
+def holdout_file(options: RunnerOptions) -> Path:
+    if options.data_file is not None:
+        return options.data_file
+    path = options.out / "holdout.tsv"
+    if not path.exists():
+        data.write_criteo(data.synthesize(data.SynthConfig(rows=5000, seed=99_991)).frame, path)
+    return path
+
+
+def run(options: RunnerOptions) -> Path:
+    """Run every scenario and write the report folder; returns the path of report.md."""
+    from loadtest.report import write_report
+
+    out = Path(options.out)
+    raw = out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    pinning = Pinning.choose(options.pin)
+    data_file = holdout_file(options)
+    results: list[dict] = []
+    started = time.time()
+    with Servers(options, pinning, out) as servers:
+        for target in options.targets:
+            for rows in options.rows:
+                for users in options.users:
+                    result = run_scenario(servers, target, rows, users, options, data_file, pinning, raw)
+                    results.append(result)
+                    print(f"{target:<12} rows {rows:>4} users {users:>3}: {result['requests_per_s']:>8.1f} req/s "
+                          f"{result['rows_per_s']:>9.0f} rows/s  p50 {result['p50_ms']:.0f} ms  "
+                          f"p99 {result['p99_ms']:.0f} ms  failures {result['failures']:.0f}", flush=True)
+    return write_report(out, results, options, pinning, time.time() - started)

@@ -1,0 +1,82 @@
+"""The client library against the real server: protocols, input forms, splitting, errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from clients.triton import AsyncRankerClient, RankerClient, Retry, ScoringError
+from ensemble import data, schema
+from tests.helpers import SYNTH
+
+
+@pytest.fixture(scope="module")
+def frame():
+    return data.synthesize(data.SynthConfig(rows=10_000, scale=SYNTH.scale, seed=71)).frame
+
+
+def test_http_and_grpc_give_identical_scores(http_client, grpc_client, frame):
+    http = http_client.score(frame, all_scores=True)
+    grpc = grpc_client.score(frame, all_scores=True)
+    for name in http:
+        np.testing.assert_array_equal(http[name], grpc[name])
+
+
+def test_large_input_is_split_by_the_servers_max_batch(http_client, pipeline, frame):
+    assert http_client.max_batch_size == schema.MAX_BATCH_SIZE  # read from the server
+    got = http_client.score(frame)  # 10,000 rows -> two requests
+    want = pipeline.score(*__import__("clients.inputs", fromlist=["x"]).to_tensors(frame))["score"].ravel()
+    assert got.shape == (10_000,) and np.max(np.abs(got - want)) <= 1e-5
+
+
+def test_input_forms_agree(grpc_client, frame):
+    part = frame.iloc[:200]
+    base = grpc_client.score(part)
+    np.testing.assert_array_equal(grpc_client.score(pa.Table.from_pandas(part)), base)
+    lines = ["\t".join("" if v is None or v is __import__("pandas").NA else str(v) for v in row)
+             for row in part.itertuples(index=False)]
+    np.testing.assert_array_equal(grpc_client.score(lines), base)
+
+
+def test_url_scheme_picks_the_protocol(server, frame):
+    client = RankerClient(f"grpc://{server.grpc_url}")
+    assert client.protocol.value == "grpc"
+    assert client.score(frame.iloc[:5]).shape == (5,)
+
+
+def test_async_client_matches_sync(server, http_client, frame):
+    expected = http_client.score(frame, all_scores=True)
+
+    async def run(url, protocol):
+        client = AsyncRankerClient(url, protocol, max_in_flight=4)
+        try:
+            return await client.score(frame, all_scores=True)
+        finally:
+            await client.close()
+
+    for url, protocol in ((server.http_url, "http"), (server.grpc_url, "grpc")):
+        got = asyncio.run(run(url, protocol))
+        for name in expected:
+            np.testing.assert_allclose(got[name], expected[name], atol=1e-6)
+
+
+def test_bad_request_is_not_retried_and_names_its_rows(server):
+    client = RankerClient(server.http_url, retry=Retry(attempts=5, backoff=0.01))
+    with pytest.raises(ScoringError, match=r"rows 0\.\.2 failed after 1 attempt") as err:
+        client.score(np.ones((3, 12), np.float32), np.full((3, 26), b"a", dtype=object))
+    assert err.value.attempts == 1
+
+
+def test_unavailable_server_is_retried_then_reported():
+    from ensemble.serve import free_port
+
+    pauses = []
+    client = RankerClient(f"grpc://127.0.0.1:{free_port()}", retry=Retry(attempts=3, backoff=0.01), timeout=5)
+    client.sleep = pauses.append
+    client._max_batch = 8192  # the config lookup would fail first; exercise the infer path
+    with pytest.raises(ScoringError, match="after 3 attempt"):
+        client.score(np.ones((2, 13), np.float32), np.full((2, 26), b"a", dtype=object))
+    assert pauses == [0.01, 0.02]

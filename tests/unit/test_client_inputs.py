@@ -1,0 +1,45 @@
+"""Every input form gives the same request tensors (no server needed)."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from clients.inputs import to_tensors
+from clients.triton import Protocol, Retry, parse_url
+from ensemble import data, features
+
+
+@pytest.fixture(scope="module")
+def frame(tmp_path_factory):
+    out = data.synthesize(data.SynthConfig(rows=300, scale=0.001, seed=4)).frame
+    return data.read_criteo([data.write_criteo(out, tmp_path_factory.mktemp("in") / "x.tsv")])
+
+
+def test_frame_table_lines_and_arrays_agree(frame, tmp_path):
+    dense, cats = features.dense_array(frame), features.encode_categorical(frame)
+    path = data.write_criteo(frame, tmp_path / "x.tsv")
+    lines = path.read_text().splitlines()
+    unlabelled = ["\t".join(line.split("\t")[1:]) for line in lines]
+    for got_dense, got_cats in (to_tensors(frame), to_tensors(pa.Table.from_pandas(frame)),
+                                to_tensors(lines), to_tensors(unlabelled),
+                                to_tensors(dense, cats.astype(str).astype(object))):
+        np.testing.assert_array_equal(got_dense, dense)
+        assert (got_cats == cats).all()
+
+
+def test_bad_inputs_are_explained():
+    with pytest.raises(ValueError, match="lacks Criteo columns"):
+        to_tensors(__import__("pandas").DataFrame({"I1": [1]}))
+    with pytest.raises(ValueError, match="not a Criteo line"):
+        to_tensors(["1\t2\t3"])
+    with pytest.raises(TypeError, match="cannot score"):
+        to_tensors(42)
+
+
+def test_url_and_retry_policy():
+    assert parse_url("grpc://h:1") == ("h:1", Protocol.GRPC)
+    assert parse_url("h:2") == ("h:2", Protocol.HTTP)
+    assert parse_url("h:2", "grpc") == ("h:2", Protocol.GRPC)
+    with pytest.raises(ValueError):
+        parse_url("http://h:1", "grpc")
+    assert list(Retry(attempts=5, backoff=1, max_sleep=3).sleeps()) == [1, 2, 3, 3]
