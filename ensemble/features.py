@@ -119,7 +119,7 @@ class LeanTransform:
     """The fitted workflow's arithmetic in numpy.
 
     Attributes:
-        means, stds: [13] Normalize statistics (of log(x+1) on the training split).
+        means, stds: [13] float32 Normalize statistics (of log(x+1) on the training split).
         fill_value, clip_min: FillMissing and Clip parameters.
         lookups: per categorical column, ``bytes value -> id`` (b"" -> missing id).
     """
@@ -144,7 +144,7 @@ class LeanTransform:
             lookup = {v.encode("utf-8"): FIRST_ID + i for i, v in enumerate(values) if v is not None}
             lookup[b""] = NULL_ID
             lookups.append(lookup)
-        return cls(np.asarray(stats["means"], np.float64), np.asarray(stats["stds"], np.float64),
+        return cls(np.asarray(stats["means"], np.float32), np.asarray(stats["stds"], np.float32),
                    float(stats["fill_value"]), float(stats["clip_min"]), tuple(lookups))
 
     @property
@@ -168,10 +168,12 @@ class LeanTransform:
         x = np.array(dense, dtype=np.float32, copy=True)
         x[~np.isfinite(x)] = self.fill_value  # inf is treated as missing, like NaN
         np.maximum(x, np.float32(self.clip_min), out=x)
-        # Same float32 formula as NVTabular's LogOp, then Normalize in float64.
+        # Bit for bit what NVTabular computes: LogOp in float32, then Normalize on float32 values
+        # with scalar statistics, which numpy 1.x evaluates in float32. Being one ulp off would
+        # move values that sit exactly on a tree split threshold to the other branch.
         logged = np.log(x + np.float32(1))
-        safe_std = np.where(self.stds > 0, self.stds, 1.0)
-        return ((logged - self.means) / safe_std).astype(np.float32)
+        safe_std = np.where(self.stds > 0, self.stds, np.float32(1))
+        return (logged - self.means) / safe_std
 
     def transform_categorical(self, categorical: np.ndarray) -> np.ndarray:
         categorical = np.asarray(categorical, dtype=object)

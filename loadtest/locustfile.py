@@ -18,16 +18,15 @@ import grpc.experimental.gevent as grpc_gevent
 
 grpc_gevent.init_gevent()
 
-import json  # noqa: E402
 import random  # noqa: E402
 import time  # noqa: E402
 
 import gevent  # noqa: E402
-import numpy as np  # noqa: E402
 from locust import FastHttpUser, User, constant, events, task  # noqa: E402
 
+from loadtest.payloads import Payloads  # noqa: E402
+
 INFER_PATH = "/v2/models/ranker/infer"
-POOL_SIZE = 256
 
 
 @events.init_command_line_parser.add_listener
@@ -35,30 +34,6 @@ def _arguments(parser) -> None:
     parser.add_argument("--data-file", default="build/loadtest/holdout.tsv", help="Criteo TSV to draw rows from")
     parser.add_argument("--rows-per-request", type=int, default=1, help="rows in each request")
     parser.add_argument("--fail-ratio-stop", type=float, default=0.2, help="stop when this share of requests fails")
-
-
-class Payloads:
-    """Pre-built requests (drawing and encoding rows is not part of what is measured)."""
-
-    def __init__(self, data_file: str, rows: int, seed: int = 0):
-        from clients.inputs import from_tsv_lines
-
-        with open(data_file, "rb") as handle:
-            lines = handle.read().splitlines()[:20_000]
-        dense, cats = from_tsv_lines(lines)
-        rng = np.random.default_rng(seed)
-        picks = [rng.integers(0, len(dense), rows) for _ in range(POOL_SIZE)]
-        self.arrays = [(dense[p], cats[p]) for p in picks]
-        self.json = [self._json(d, c) for d, c in self.arrays]
-
-    @staticmethod
-    def _json(dense: np.ndarray, cats: np.ndarray) -> bytes:
-        # Triton's parser takes bare NaN, which json.dumps writes for missing values.
-        return json.dumps({
-            "inputs": [{"name": "dense", "shape": list(dense.shape), "datatype": "FP32", "data": dense.ravel().tolist()},
-                       {"name": "categorical", "shape": list(cats.shape), "datatype": "BYTES",
-                        "data": [v.decode("utf-8", "replace") for v in cats.ravel()]}],
-            "outputs": [{"name": "score"}]}).encode()
 
 
 _payloads: dict = {}
@@ -93,6 +68,24 @@ def _start_fail_ratio_watch(environment, **_kwargs) -> None:
     gevent.spawn(watch)
 
 
+@events.quit.add_listener
+def _exit_watchdog(exit_code, **_kwargs) -> None:
+    """Locust has written its results when `quit` fires; if the interpreter then hangs on exit
+    (seen now and then with gevent-patched gRPC channels), end the process after 5 s."""
+    import os
+
+    from gevent import monkey
+
+    start_thread = monkey.get_original("_thread", "start_new_thread")
+    real_sleep = monkey.get_original("time", "sleep")
+
+    def hard_exit() -> None:
+        real_sleep(5.0)
+        os._exit(exit_code)
+
+    start_thread(hard_exit, ())
+
+
 class JsonUser(FastHttpUser):
     """Triton's HTTP endpoint or a baseline server: the same JSON body."""
 
@@ -121,6 +114,9 @@ class TritonGrpcUser(User):
 
         url = self.host.split("://", 1)[-1]
         self.client = RankerClient(url, "grpc", timeout=30)
+
+    def on_stop(self) -> None:
+        self.client.close()
 
     @task
     def infer(self) -> None:

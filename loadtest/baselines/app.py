@@ -8,7 +8,7 @@ requests get a 400 with ``{"error": ...}``. Kinds:
 - ``inproc``: the ensemble's own pipeline (lean transform, same models) in-process, per request.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: FastAPI resolves the handler annotations at runtime.
 
 import enum
 import json

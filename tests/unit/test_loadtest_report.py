@@ -1,0 +1,60 @@
+"""Headline, ratios and the report folder from given scenario results (no servers)."""
+
+import math
+
+from loadtest.report import headline, ratios, write_report
+from loadtest.runner import Pinning, RunnerOptions, read_locust_csv, stage_times
+
+
+def _scenario(target, rows, users, rps, p99, failures=0):
+    return {"target": target, "rows": rows, "users": users, "requests": rps * 10, "failures": failures,
+            "requests_per_s": rps, "rows_per_s": rps * rows, "mean_ms": p99 / 2, "p50_ms": p99 / 3,
+            "p90_ms": p99 / 1.5, "p99_ms": p99, "max_ms": p99 * 2, "fail_ratio": failures / (rps * 10),
+            "stages": {"xgb": {"requests": 10, "queue_ms": 0.1, "compute_ms": 1.0, "mean_batch_rows": 3.0}}}
+
+
+RESULTS = [
+    _scenario("triton-http", 1, 1, 300, 4), _scenario("triton-http", 1, 16, 2000, 9),
+    _scenario("triton-http", 1, 64, 2500, 30),  # over the SLA: not the headline
+    _scenario("inproc", 1, 1, 400, 3), _scenario("inproc", 1, 16, 500, 40),
+    _scenario("naive", 1, 1, 15, 70),  # never within the SLA
+    _scenario("inproc", 1, 4, 900, 5, failures=100),  # too many failures
+]
+
+
+def test_headline_picks_the_best_scenario_within_the_sla():
+    head = {(h["target"], h["rows"]): h for h in headline(RESULTS, 10)}
+    assert head[("triton-http", 1)]["rows_per_s_at_sla"] == 2000 and head[("triton-http", 1)]["users"] == 16
+    assert head[("inproc", 1)]["rows_per_s_at_sla"] == 400
+    assert head[("naive", 1)]["rows_per_s_at_sla"] is None
+    table = {(r["baseline"]): r["ratio"] for r in ratios(list(head.values()))}
+    assert table["inproc"] == 5.0 and math.isinf(table["naive"])
+
+
+def test_report_folder_is_complete(tmp_path):
+    options = RunnerOptions(out=tmp_path)
+    report = write_report(tmp_path, RESULTS, options, Pinning("1", "0"), 42.0)
+    text = report.read_text()
+    for expected in ("Headline", "5.0x", "inf (baseline never met the SLA)", "pinned to CPU 1",
+                     "Cost per million", "extrapolated", "Inside the ensemble"):
+        assert expected in text, expected
+    for name in ("results.json", "throughput_vs_p99.png", "latency_percentiles.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_locust_csv_and_triton_stats_parsing(tmp_path):
+    header = ("Type,Name,Request Count,Failure Count,Median Response Time,Average Response Time,Min Response Time,"
+              "Max Response Time,Average Content Size,Requests/s,Failures/s,50%,66%,75%,80%,90%,95%,98%,99%,99.9%,"
+              "99.99%,100%")
+    (tmp_path / "x_stats.csv").write_text(header + "\n" + ",Aggregated,100,2,4,5.5,1,40,20,50.0,1.0,4,5,6,6,8,9,"
+                                          "12,15,30,40,40\n")
+    row = read_locust_csv(tmp_path / "x")
+    assert row["requests"] == 100 and row["p99_ms"] == 15 and row["requests_per_s"] == 50
+    stat = lambda n, ns: {"success": {"count": n}, **{k: {"ns": ns} for k in  # noqa: E731
+                          ("queue", "compute_input", "compute_infer", "compute_output")}}
+    before = {"xgb": {"inference_stats": stat(10, 0), "execution_count": 5, "inference_count": 10}}
+    after = {"xgb": {"inference_stats": stat(30, 4_000_000), "execution_count": 10, "inference_count": 60}}
+    stages = stage_times(before, after)["xgb"]
+    assert stages["requests"] == 20 and stages["queue_ms"] == 0.2
+    assert abs(stages["compute_ms"] - 0.6) < 1e-12
+    assert stages["mean_batch_rows"] == 10.0
