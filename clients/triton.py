@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from clients.inputs import to_tensors
+from clients.wire import set_bytes_input
 from ensemble import schema
 
 
@@ -105,7 +106,9 @@ def build_inputs(tc, protocol: Protocol, binary: bool, dense: np.ndarray, catego
     for tensor, array in ((schema.DENSE, np.ascontiguousarray(dense, np.float32)),
                           (schema.CATEGORICAL, np.asarray(categorical, object))):
         item = tc.InferInput(tensor.name, list(array.shape), tensor.dtype.wire)
-        if protocol is Protocol.HTTP:
+        if tensor.dtype is schema.DType.STRING and (binary or protocol is Protocol.GRPC):
+            set_bytes_input(item, array, grpc=protocol is Protocol.GRPC)
+        elif protocol is Protocol.HTTP:
             item.set_data_from_numpy(array, binary_data=binary)
         else:
             item.set_data_from_numpy(array)

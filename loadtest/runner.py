@@ -13,6 +13,7 @@ import csv
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +25,10 @@ from ensemble import data
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 TARGETS = ("triton-http", "triton-grpc", "inproc", "naive")
+# triton-grpc is not in the default matrix: on the build machine locust's gevent-patched gRPC
+# client hung now and then (seen at 100 rows per request), which a bounded run then records as
+# a failed scenario. It stays available with --targets.
+DEFAULT_TARGETS = ("triton-http", "inproc", "naive")
 BASELINES = ("inproc", "naive")
 
 
@@ -33,7 +38,7 @@ class RunnerOptions:
 
     repository: Path = Path("model_repository")
     out: Path = Path("build/loadtest/report")
-    targets: tuple[str, ...] = TARGETS
+    targets: tuple[str, ...] = DEFAULT_TARGETS
     rows: tuple[int, ...] = (1, 100)
     users: tuple[int, ...] = (1, 4, 16)
     duration: float = 12.0
@@ -56,7 +61,7 @@ class RunnerOptions:
 def add_arguments(p) -> None:
     p.add_argument("--repository", default="model_repository")
     p.add_argument("--out", default="build/loadtest/report", help="report folder")
-    p.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
+    p.add_argument("--targets", nargs="+", choices=TARGETS, default=list(DEFAULT_TARGETS))
     p.add_argument("--rows", nargs="+", type=int, default=[1, 100], help="rows per request")
     p.add_argument("--users", nargs="+", type=int, default=[1, 4, 16], help="concurrent locust users")
     p.add_argument("--duration", type=float, default=12.0, help="measured seconds per scenario")
@@ -229,7 +234,7 @@ def read_locust_csv(prefix: Path) -> dict[str, float]:
 def run_scenario(servers: Servers, target: str, rows: int, users: int, options: RunnerOptions,
                  data_file: Path, pinning: Pinning, raw_dir: Path) -> dict:
     url = servers.url(target)
-    bound = options.warmup + options.duration + 90
+    bound = options.warmup + options.duration + 45
     base = {"target": target, "rows": rows, "users": users}
     warm = locust_command(target, url, rows, users, options.warmup, options, data_file, pinning, None)
     prefix = raw_dir / f"{target}_rows{rows}_users{users}"
@@ -252,6 +257,10 @@ def run_scenario(servers: Servers, target: str, rows: int, users: int, options: 
     return result
 
 
+def _raise_exit(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def holdout_file(options: RunnerOptions) -> Path:
     if options.data_file is not None:
         return options.data_file
@@ -272,7 +281,9 @@ def run(options: RunnerOptions) -> Path:
     data_file = holdout_file(options)
     results: list[dict] = []
     started = time.time()
-    with Servers(options, pinning, out) as servers:
+    previous = signal.signal(signal.SIGTERM, _raise_exit)  # SIGTERM still stops the servers
+    with contextlib.ExitStack() as restore, Servers(options, pinning, out) as servers:
+        restore.callback(signal.signal, signal.SIGTERM, previous)
         for target in options.targets:
             for rows in options.rows:
                 for users in options.users:

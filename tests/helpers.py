@@ -19,3 +19,27 @@ def fresh_rows(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     edge_dense, edge_cats = edge_case_rows(np.random.default_rng(seed))
     return (np.concatenate([features.dense_array(frame), edge_dense]),
             np.concatenate([features.encode_categorical(frame), edge_cats]))
+
+
+def post_infer(base_url: str, body: bytes) -> tuple[int, dict]:
+    """POST a v2 JSON inference body to ``<base_url>/v2/models/ranker/infer``: (status, reply)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"{base_url}/v2/models/ranker/infer", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def decodes_as_utf8(value: bytes) -> bool:
+    """Whether a categorical value can travel in JSON (which carries text)."""
+    try:
+        value.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False

@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
 
 from ensemble import schema
+from tests.helpers import post_infer
 
 
 def _post(server, body: dict):
-    request = urllib.request.Request(f"http://{server.http_url}/v2/models/ranker/infer",
-                                     data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+    return post_infer(f"http://{server.http_url}", json.dumps(body).encode())
 
 
 def _dense(rows=1, dims=13, datatype="FP32", name="dense"):

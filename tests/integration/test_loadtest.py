@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
@@ -14,17 +12,7 @@ import pytest
 from ensemble.serve import free_port
 from loadtest.payloads import v2_json
 from loadtest.runner import RunnerOptions, _terminate, _wait_ready, run
-from tests.helpers import fresh_rows
-
-
-def _post(url: str, body: bytes):
-    request = urllib.request.Request(f"{url}/v2/models/ranker/infer", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+from tests.helpers import decodes_as_utf8, fresh_rows, post_infer
 
 
 @pytest.fixture(scope="module")
@@ -49,15 +37,15 @@ def baselines(trained, tmp_path_factory):
 
 def test_baselines_return_the_ensembles_scores(server, baselines):
     dense, cats = fresh_rows(300, seed=808)
-    utf8 = np.array([all(_decodes(v) for v in row) for row in cats])
+    utf8 = np.array([all(decodes_as_utf8(v) for v in row) for row in cats])
     dense, cats = dense[utf8], cats[utf8]  # JSON carries text
     for rows in (1, 37, len(dense)):
         body = v2_json(dense[:rows], cats[:rows])
-        status, triton = _post(f"http://{server.http_url}", body)
+        status, triton = post_infer(f"http://{server.http_url}", body)
         assert status == 200, triton
         want = np.array(triton["outputs"][0]["data"])
         for kind, url in baselines.items():
-            status, reply = _post(url, body)
+            status, reply = post_infer(url, body)
             assert status == 200, (kind, reply)
             got = np.array(reply["outputs"][0]["data"])
             assert got.shape == want.shape and np.max(np.abs(got - want)) <= 1e-5, kind
@@ -67,9 +55,9 @@ def test_baselines_reject_bad_requests_and_keep_serving(baselines):
     bad = json.dumps({"inputs": [{"name": "dense", "shape": [1, 12], "datatype": "FP32", "data": [1.0] * 12}]})
     good = v2_json(np.ones((1, 13), np.float32), np.full((1, 26), b"68fd1e64", dtype=object))
     for url in baselines.values():
-        status, reply = _post(url, bad.encode())
+        status, reply = post_infer(url, bad.encode())
         assert status == 400 and "shape" in reply["error"]
-        assert _post(url, good)[0] == 200
+        assert post_infer(url, good)[0] == 200
 
 
 def test_runner_writes_a_complete_report(server, trained, tmp_path):
@@ -87,11 +75,3 @@ def test_runner_writes_a_complete_report(server, trained, tmp_path):
     for name in ("throughput_vs_p99.png", "latency_percentiles.png"):
         assert (tmp_path / "report" / name).stat().st_size > 0
     assert "Headline" in report.read_text()
-
-
-def _decodes(value: bytes) -> bool:
-    try:
-        value.decode("utf-8")
-        return True
-    except UnicodeDecodeError:
-        return False

@@ -43,3 +43,16 @@ def test_url_and_retry_policy():
     with pytest.raises(ValueError):
         parse_url("http://h:1", "grpc")
     assert list(Retry(attempts=5, backoff=1, max_sleep=3).sleeps()) == [1, 2, 3, 3]
+
+
+def test_bytes_serialization_matches_tritonclient():
+    from tritonclient.utils import serialize_byte_tensor
+
+    from clients.wire import serialize_bytes
+
+    rng = np.random.default_rng(0)
+    values = np.array([bytes(rng.integers(0, 256, rng.integers(0, 12)).astype(np.uint8)) for _ in range(2600)],
+                      dtype=object).reshape(100, 26)
+    values[0, 0], values[1, 1], values[2, 2] = b"", b"x" * 5000, b"ab\x00\x00"
+    assert serialize_bytes(values) == serialize_byte_tensor(values).item()
+    assert serialize_bytes(np.empty((0, 26), dtype=object)) == b""
