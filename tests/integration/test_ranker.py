@@ -50,3 +50,55 @@ def test_score_alone_is_served(http_client, grpc_client, rows, expected):
         out = client.infer(dense[:50], cats[:50])
         assert list(out) == ["score"]
         assert np.max(np.abs(out["score"].ravel() - expected["score"][:50])) <= TOL
+
+
+def test_single_row_requests(http_client, rows, expected):
+    dense, cats = rows
+    for i in (0, 17, len(dense) - 1, len(dense) - 8):  # includes edge-case rows at the end
+        got = http_client.score(dense[i:i + 1], cats[i:i + 1])
+        assert abs(got[0] - expected["score"][i]) <= TOL
+
+
+def test_odd_values_are_scored(http_client, rows):
+    dense, cats = rows
+    edge = slice(len(dense) - 8, len(dense))  # all-missing, inf, huge, non-hex, very long...
+    out = http_client.score(dense[edge], cats[edge], all_scores=True)
+    for name, values in out.items():
+        assert np.isfinite(values).all() and ((values > 0) & (values < 1)).all(), name
+
+
+def test_max_batch_size_request(grpc_client, rows, expected):
+    dense, cats = rows
+    reps = -(-schema.MAX_BATCH_SIZE // len(dense))
+    d, c = np.tile(dense, (reps, 1))[:schema.MAX_BATCH_SIZE], np.tile(cats, (reps, 1))[:schema.MAX_BATCH_SIZE]
+    got = grpc_client.infer(d, c)["score"].ravel()
+    want = np.tile(expected["score"], reps)[:schema.MAX_BATCH_SIZE]
+    assert np.max(np.abs(got - want)) <= TOL
+
+
+def test_concurrent_requests_get_their_own_rows(server, rows, expected):
+    """Many clients at once (dynamic batching merges them); bad requests mixed in."""
+    from clients.triton import RankerClient
+
+    dense, cats = rows
+    rng = np.random.default_rng(5)
+    jobs = []
+    for k in range(120):
+        size = int(rng.choice([1, 3, 10, 64]))
+        start = int(rng.integers(0, len(dense) - size))
+        jobs.append((k, start, size))
+
+    def run(job):
+        k, start, size = job
+        client = RankerClient(server.http_url if k % 2 else server.grpc_url, "http" if k % 2 else "grpc")
+        if k % 10 == 0:  # a malformed request in the mix
+            with pytest.raises(Exception):
+                client.infer(dense[start:start + size, :12], cats[start:start + size])
+            return None
+        got = client.score(dense[start:start + size], cats[start:start + size])
+        return float(np.max(np.abs(got - expected["score"][start:start + size])))
+
+    with cf.ThreadPoolExecutor(16) as pool:
+        diffs = [d for d in pool.map(run, jobs) if d is not None]
+    assert len(diffs) == 108
+    assert max(diffs) <= TOL
