@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -22,19 +20,7 @@ from pathlib import Path
 from clients.batch import ScoreSettings, _local_pipeline
 from clients.scoring import score_files
 from ensemble import data
-
-
-def _machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores ({cpu}), {memory:.0f} GiB, no GPU"
+from ensemble.machine import summary
 
 
 def _rows_per_second(path: Path, out: Path, settings: ScoreSettings, repeats: int) -> float:
@@ -109,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.time()
     results = run(args)
-    machine = _machine()
+    machine = summary()
     text = (f"Batch scoring of {args.rows:,} synthetic rows; machine: {machine}; "
             f"median of {args.repeats} runs; {time.strftime('%Y-%m-%d')}\n\n{table(results)}\n")
     print("\n" + text)

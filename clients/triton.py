@@ -128,6 +128,11 @@ def read_result(result, all_scores: bool) -> dict[str, np.ndarray]:
     return {t.name: result.as_numpy(t.name).reshape(-1) for t in tensors}
 
 
+def _max_batch(config, protocol: Protocol) -> int:
+    """``max_batch_size`` from a model-config reply (protobuf over gRPC, a dict over HTTP)."""
+    return int(config.config.max_batch_size if protocol is Protocol.GRPC else config["max_batch_size"])
+
+
 def _join(parts: list[dict[str, np.ndarray]], all_scores: bool):
     if not parts:
         names = [t.name for t in (schema.RANKER_OUTPUTS if all_scores else (schema.SCORE,))]
@@ -186,9 +191,7 @@ class RankerClient(_Settings):
     def max_batch_size(self) -> int:
         """The model's ``max_batch_size`` as the server reports it (read once)."""
         if self._max_batch is None:
-            config = self._client.get_model_config(self.model)
-            self._max_batch = int(config.config.max_batch_size if self.protocol is Protocol.GRPC
-                                  else config["max_batch_size"])
+            self._max_batch = _max_batch(self._client.get_model_config(self.model), self.protocol)
         return self._max_batch
 
     def infer(self, dense: np.ndarray, categorical: np.ndarray, all_scores: bool = False) -> dict[str, np.ndarray]:
@@ -247,9 +250,7 @@ class AsyncRankerClient(_Settings):
 
     async def max_batch_size(self) -> int:
         if self._max_batch is None:
-            config = await self._client.get_model_config(self.model)
-            self._max_batch = int(config.config.max_batch_size if self.protocol is Protocol.GRPC
-                                  else config["max_batch_size"])
+            self._max_batch = _max_batch(await self._client.get_model_config(self.model), self.protocol)
         return self._max_batch
 
     async def infer(self, dense, categorical, all_scores: bool = False) -> dict[str, np.ndarray]:

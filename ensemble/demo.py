@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -12,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from ensemble import data, features, schema, training
+from ensemble import data, features, machine, schema, training
 from ensemble.export import TrainedArtifacts, export_repository
 from ensemble.runtime import Pipeline
 from ensemble.serve import ServerOptions, TritonServer
@@ -65,7 +64,7 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
 
     started = time.perf_counter()
     workdir = Path(options.workdir)
-    summary: dict = {"machine": f"{platform.machine()}, {_cpu_count()} cores, no GPU used",
+    summary: dict = {"machine": machine.summary(),
                      "synth": asdict(options.synth)}
 
     log(f"1/6 synthesizing {options.synth.rows} rows (cardinality scale {options.synth.scale})")
@@ -189,9 +188,3 @@ def _wait_for_interrupt(server: TritonServer) -> None:
         signal.signal(sig, lambda *_: stop.append(1))
     while not stop and server.alive():
         time.sleep(0.5)
-
-
-def _cpu_count() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0))

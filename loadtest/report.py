@@ -4,27 +4,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+from ensemble.machine import describe
 from loadtest.cost import cost_table, load_prices, render
 
 PRICES = Path(__file__).with_name("prices.yaml")
 TRITON = ("triton-http", "triton-grpc")
 BASELINES = ("inproc", "naive")
-
-
-def machine() -> dict:
-    cpu = "unknown"
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"arch": platform.machine(), "cores": len(os.sched_getaffinity(0)), "cpu": cpu, "gpu": "none"}
 
 
 def headline(results: list[dict], sla_ms: float) -> list[dict]:
@@ -133,8 +122,8 @@ def _fmt(value, spec: str = ",.0f") -> str:
 def write_report(out: Path, results: list[dict], options, pinning, seconds: float) -> Path:
     sla = options.sla_ms
     head = headline(results, sla)
-    server_vcpus = len(pinning.server.split(",")) if pinning.server else machine()["cores"]
-    payload = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "sla_ms": sla,
+    server_vcpus = len(pinning.server.split(",")) if pinning.server else describe()["cores"]
+    payload = {"machine": describe(), "date": time.strftime("%Y-%m-%d %H:%M"), "sla_ms": sla,
                "server_vcpus": server_vcpus, "pinning": {"server": pinning.server, "locust": pinning.load},
                "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()},
                "seconds": seconds, "scenarios": results, "headline": head, "ratios": ratios(head)}
