@@ -234,6 +234,16 @@ class TritonServer:
                                                  if marker in maps)}
         return found
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system) used so far by the server process and by each model's stub,
+        keyed "tritonserver" and the model name."""
+        if not self.alive():
+            return {}
+        found = {"tritonserver": process_cpu_seconds(self.process.pid)}
+        for model, info in self.backend_processes().items():
+            found[model] = process_cpu_seconds(info["pid"])
+        return found
+
     def __enter__(self) -> "TritonServer":
         return self.start()
 
@@ -257,6 +267,15 @@ def _process_tree(root: int) -> list[int]:
         tree.append(pid)
         stack.extend(children.get(pid, []))
     return tree
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (all its threads), from /proc/<pid>/stat; 0.0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _rss(pid: int) -> int:

@@ -68,22 +68,68 @@ def _start_fail_ratio_watch(environment, **_kwargs) -> None:
     gevent.spawn(watch)
 
 
+_environment: list = []
+
+
+@events.init.add_listener
+def _remember_environment(environment, **_kwargs) -> None:
+    _environment[:] = [environment]
+
+
+def _write_final_csv(environment) -> None:
+    """Rewrite ``<prefix>_stats.csv`` and friends with the final numbers.
+
+    Locust's CSV writer refreshes the files once a second from a greenlet and never again after
+    the run stops, so without this the files can miss up to the last second of requests."""
+    import csv
+
+    from locust.runners import WorkerRunner
+    from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
+
+    prefix = getattr(environment.parsed_options, "csv_prefix", None)
+    if not prefix or isinstance(environment.runner, WorkerRunner):
+        return
+    table = StatsCSV(environment, PERCENTILES_TO_REPORT)
+    for suffix, write in (("_stats.csv", table.requests_csv), ("_failures.csv", table.failures_csv),
+                          ("_exceptions.csv", table.exceptions_csv)):
+        with open(f"{prefix}{suffix}", "w", newline="") as handle:
+            write(csv.writer(handle))
+
+
 @events.quit.add_listener
-def _exit_watchdog(exit_code, **_kwargs) -> None:
-    """Locust has written its results when `quit` fires; if the interpreter then hangs on exit
-    (seen now and then with gevent-patched gRPC channels), end the process after 5 s."""
+def _exit_without_finalizers(exit_code, **_kwargs) -> None:
+    """Write the final CSVs, then leave before interpreter finalization.
+
+    With gevent-patched gRPC channels, the garbage collection that runs during interpreter
+    shutdown can block forever on a mutex inside grpc's Cython layer while holding the GIL (seen
+    here about one run in ten: summary printed, process never exits, SIGTERM ignored). `quit`
+    fires after locust has printed its summary; locust then closes its CSV files and calls
+    sys.exit. An atexit hook runs after that and before the collection: it writes the final
+    CSVs, flushes, and leaves with locust's exit code. A faulthandler timer backs it up: it runs
+    in a C thread that needs no GIL and ends the process if anything else on the way stalls.
+    """
+    import atexit
+    import faulthandler
     import os
+    import sys
 
-    from gevent import monkey
+    def leave() -> None:
+        code = exit_code
+        try:
+            if _environment:
+                _write_final_csv(_environment[0])
+        except Exception as exc:  # noqa: BLE001 - report it, still leave
+            print(f"could not write the final CSV files: {exc}", file=sys.stderr)
+            code = code or 2
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stream must not keep us alive
+                pass
+        os._exit(code)
 
-    start_thread = monkey.get_original("_thread", "start_new_thread")
-    real_sleep = monkey.get_original("time", "sleep")
-
-    def hard_exit() -> None:
-        real_sleep(5.0)
-        os._exit(exit_code)
-
-    start_thread(hard_exit, ())
+    atexit.register(leave)
+    faulthandler.dump_traceback_later(30.0, exit=True)
 
 
 class JsonUser(FastHttpUser):
@@ -97,9 +143,12 @@ class JsonUser(FastHttpUser):
         with self.client.post(INFER_PATH, data=body, headers={"Content-Type": "application/json"},
                               name=f"infer {self.environment.parsed_options.rows_per_request} rows",
                               catch_response=True) as response:
-            if response.status_code != 200:
-                response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
-            elif b'"score"' not in response.content:
+            error = getattr(response, "error", None)  # set only when no HTTP answer came back
+            if error is not None and not response.status_code:
+                response.failure(f"no response: {error}")
+            elif response.status_code != 200:
+                response.failure(f"HTTP {response.status_code}: {(response.text or '')[:200]}")
+            elif b'"score"' not in (response.content or b""):
                 response.failure("no score in the response")
 
 

@@ -103,6 +103,21 @@ def peaks(results: list[dict]) -> list[dict]:
     return list(best.values())
 
 
+def cpu_rows(results: list[dict]) -> list[str]:
+    """Markdown rows: server CPU per request, total and by process, for scenarios that have it."""
+    out = []
+    for r in results:
+        cpu = r.get("server_cpu_ms") or {}
+        if not cpu:
+            continue
+        parts = sorted(cpu.items(), key=lambda kv: (kv[0] != "tritonserver", -kv[1]))
+        detail = ", ".join(f"{name} {ms:.2f}" for name, ms in parts) if len(parts) > 1 else ""
+        total = sum(cpu.values())
+        out.append(f"| {r['target']} r{r['rows']} u{r['users']} | {total:.2f} | {total * 1000 / r['rows']:,.0f} "
+                   f"| {detail} |")
+    return out
+
+
 def _ratio(value) -> str:
     if value is None:
         return "- (Triton never met the SLA)"
@@ -161,6 +176,12 @@ def write_report(out: Path, results: list[dict], options, pinning, seconds: floa
         "| scenario | model | queue ms | compute ms | mean rows per execution |", "| --- | --- | --- | --- | --- |",
         *[f"| {r['target']} r{r['rows']} u{r['users']} | {name} | {s['queue_ms']:.3f} | {s['compute_ms']:.3f} "
           f"| {s['mean_batch_rows']:.1f} |" for r in results for name, s in sorted(r["stages"].items())], "",
+        "## Server CPU per request", "",
+        "CPU time (user + system, from /proc) of the server processes over each measured run, divided by the "
+        "requests served: what one request costs the server's core(s), whatever the latency. For Triton it "
+        "is split by process (the server and one python-backend stub per model).", "",
+        "| scenario | CPU ms per request | CPU us per row | by process (ms per request) |",
+        "| --- | --- | --- | --- |", *cpu_rows(results), "",
         "## Cost per million predictions", "",
         "From the headline throughput (prices in `loadtest/prices.yaml`). Extrapolations are labelled with "
         "their formula and are not measurements.", "", render(costs), "",

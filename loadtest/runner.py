@@ -25,10 +25,7 @@ from ensemble import data
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 TARGETS = ("triton-http", "triton-grpc", "inproc", "naive")
-# triton-grpc is not in the default matrix: on the build machine locust's gevent-patched gRPC
-# client hung now and then (seen at 100 rows per request), which a bounded run then records as
-# a failed scenario. It stays available with --targets.
-DEFAULT_TARGETS = ("triton-http", "inproc", "naive")
+DEFAULT_TARGETS = TARGETS
 BASELINES = ("inproc", "naive")
 
 
@@ -120,6 +117,7 @@ class Servers:
         self.options, self.pinning, self.log_dir = options, pinning, log_dir
         self.stack = contextlib.ExitStack()
         self.triton = None
+        self.baselines: dict[str, subprocess.Popen] = {}
         self.urls = dict(options.urls)
 
     def __enter__(self) -> "Servers":
@@ -161,6 +159,20 @@ class Servers:
         url = f"http://127.0.0.1:{port}"
         _wait_ready(url, process)
         self.urls[kind] = url
+        self.baselines[kind] = process
+
+    def cpu_seconds(self, target: str) -> dict[str, float] | None:
+        """CPU seconds used so far by the target's server processes, if this runner started them
+        (Triton: the server and one entry per model stub; a baseline: its one process)."""
+        if target.startswith("triton"):
+            own = self.triton is not None and self.urls.get(target, "").endswith(
+                self.triton.http_url if target == "triton-http" else self.triton.grpc_url)
+            return self.triton.cpu_seconds() if own else None
+        if target in self.baselines:
+            from ensemble.serve import process_cpu_seconds
+
+            return {target: process_cpu_seconds(self.baselines[target].pid)}
+        return None
 
     def triton_stats_url(self, target: str) -> str | None:
         if not target.startswith("triton"):
@@ -209,6 +221,15 @@ def stage_times(before: dict | None, after: dict | None) -> dict[str, dict[str, 
     return stages
 
 
+def cpu_per_request(before: dict | None, after: dict | None, requests: float) -> dict[str, float]:
+    """Server CPU milliseconds per request, per process, over the measured run. The warm-up and
+    the few statistics calls around the run are outside the window; CPU time has the kernel's
+    clock-tick resolution (10 ms), so a process needs a few thousand requests for 0.01 ms."""
+    if not before or not after or not requests:
+        return {}
+    return {name: max(0.0, after[name] - before.get(name, 0.0)) * 1000 / requests for name in after}
+
+
 def locust_command(target: str, url: str, rows: int, users: int, seconds: float, options: RunnerOptions,
                    data_file: Path, pinning: Pinning, csv_prefix: Path | None) -> list[str]:
     user_class = "TritonGrpcUser" if target == "triton-grpc" else "JsonUser"
@@ -242,14 +263,17 @@ def run_scenario(servers: Servers, target: str, rows: int, users: int, options: 
     try:
         subprocess.run(warm, capture_output=True, timeout=bound, check=False)
         before = _stats(servers.triton_stats_url(target))
+        cpu_before = servers.cpu_seconds(target)
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=bound, check=False)
     except subprocess.TimeoutExpired:  # subprocess.run has killed locust; record, go on
         return {**base, "exit_code": None, "requests": 0.0, "failures": 0.0, "requests_per_s": 0.0,
                 "mean_ms": math.inf, "p50_ms": math.inf, "p90_ms": math.inf, "p99_ms": math.inf,
-                "max_ms": math.inf, "stages": {}, "rows_per_s": 0.0, "fail_ratio": 1.0,
+                "max_ms": math.inf, "stages": {}, "server_cpu_ms": {}, "rows_per_s": 0.0, "fail_ratio": 1.0,
                 "note": f"locust did not finish within {bound:.0f} s"}
     after = _stats(servers.triton_stats_url(target))
+    cpu_after = servers.cpu_seconds(target)
     result = {**base, "exit_code": done.returncode, **read_locust_csv(prefix), "stages": stage_times(before, after)}
+    result["server_cpu_ms"] = cpu_per_request(cpu_before, cpu_after, result["requests"])
     result["rows_per_s"] = result["requests_per_s"] * rows
     result["fail_ratio"] = result["failures"] / result["requests"] if result["requests"] else 1.0
     if done.returncode not in (0, 1):

@@ -29,3 +29,21 @@ def test_light_steps_import_no_framework_in_process(trained):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_cpu_seconds_are_split_by_process_and_grow_with_work(server):
+    from clients.triton import RankerClient
+    from tests.helpers import fresh_rows
+
+    before = server.cpu_seconds()
+    assert set(before) == {"tritonserver", "features", "xgb", "dlrm_torch", "dlrm_tf", "blend"}
+    dense, cats = fresh_rows(100, seed=77)
+    client = RankerClient(server.http_url, "http")
+    try:
+        for _ in range(150):
+            client.infer(dense, cats)
+    finally:
+        client.close()
+    after = server.cpu_seconds()
+    grew = {name: after[name] - before[name] for name in before}
+    assert all(seconds > 0 for seconds in grew.values()), grew  # every process did part of the work

@@ -11,7 +11,7 @@ import pytest
 
 from ensemble.serve import free_port
 from loadtest.payloads import v2_json
-from loadtest.runner import RunnerOptions, _terminate, _wait_ready, run
+from loadtest.runner import LOCUSTFILE, RunnerOptions, _terminate, _wait_ready, run
 from tests.helpers import decodes_as_utf8, fresh_rows, post_infer
 
 
@@ -71,7 +71,57 @@ def test_runner_writes_a_complete_report(server, trained, tmp_path):
     for scenario in results["scenarios"]:
         assert scenario["requests"] > 0 and scenario["failures"] == 0, scenario
     assert "features" in results["scenarios"][0]["stages"]  # per-stage times from Triton's statistics
+    assert results["scenarios"][0]["server_cpu_ms"] == {}  # a server given by URL is not ours to measure
+    inproc_cpu = results["scenarios"][2]["server_cpu_ms"]
+    assert list(inproc_cpu) == ["inproc"] and 0 < inproc_cpu["inproc"] < 1000
     assert len(list((tmp_path / "report" / "raw").glob("*_stats.csv"))) == 3
     for name in ("throughput_vs_p99.png", "latency_percentiles.png"):
         assert (tmp_path / "report" / name).stat().st_size > 0
     assert "Headline" in report.read_text()
+
+
+def _locust(user: str, host: str, data_file, csv_prefix, seconds: int = 1, rows: int = 1):
+    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), user, "--headless", "-u", "2", "-r", "2",
+           "-t", f"{seconds}s", "--host", host, "--data-file", str(data_file), "--rows-per-request", str(rows),
+           "--stop-timeout", "5", "--only-summary", "--loglevel", "WARNING", "--csv", str(csv_prefix)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def _aggregated(csv_prefix) -> dict:
+    import csv
+
+    with open(f"{csv_prefix}_stats.csv", newline="") as handle:
+        return next(row for row in csv.DictReader(handle) if row["Name"] == "Aggregated")
+
+
+@pytest.fixture(scope="module")
+def holdout(tmp_path_factory):
+    from ensemble import data
+
+    path = tmp_path_factory.mktemp("holdout") / "holdout.tsv"
+    data.write_criteo(data.synthesize(data.SynthConfig(rows=300, seed=4242)).frame, path)
+    return path
+
+
+def test_grpc_locust_runs_end_and_their_csv_holds_the_final_counts(server, holdout, tmp_path):
+    """Before the exit hook, about one gRPC run in ten printed its summary and then hung in
+    interpreter shutdown; locust's own CSV also lagged the final counts by up to a second."""
+    for attempt in range(6):
+        prefix = tmp_path / f"grpc{attempt}"
+        done = _locust("TritonGrpcUser", f"grpc://{server.grpc_url}", holdout, prefix, rows=1 + 99 * (attempt % 2))
+        assert done.returncode == 0, done.stderr[-2000:]
+        row = _aggregated(prefix)
+        printed = next(line for line in (done.stdout + done.stderr).splitlines()
+                       if line.strip().startswith("Aggregated"))  # the summary table's first one
+        assert int(row["Request Count"]) > 0 and int(row["Failure Count"]) == 0
+        assert int(row["Request Count"]) == int(printed.split()[1]), (row, printed)
+
+
+def test_unreachable_target_stops_on_the_fail_ratio_with_failures_recorded(holdout, tmp_path):
+    prefix = tmp_path / "down"
+    done = _locust("JsonUser", f"http://127.0.0.1:{free_port()}", holdout, prefix, seconds=30)
+    assert done.returncode == 3, done.stderr[-2000:]  # the fail-ratio stop, long before 30 s
+    row = _aggregated(prefix)
+    assert int(row["Request Count"]) >= 50 and row["Failure Count"] == row["Request Count"]
+    failures = (tmp_path / "down_failures.csv").read_text()
+    assert "no response" in failures and "Connection refused" in failures

@@ -3,7 +3,7 @@
 import math
 
 from loadtest.report import headline, ratios, write_report
-from loadtest.runner import Pinning, RunnerOptions, read_locust_csv, stage_times
+from loadtest.runner import Pinning, RunnerOptions, cpu_per_request, read_locust_csv, stage_times
 
 
 def _scenario(target, rows, users, rps, p99, failures=0):
@@ -20,6 +20,8 @@ RESULTS = [
     _scenario("naive", 1, 1, 15, 70),  # never within the SLA
     _scenario("inproc", 1, 4, 900, 5, failures=100),  # too many failures
 ]
+RESULTS[0]["server_cpu_ms"] = {"tritonserver": 1.0, "xgb": 2.5, "blend": 0.5}
+RESULTS[3]["server_cpu_ms"] = {"inproc": 1.75}
 
 
 def test_headline_picks_the_best_scenario_within_the_sla():
@@ -36,7 +38,9 @@ def test_report_folder_is_complete(tmp_path):
     report = write_report(tmp_path, RESULTS, options, Pinning("1", "0"), 42.0)
     text = report.read_text()
     for expected in ("Headline", "5.0x", "inf (baseline never met the SLA)", "pinned to CPU 1",
-                     "Cost per million", "extrapolated", "Inside the ensemble"):
+                     "Cost per million", "extrapolated", "Inside the ensemble",
+                     "| triton-http r1 u1 | 4.00 | 4,000 | tritonserver 1.00, xgb 2.50, blend 0.50 |",
+                     "| inproc r1 u1 | 1.75 | 1,750 |  |"):
         assert expected in text, expected
     for name in ("results.json", "throughput_vs_p99.png", "latency_percentiles.png"):
         assert (tmp_path / name).stat().st_size > 0
@@ -58,3 +62,10 @@ def test_locust_csv_and_triton_stats_parsing(tmp_path):
     assert stages["requests"] == 20 and stages["queue_ms"] == 0.2
     assert abs(stages["compute_ms"] - 0.6) < 1e-12
     assert stages["mean_batch_rows"] == 10.0
+
+
+def test_cpu_per_request_divides_the_window_by_the_requests():
+    before = {"tritonserver": 10.0, "xgb": 4.0}
+    after = {"tritonserver": 12.0, "xgb": 7.0, "blend": 0.5}  # blend appeared: counted from 0
+    assert cpu_per_request(before, after, 1000) == {"tritonserver": 2.0, "xgb": 3.0, "blend": 0.5}
+    assert cpu_per_request(None, after, 1000) == {} and cpu_per_request(before, after, 0) == {}
