@@ -213,22 +213,30 @@ class TritonServer:
             return 0
         return sum(_rss(pid) for pid in _process_tree(self.process.pid))
 
+    def _stub_pids(self) -> dict[str, int]:
+        """Model name -> pid of the python-backend stub serving it."""
+        found = {}
+        for pid in _process_tree(self.process.pid)[1:]:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            model_py = next((a.decode() for a in cmdline if a.endswith(b"model.py")), None)
+            if model_py is not None:
+                found[Path(model_py).parent.parent.name] = pid
+        return found
+
     def backend_processes(self) -> dict[str, dict]:
         """Per python-backend stub process: the model it serves, its resident memory, and which
         heavy frameworks it has loaded (read from /proc/<pid>/maps)."""
         if not self.alive():
             return {}
         found = {}
-        for pid in _process_tree(self.process.pid)[1:]:
+        for model, pid in self._stub_pids().items():
             try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
                 maps = Path(f"/proc/{pid}/maps").read_text(errors="replace")
             except OSError:
                 continue
-            model_py = next((a.decode() for a in cmdline if a.endswith(b"model.py")), None)
-            if model_py is None:
-                continue
-            model = Path(model_py).parent.parent.name
             found[model] = {"pid": pid, "rss_mib": _rss(pid) / 2**20,
                             "frameworks": sorted(name for name, marker in HEAVY_LIBRARIES.items()
                                                  if marker in maps)}
@@ -239,10 +247,8 @@ class TritonServer:
         keyed "tritonserver" and the model name."""
         if not self.alive():
             return {}
-        found = {"tritonserver": process_cpu_seconds(self.process.pid)}
-        for model, info in self.backend_processes().items():
-            found[model] = process_cpu_seconds(info["pid"])
-        return found
+        pids = {"tritonserver": self.process.pid, **self._stub_pids()}
+        return {name: process_cpu_seconds(pid) for name, pid in pids.items()}
 
     def __enter__(self) -> "TritonServer":
         return self.start()
@@ -257,8 +263,7 @@ def _process_tree(root: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
+            children.setdefault(int(_stat_fields(int(entry.name))[1]), []).append(int(entry.name))
         except (OSError, IndexError, ValueError):
             continue
     tree, stack = [], [root]
@@ -269,10 +274,15 @@ def _process_tree(root: int) -> list[int]:
     return tree
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (state is [0], ppid [1])."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def process_cpu_seconds(pid: int) -> float:
     """utime + stime of one process (all its threads), from /proc/<pid>/stat; 0.0 if it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = _stat_fields(pid)
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -165,8 +165,7 @@ class Servers:
         """CPU seconds used so far by the target's server processes, if this runner started them
         (Triton: the server and one entry per model stub; a baseline: its one process)."""
         if target.startswith("triton"):
-            own = self.triton is not None and self.urls.get(target, "").endswith(
-                self.triton.http_url if target == "triton-http" else self.triton.grpc_url)
+            own = self.triton is not None and target not in self.options.urls
             return self.triton.cpu_seconds() if own else None
         if target in self.baselines:
             from ensemble.serve import process_cpu_seconds

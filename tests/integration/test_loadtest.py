@@ -11,7 +11,7 @@ import pytest
 
 from ensemble.serve import free_port
 from loadtest.payloads import v2_json
-from loadtest.runner import LOCUSTFILE, RunnerOptions, _terminate, _wait_ready, run
+from loadtest.runner import LOCUSTFILE, RunnerOptions, _terminate, _wait_ready, holdout_file, read_locust_csv, run
 from tests.helpers import decodes_as_utf8, fresh_rows, post_infer
 
 
@@ -87,20 +87,9 @@ def _locust(user: str, host: str, data_file, csv_prefix, seconds: int = 1, rows:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
 
 
-def _aggregated(csv_prefix) -> dict:
-    import csv
-
-    with open(f"{csv_prefix}_stats.csv", newline="") as handle:
-        return next(row for row in csv.DictReader(handle) if row["Name"] == "Aggregated")
-
-
 @pytest.fixture(scope="module")
 def holdout(tmp_path_factory):
-    from ensemble import data
-
-    path = tmp_path_factory.mktemp("holdout") / "holdout.tsv"
-    data.write_criteo(data.synthesize(data.SynthConfig(rows=300, seed=4242)).frame, path)
-    return path
+    return holdout_file(RunnerOptions(out=tmp_path_factory.mktemp("holdout")))
 
 
 def test_grpc_locust_runs_end_and_their_csv_holds_the_final_counts(server, holdout, tmp_path):
@@ -110,18 +99,18 @@ def test_grpc_locust_runs_end_and_their_csv_holds_the_final_counts(server, holdo
         prefix = tmp_path / f"grpc{attempt}"
         done = _locust("TritonGrpcUser", f"grpc://{server.grpc_url}", holdout, prefix, rows=1 + 99 * (attempt % 2))
         assert done.returncode == 0, done.stderr[-2000:]
-        row = _aggregated(prefix)
+        row = read_locust_csv(prefix)
         printed = next(line for line in (done.stdout + done.stderr).splitlines()
                        if line.strip().startswith("Aggregated"))  # the summary table's first one
-        assert int(row["Request Count"]) > 0 and int(row["Failure Count"]) == 0
-        assert int(row["Request Count"]) == int(printed.split()[1]), (row, printed)
+        assert row["requests"] > 0 and row["failures"] == 0
+        assert row["requests"] == int(printed.split()[1]), (row, printed)
 
 
 def test_unreachable_target_stops_on_the_fail_ratio_with_failures_recorded(holdout, tmp_path):
     prefix = tmp_path / "down"
     done = _locust("JsonUser", f"http://127.0.0.1:{free_port()}", holdout, prefix, seconds=30)
     assert done.returncode == 3, done.stderr[-2000:]  # the fail-ratio stop, long before 30 s
-    row = _aggregated(prefix)
-    assert int(row["Request Count"]) >= 50 and row["Failure Count"] == row["Request Count"]
+    row = read_locust_csv(prefix)
+    assert row["requests"] >= 50 and row["failures"] == row["requests"]
     failures = (tmp_path / "down_failures.csv").read_text()
     assert "no response" in failures and "Connection refused" in failures
