@@ -25,6 +25,7 @@ demo: setup
 
 # pytest exit code 5 means no test was collected: report it as the failure it is.
 test: setup
+	$(BIN)/ruff check ensemble clients loadtest tests
 	@$(BIN)/python -m pytest tests -q -rs $(ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 

@@ -3,6 +3,8 @@
 Accepted: a ``(dense, categorical)`` pair of arrays, a pandas DataFrame or pyarrow Table with
 the Criteo column names (``I1..I13``, ``C1..C26``; others ignored), or raw Criteo TSV lines
 (with or without the leading label). The column mapping comes from ``ensemble.schema``.
+pandas is imported only for the inputs that need it (frames, Arrow tables, TSV lines): a caller
+that passes arrays imports numpy and tritonclient, nothing heavier.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from typing import Iterable
 
 import numpy as np
 
-from ensemble import data, features, schema
+from ensemble import schema
 
 
 def from_frame(frame) -> tuple[np.ndarray, np.ndarray]:
     """pandas DataFrame with Criteo columns -> ([B x 13] float32, [B x 26] bytes objects)."""
+    from ensemble import features
+
     missing = [c for c in (*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS) if c not in frame.columns]
     if missing:
         raise ValueError(f"input lacks Criteo columns {missing[:5]}{'...' if len(missing) > 5 else ''}")
@@ -31,6 +35,8 @@ def from_arrow(table) -> tuple[np.ndarray, np.ndarray]:
 
 def from_tsv_lines(lines: Iterable[str | bytes]) -> tuple[np.ndarray, np.ndarray]:
     """Raw Criteo TSV lines (label optional, decided from the first line) -> request tensors."""
+    from ensemble import data
+
     blob = b"".join((line.encode() if isinstance(line, str) else line).rstrip(b"\r\n") + b"\n" for line in lines)
     if not blob:
         return np.empty((0, schema.N_DENSE), np.float32), np.empty((0, schema.N_CATEGORICAL), object)

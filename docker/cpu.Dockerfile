@@ -7,9 +7,10 @@ FROM debian:bookworm-slim
 
 # Debian's package versions move with security updates; pinning them (DL3008) would break
 # rebuilds, so the release (bookworm) is the pin.
+# gcc + libc6-dev: `ensemble export` compiles the trees to native code (TL2cgen).
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3.11 python3.11-venv libpython3.11 libgomp1 make \
+    && apt-get install -y --no-install-recommends python3.11 python3.11-venv libpython3.11 libgomp1 make gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/ensemble

@@ -6,9 +6,10 @@ FROM python:3.11-slim-bookworm
 
 # Debian's package versions move with security updates; pinning them (DL3008) would break
 # rebuilds, so the release (bookworm) is the pin.
+# gcc + libc6-dev: `ensemble export` compiles the trees to native code (TL2cgen).
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libgomp1 \
+    && apt-get install -y --no-install-recommends libgomp1 gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 
 ENV ENSEMBLE_CACHE_DIR=/opt/ensemble-cache \

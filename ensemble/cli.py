@@ -8,10 +8,11 @@ import logging
 import signal
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from ensemble import data, schema
+from ensemble.registry import Layout
+from ensemble.serve import DEFAULT_LAYOUT
 
 
 def _synth_config(args) -> data.SynthConfig:
@@ -36,7 +37,7 @@ def _server_options(args):
 
     return ServerOptions(Path(args.repository), host=args.host, http_port=args.http_port,
                          grpc_port=args.grpc_port, metrics_port=args.metrics_port,
-                         model_config_name=args.model_config_name,
+                         layout=Layout(args.layout),
                          log_file=Path(args.log_file) if args.log_file else None)
 
 
@@ -64,7 +65,7 @@ def cmd_export(args) -> int:
     from ensemble.export import TrainedArtifacts, export_repository
 
     workdir = Path(args.workdir)
-    written = export_repository(TrainedArtifacts(workdir / "workflow", workdir / "models"),
+    written = export_repository(TrainedArtifacts.under(workdir),
                                 args.repository, keep=args.keep)
     for model, folder in written.items():
         print(f"{model.value:<11} {folder}")
@@ -193,7 +194,9 @@ def _add_server(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
-    p.add_argument("--model-config-name", default=None, help="e.g. gpu: read configs/<name>.pbtxt")
+    p.add_argument("--layout", choices=[layout.value for layout in Layout], default=DEFAULT_LAYOUT.value,
+                   help="fused: the ranker as one python-backend model (the CPU default); ensemble: a Triton "
+                        "ensemble of one python-backend model per step; gpu: the NGC container's native backends")
     p.add_argument("--log-file", default=None, help="server log (default: a temp file)")
 
 

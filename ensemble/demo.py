@@ -86,7 +86,7 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
         log(f"    {name:<11} test AUC {m['auc']:.4f}  log loss {m['logloss']:.4f}")
 
     log(f"3/6 exporting the model repository to {options.repository}")
-    export_repository(TrainedArtifacts(workdir / "workflow", workdir / "models"), options.repository)
+    export_repository(TrainedArtifacts.under(workdir), options.repository)
 
     summary["lean_transform"] = _transform_timings(workdir / "workflow", test)
     log(f"    features, 1 row: lean {summary['lean_transform']['lean_1row_ms']:.4f} ms, "

@@ -1,21 +1,23 @@
 """Write the Triton model repository from trained artifacts.
 
-Layout: ``<repository>/<model>/config.pbtxt`` (CPU), ``<repository>/<model>/configs/gpu.pbtxt``
-(GPU) and ``<repository>/<model>/<version>/`` holding the native artifacts under the file names
+Layout: each layout's config file per model (see :mod:`ensemble.configs`), and
+``<repository>/<model>/<version>/`` holding the native artifacts under the file names
 both configurations' backends expect (``xgboost.json`` + ``checkpoint.tl`` for FIL, ``model.pt``
 for libtorch, ``model.savedmodel/`` for TensorFlow), the shared ``model.py`` and ``manifest.json``. A new version is written
 into a hidden staging folder and renamed into place, so a running server never sees half a
-version.
+version; ``ranker/<release>/`` names the step versions written together.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from ensemble import configs, manifest
-from ensemble.models import blend, dlrm_tf, dlrm_torch, xgb
+from ensemble.registry import COMPONENTS, Component
+from ensemble.runtime import RELEASE_FILE
 from ensemble.schema import Model
 
 MODEL_PY = Path(__file__).with_name("triton_model.py")
@@ -23,20 +25,23 @@ MODEL_PY = Path(__file__).with_name("triton_model.py")
 
 @dataclass(frozen=True)
 class TrainedArtifacts:
-    """Where training left each artifact (see :func:`ensemble.train.train_all`)."""
+    """Where training left each artifact (see :func:`ensemble.training.train_all`)."""
 
     workflow_dir: Path
     models_dir: Path
 
+    @classmethod
+    def under(cls, workdir: str | Path) -> "TrainedArtifacts":
+        """The layout :func:`ensemble.training.train_all` writes under its work folder."""
+        return cls(Path(workdir) / "workflow", Path(workdir) / "models")
+
+    def source(self, component: Component, name: str) -> Path:
+        if component.model is Model.FEATURES:
+            return self.workflow_dir
+        return self.models_dir / component.model.value / name
+
     def sources(self) -> dict[Model, list[Path]]:
-        m = self.models_dir
-        return {
-            Model.FEATURES: [self.workflow_dir],
-            Model.XGB: [m / "xgb" / xgb.MODEL_FILE],
-            Model.DLRM_TORCH: [m / "dlrm_torch" / dlrm_torch.MODEL_FILE],
-            Model.DLRM_TF: [m / "dlrm_tf" / dlrm_tf.MODEL_DIR],
-            Model.BLEND: [m / "blend" / blend.MODEL_FILE],
-        }
+        return {c.model: [self.source(c, name) for name in c.artifacts] for c in COMPONENTS}
 
 
 def _next_version(model_dir: Path) -> int:
@@ -64,37 +69,48 @@ def _prune(model_dir: Path, keep: int) -> None:
         shutil.rmtree(old)
 
 
-def export_repository(artifacts: TrainedArtifacts, repository: str | Path, keep: int = 2,
-                      spec: configs.RepositorySpec = configs.RepositorySpec()) -> dict[Model, Path]:
-    """Write configs and a new version of every model; keep the newest ``keep`` versions.
+def export_repository(artifacts: TrainedArtifacts, repository: str | Path, keep: int = 2) -> dict[Model, Path]:
+    """Write every layout's configs, a new version of every model, and a new release of the
+    ranker naming them; keep the newest ``keep`` versions.
+
+    The release (``ranker/<r>/release.json``) is what the fused layout serves and the in-process
+    pipeline loads: the step versions written together here. It is published last, so a server
+    that picks up new versions never sees a release whose steps are incomplete.
 
     Returns:
-        model -> the version folder written.
+        model -> the version folder written (the ranker: the release folder).
     """
     repository = Path(repository)
-    configs.write_configs(repository, spec)
+    configs.write_configs(repository)
     written: dict[Model, Path] = {}
-    for model, sources in artifacts.sources().items():
+    for component in COMPONENTS:
+        model = component.model
         model_dir = repository / model.value
 
-        def fill(staging: Path, model=model, sources=sources) -> None:
-            for src in sources:
+        def fill(staging: Path, component=component) -> None:
+            for name in component.artifacts:
+                src = artifacts.source(component, name)
                 if not src.exists():
-                    raise FileNotFoundError(f"{model.value}: training artifact {src} not found; train first")
-                target = staging / ("workflow" if model is Model.FEATURES else src.name)
+                    raise FileNotFoundError(f"{component.model.value}: training artifact {src} not found; train first")
                 if src.is_dir():
-                    shutil.copytree(src, target)
+                    shutil.copytree(src, staging / name)
                 else:
-                    shutil.copy2(src, target)
-            if model is Model.XGB:  # the file the GPU configuration's FIL backend loads
-                xgb.write_fil_checkpoint(staging)
+                    shutil.copy2(src, staging / name)
+            if component.finish is not None:
+                component.finish(staging)
             shutil.copy2(MODEL_PY, staging / "model.py")
-            manifest.write(staging, model)
+            manifest.write(staging, component.model)
 
         written[model] = _publish(model_dir, _next_version(model_dir), fill)
-        _prune(model_dir, keep)
     ranker_dir = repository / Model.RANKER.value
-    if _next_version(ranker_dir) == 1:  # an ensemble needs one (empty) version folder
-        (ranker_dir / "1").mkdir(parents=True, exist_ok=True)
-    written[Model.RANKER] = ranker_dir / "1"
+    versions = {m.value: int(folder.name) for m, folder in written.items()}
+
+    def fill_release(staging: Path) -> None:
+        (staging / RELEASE_FILE).write_text(json.dumps({"versions": versions}, indent=1, sort_keys=True))
+        shutil.copy2(MODEL_PY, staging / "model.py")
+        manifest.write(staging, Model.RANKER)
+
+    written[Model.RANKER] = _publish(ranker_dir, _next_version(ranker_dir), fill_release)
+    for model in written:
+        _prune(repository / model.value, keep)
     return written

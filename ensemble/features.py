@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import cycle, repeat
 from pathlib import Path
 
 import numpy as np
@@ -178,11 +178,13 @@ class LeanTransform:
     def transform_categorical(self, categorical: np.ndarray) -> np.ndarray:
         categorical = np.asarray(categorical, dtype=object)
         batch = categorical.shape[0]
-        ids = np.empty((batch, schema.N_CATEGORICAL), dtype=np.int64)
-        for j, lookup in enumerate(self.lookups):
-            ids[:, j] = np.fromiter(map(lookup.get, categorical[:, j], repeat(OOV_ID)),
-                                    dtype=np.int64, count=batch)
-        return ids
+        # One pass over the row-major values, each looked up in its column's dictionary
+        # (cycle() walks the 26 dictionaries in column order): no per-column call overhead,
+        # which is most of the cost for the 1-row requests that dominate serving.
+        flat = categorical.reshape(-1).tolist()
+        ids = np.fromiter(map(dict.get, cycle(self.lookups), flat, repeat(OOV_ID)),
+                          dtype=np.int64, count=len(flat))
+        return ids.reshape(batch, schema.N_CATEGORICAL)
 
 
 def encode_categorical(frame) -> np.ndarray:

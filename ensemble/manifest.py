@@ -44,7 +44,7 @@ def _sha256(path: Path) -> str:
 
 
 def step_schema(model: Model) -> dict:
-    step = schema.STEPS[model]
+    step = schema.FUSED_STEP if model is Model.RANKER else schema.STEPS[model]
     describe = lambda ts: [{"name": t.name, "dtype": t.dtype.value, "dims": list(t.dims)} for t in ts]  # noqa: E731
     return {"inputs": describe(step.inputs), "outputs": describe(step.outputs)}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
@@ -17,7 +18,10 @@ import numpy as np
 
 from ensemble import manifest, schema
 from ensemble.gpu import Device
+from ensemble.registry import BY_MODEL, ORDER, Layout
 from ensemble.schema import Model
+
+RELEASE_FILE = "release.json"
 
 LOG = logging.getLogger(__name__)
 
@@ -60,84 +64,20 @@ class StepRunner:
         return {t.name: np.asarray(o, dtype=t.dtype.numpy) for t, o in zip(self.step.outputs, outputs)}
 
 
-# Loaders take (version folder, threads, device). Features and blend are numpy work and stay on CPU.
-def _load_features(version_dir: Path, threads: int, device: Device):
-    from ensemble.features import LeanTransform
-
-    return LeanTransform.load(version_dir / "workflow")
-
-
-def _load_xgb(version_dir: Path, threads: int, device: Device):
-    if device is Device.GPU:
-        from ensemble.gpu import GpuTreeScorer
-
-        return GpuTreeScorer(version_dir)
-    from ensemble.models.xgb import XGBScorer
-
-    return XGBScorer(version_dir, threads)
-
-
-def _load_dlrm_torch(version_dir: Path, threads: int, device: Device):
-    from ensemble.models.dlrm_torch import TorchScorer
-
-    return TorchScorer(version_dir, threads, device.value)
-
-
-def _load_dlrm_tf(version_dir: Path, threads: int, device: Device):
-    from ensemble.models.dlrm_tf import TFScorer
-
-    return TFScorer(version_dir, threads)  # TensorFlow places the signature on a visible GPU itself
-
-
-def _load_blend(version_dir: Path, threads: int, device: Device):
-    from ensemble.models.blend import Blender
-
-    return Blender.load(version_dir).with_inputs
-
-
-def _gpu_step_set(model: Model, fn: Callable[..., object]) -> Callable[..., object]:
-    """Adapt a step to ``schema.GPU_STEPS``: features also emits the trees' design matrix; xgb
-    reads it (what the FIL backend takes in the GPU configuration)."""
-    from ensemble.models.xgb import design_matrix
-
-    if model is Model.FEATURES:
-        def features(dense, categorical):
-            dense_features, ids = fn(dense, categorical)
-            return dense_features, ids, design_matrix(dense_features, ids)
-        return features
-    if model is Model.XGB:
-        n_dense = schema.N_DENSE
-        return lambda x: fn(x[:, :n_dense], x[:, n_dense:].astype(np.int64))
-    return fn
-
-
-LOADERS: dict[Model, Callable[[Path, int, Device], Callable[..., object]]] = {
-    Model.FEATURES: _load_features,
-    Model.XGB: _load_xgb,
-    Model.DLRM_TORCH: _load_dlrm_torch,
-    Model.DLRM_TF: _load_dlrm_tf,
-    Model.BLEND: _load_blend,
-}
-
-
-def load_step(model: Model | str, version_dir: str | Path, threads: int = 1, steps: str = "cpu",
-              device: Device | str = Device.CPU) -> StepRunner:
+def load_step(model: Model | str, version_dir: str | Path, threads: int = 1,
+              layout: Layout | str = Layout.ENSEMBLE, device: Device | str = Device.CPU) -> StepRunner:
     """Verify a version folder against its manifest and load its step.
 
     Args:
-        steps: "cpu" for ``schema.STEPS``, "gpu" for ``schema.GPU_STEPS`` (the tensors of the
-            GPU configuration; set by its ``steps`` parameter).
+        layout: which tensors the step reads and writes (``Layout.GPU``: ``schema.GPU_STEPS``;
+            set by the ``layout`` parameter of the model's config).
         device: where the step computes (see :mod:`ensemble.gpu`).
     """
-    model = Model(model)
-    version_dir = Path(version_dir)
-    manifest.verify(version_dir, model)
-    fn = LOADERS[model](version_dir, threads, Device(device))
-    if steps == "gpu":
-        return StepRunner(schema.GPU_STEPS[model], _gpu_step_set(model, fn))
-    if steps != "cpu":
-        raise ValueError(f"steps must be 'cpu' or 'gpu', not {steps!r}")
-    return StepRunner(schema.STEPS[model], fn)
+    component = BY_MODEL[Model(model)]
+    layout, version_dir = Layout(layout), Path(version_dir)
+    manifest.verify(version_dir, component.model)
+    fn = component.load(version_dir, threads, Device(device))
+    return StepRunner(component.step(layout), component.adapt(fn, layout))
 
 
 def latest_version(model_dir: Path) -> Path:
@@ -147,24 +87,61 @@ def latest_version(model_dir: Path) -> Path:
     return max(versions, key=lambda p: int(p.name))
 
 
-class Pipeline:
-    """The ensemble's chain in one process: features -> three models -> blend.
+def release_versions(repository: str | Path, release: int | None = None) -> dict[Model, Path]:
+    """The version folder of every step in a release (default: the newest).
 
-    The reference for parity tests and the ``--local`` path: it loads the latest version of
-    each model from the same repository that Triton serves.
+    A release is a version of the ``ranker`` folder whose ``release.json`` names the step
+    versions exported together (the blender was fitted on exactly those models' scores).
+    Repositories written before releases existed fall back to each step's newest version.
+    """
+    repository = Path(repository)
+    ranker = repository / Model.RANKER.value
+    folder = ranker / str(release) if release is not None else None
+    if folder is None:
+        try:
+            folder = latest_version(ranker)
+        except FileNotFoundError:
+            folder = None
+    if folder is not None and (folder / RELEASE_FILE).is_file():
+        versions = json.loads((folder / RELEASE_FILE).read_text())["versions"]
+        return {m: repository / m.value / str(versions[m.value]) for m in ORDER}
+    if release is not None:
+        raise FileNotFoundError(f"release {release}: no {RELEASE_FILE} in {folder}")
+    return {m: latest_version(repository / m.value) for m in ORDER}
+
+
+class Pipeline:
+    """The ranker's chain in one process: features -> three models -> blend.
+
+    The reference for parity tests, the ``--local`` path, and what the fused layout's single
+    python-backend model runs. It loads one release of the repository Triton serves.
     """
 
     def __init__(self, steps: Mapping[Model, StepRunner]):
         self.steps = dict(steps)
+        self._order = [self.steps[m] for m in ORDER]
 
     @classmethod
     def from_repository(cls, repository: str | Path, threads: int = 2,
-                        device: Device | str = Device.CPU) -> "Pipeline":
-        """Load the latest version of every step; ``device="gpu"`` runs the trees (FIL or XGBoost
-        CUDA) and the torch DLRM on the GPU (``ensemble.gpu.resolve_device`` maps ``auto``)."""
-        repository = Path(repository)
-        return cls({m: load_step(m, latest_version(repository / m.value), threads, device=device)
-                    for m in LOADERS})
+                        device: Device | str = Device.CPU, release: int | None = None) -> "Pipeline":
+        """Load every step of a release (default: the newest); ``device="gpu"`` runs the trees
+        (FIL or XGBoost CUDA) and the torch DLRM on the GPU (``ensemble.gpu.resolve_device``
+        maps ``auto``)."""
+        return cls({m: load_step(m, folder, threads, device=device)
+                    for m, folder in release_versions(repository, release).items()})
+
+    def warm_up(self, batch_sizes: tuple[int, ...] = (1, 100)) -> None:
+        """Score all-missing rows once per batch size: the first calls of TorchScript, TFLite and
+        the trees cost milliseconds (graph optimization, allocation), which a model should pay
+        at load rather than on its first requests. 100 rows also takes the trees' XGBoost path."""
+        for rows in batch_sizes:
+            self.score(np.full((rows, schema.N_DENSE), np.nan, np.float32),
+                       np.full((rows, schema.N_CATEGORICAL), b"", dtype=object))
+
+    def __call__(self, dense: np.ndarray, categorical: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The ranker's outputs in ``schema.RANKER_OUTPUTS`` order (the fused model's step)."""
+        scores = self.score(dense, categorical)
+        return tuple(scores[t.name] for t in schema.RANKER_OUTPUTS)
 
     def score(self, dense: np.ndarray, categorical: np.ndarray) -> dict[str, np.ndarray]:
         """Score a batch.
@@ -178,9 +155,44 @@ class Pipeline:
         """
         tensors: dict[str, np.ndarray] = {schema.DENSE.name: np.asarray(dense, np.float32),
                                           schema.CATEGORICAL.name: np.asarray(categorical, object)}
-        for model in (Model.FEATURES, Model.XGB, Model.DLRM_TORCH, Model.DLRM_TF, Model.BLEND):
-            tensors.update(self.steps[model].run(tensors))
+        for step in self._order:
+            tensors.update(step.run(tensors))
         return {t.name: tensors[t.name] for t in schema.RANKER_OUTPUTS}
+
+
+def load_fused(version_dir: str | Path, threads: int = 1) -> StepRunner:
+    """The fused layout's ranker: the whole chain as one step, for the release in ``version_dir``
+    (``<repository>/ranker/<release>``)."""
+    version_dir = Path(version_dir)
+    pipeline = Pipeline.from_repository(version_dir.parent.parent, threads, release=int(version_dir.name))
+    pipeline.warm_up()
+    return StepRunner(schema.FUSED_STEP, pipeline)
+
+
+_LENGTH = struct.Struct("<I").unpack_from
+
+
+def deserialize_bytes(buffer) -> np.ndarray:
+    """Triton's BYTES wire format (per element: uint32 little-endian length, then the bytes) ->
+    1-D object array of ``bytes``.
+
+    The python backend turns every BYTES input into numpy through
+    ``triton_python_backend_utils.deserialize_bytes_tensor``, a loop that formats a struct
+    string per element: 1.2 ms for the 2,600 strings of a 100-row request here, the largest
+    single cost of such a request in the fused model. This loop does the same in 0.45 ms;
+    ``model.py`` installs it in place of the original.
+    """
+    data = bytes(buffer)
+    values: list[bytes] = []
+    append, offset, end = values.append, 0, len(data)
+    while offset < end:
+        (length,) = _LENGTH(data, offset)
+        offset += 4
+        append(data[offset:offset + length])
+        offset += length
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
 
 
 def model_parameters(model_config_json: str) -> dict[str, str]:

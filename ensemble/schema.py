@@ -105,6 +105,9 @@ STEPS: dict[Model, Step] = {
     Model.BLEND: Step(Model.BLEND, (PROB_XGB, PROB_DLRM_TORCH, PROB_DLRM_TF), RANKER_OUTPUTS),
 }
 
+# The fused CPU layout: the ranker is one model running every step.
+FUSED_STEP = Step(Model.RANKER, RANKER_INPUTS, RANKER_OUTPUTS)
+
 # The GPU configuration serves the trees on Triton's FIL backend, which takes exactly one FP32
 # input (`input__0`, [n_features]). The features step therefore also emits the trees' design
 # matrix (13 normalized dense features, then the 26 category ids as floats: see

@@ -20,12 +20,19 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from ensemble.configs import config_name
+from ensemble.registry import Layout
+from ensemble.schema import Model
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# What `ensemble serve` serves on CPU unless told otherwise: the layout that won the load test
+# (docs/loadtest/report.md).
+DEFAULT_LAYOUT = Layout.FUSED
 
 
 # Shared objects whose presence in a process's memory map shows the framework was imported.
 HEAVY_LIBRARIES = {"torch": "libtorch_cpu", "tensorflow": "libtensorflow_framework",
-                   "xgboost": "libxgboost"}  # NVTabular imports both torch and TensorFlow
+                   "xgboost": "libxgboost", "litert": "libLiteRt"}  # NVTabular imports torch and TensorFlow
 
 
 class ServerError(RuntimeError):
@@ -40,7 +47,9 @@ class ServerOptions:
         repository: the model repository folder.
         host: address HTTP, gRPC and metrics bind to (loopback unless told otherwise).
         http_port, grpc_port, metrics_port: ports (0 is not allowed; pick free ones).
-        model_config_name: read ``<model>/configs/<name>.pbtxt`` instead of config.pbtxt.
+        layout: which layout of the repository to serve (see :mod:`ensemble.configs`); the server
+            reads that layout's config files and loads ``ranker`` and what it runs, nothing else
+            (explicit model control).
         log_file: where the server's output goes (a temp file if None).
         startup_timeout: seconds to wait for readiness.
         cpu_list: run under ``taskset -c <cpu_list>`` (e.g. "1") to keep a load generator off
@@ -52,7 +61,7 @@ class ServerOptions:
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
-    model_config_name: str | None = None
+    layout: Layout = DEFAULT_LAYOUT
     log_file: Path | None = None
     startup_timeout: float = 300.0
     cpu_list: str | None = None
@@ -125,8 +134,10 @@ class TritonServer:
                f"--grpc-address={o.host}", f"--grpc-port={o.grpc_port}",
                f"--metrics-address={o.host}", f"--metrics-port={o.metrics_port}",
                "--allow-gpu-metrics=false", "--exit-on-error=true", "--log-verbose=0"]
-        if o.model_config_name:
-            cmd.append(f"--model-config-name={o.model_config_name}")
+        name = config_name(Layout(o.layout))
+        if name:
+            cmd.append(f"--model-config-name={name}")
+        cmd += ["--model-control-mode=explicit", f"--load-model={Model.RANKER.value}"]
         if o.cpu_list:
             cmd = ["taskset", "-c", o.cpu_list, *cmd]
         return cmd

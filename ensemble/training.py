@@ -59,7 +59,7 @@ def train_all(train: pd.DataFrame, valid: pd.DataFrame, test: pd.DataFrame, work
         The report: per model (and the blend) AUC and log loss on ``test``, timings, sizes.
     """
     workdir = Path(workdir)
-    artifacts = TrainedArtifacts(workdir / "workflow", workdir / "models")
+    artifacts = TrainedArtifacts.under(workdir)
     timings: dict[str, float] = {}
 
     start = time.perf_counter()

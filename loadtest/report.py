@@ -12,7 +12,7 @@ from ensemble.machine import describe
 from loadtest.cost import cost_table, load_prices, render
 
 PRICES = Path(__file__).with_name("prices.yaml")
-TRITON = ("triton-http", "triton-grpc")
+TRITON = ("triton-http", "triton-grpc", "triton-ensemble-http")
 BASELINES = ("inproc", "naive")
 
 
@@ -144,7 +144,7 @@ def write_report(out: Path, results: list[dict], options, pinning, seconds: floa
                "seconds": seconds, "scenarios": results, "headline": head, "ratios": ratios(head)}
     payload["peaks"] = [{k: p[k] for k in ("target", "rows", "users", "rows_per_s", "p99_ms")} for p in peaks(results)]
     (out / "results.json").write_text(json.dumps(payload, indent=1, default=str))
-    plots = plot(results, sla, out)
+    plot(results, sla, out)
     costs = cost_table(payload, load_prices(PRICES))
     m = payload["machine"]
     lines = [

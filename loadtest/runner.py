@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import enum
 import json
 import math
 import os
@@ -22,11 +23,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ensemble import data
+from ensemble.registry import Layout
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
-TARGETS = ("triton-http", "triton-grpc", "inproc", "naive")
+
+
+class Target(str, enum.Enum):
+    """What a scenario loads. The two plain Triton targets serve the default CPU layout (fused);
+    ``triton-ensemble-http`` serves the per-model ensemble layout, for comparison."""
+
+    TRITON_HTTP = "triton-http"
+    TRITON_GRPC = "triton-grpc"
+    TRITON_ENSEMBLE_HTTP = "triton-ensemble-http"
+    INPROC = "inproc"
+    NAIVE = "naive"
+
+    @property
+    def layout(self) -> Layout | None:
+        """The Triton layout it loads (None for a baseline)."""
+        if self is Target.TRITON_ENSEMBLE_HTTP:
+            return Layout.ENSEMBLE
+        return Layout.FUSED if self.value.startswith("triton") else None
+
+    @property
+    def grpc(self) -> bool:
+        return self is Target.TRITON_GRPC
+
+
+TARGETS = tuple(t.value for t in Target)
 DEFAULT_TARGETS = TARGETS
-BASELINES = ("inproc", "naive")
+BASELINES = (Target.INPROC.value, Target.NAIVE.value)
 
 
 @dataclass(frozen=True)
@@ -37,7 +63,7 @@ class RunnerOptions:
     out: Path = Path("build/loadtest/report")
     targets: tuple[str, ...] = DEFAULT_TARGETS
     rows: tuple[int, ...] = (1, 100)
-    users: tuple[int, ...] = (1, 4, 16)
+    users: tuple[int, ...] = (1, 4, 8, 16)
     duration: float = 12.0
     warmup: float = 3.0
     sla_ms: float = 10.0
@@ -49,6 +75,7 @@ class RunnerOptions:
     @classmethod
     def from_args(cls, args) -> "RunnerOptions":
         urls = {t: u for t, u in (("triton-http", args.triton_http_url), ("triton-grpc", args.triton_grpc_url),
+                                  ("triton-ensemble-http", args.triton_ensemble_http_url),
                                   ("inproc", args.inproc_url), ("naive", args.naive_url)) if u}
         return cls(Path(args.repository), Path(args.out), tuple(args.targets), tuple(args.rows), tuple(args.users),
                    args.duration, args.warmup, args.sla_ms, args.fail_ratio, not args.no_pin,
@@ -60,7 +87,7 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default="build/loadtest/report", help="report folder")
     p.add_argument("--targets", nargs="+", choices=TARGETS, default=list(DEFAULT_TARGETS))
     p.add_argument("--rows", nargs="+", type=int, default=[1, 100], help="rows per request")
-    p.add_argument("--users", nargs="+", type=int, default=[1, 4, 16], help="concurrent locust users")
+    p.add_argument("--users", nargs="+", type=int, default=[1, 4, 8, 16], help="concurrent locust users")
     p.add_argument("--duration", type=float, default=12.0, help="measured seconds per scenario")
     p.add_argument("--warmup", type=float, default=3.0, help="discarded seconds before each scenario")
     p.add_argument("--sla-ms", type=float, default=10.0, help="p99 latency bound of the headline")
@@ -69,6 +96,8 @@ def add_arguments(p) -> None:
     p.add_argument("--data-file", default=None, help="held-out Criteo TSV (default: synthesized)")
     p.add_argument("--triton-http-url", default=None, help="use a running server (http://host:port)")
     p.add_argument("--triton-grpc-url", default=None, help="use a running server (grpc://host:port)")
+    p.add_argument("--triton-ensemble-http-url", default=None,
+                   help="use a running server of the ensemble layout (http://host:port)")
     p.add_argument("--inproc-url", default=None)
     p.add_argument("--naive-url", default=None)
 
@@ -116,7 +145,7 @@ class Servers:
     def __init__(self, options: RunnerOptions, pinning: Pinning, log_dir: Path):
         self.options, self.pinning, self.log_dir = options, pinning, log_dir
         self.stack = contextlib.ExitStack()
-        self.triton = None
+        self.triton: dict[Layout, object] = {}
         self.baselines: dict[str, subprocess.Popen] = {}
         self.urls = dict(options.urls)
 
@@ -129,22 +158,27 @@ class Servers:
     def url(self, target: str) -> str:
         if target in self.urls:
             return self.urls[target]
-        if target.startswith("triton"):
-            self._start_triton()
+        layout = Target(target).layout
+        if layout is not None:
+            self._start_triton(layout)
         else:
             self._start_baseline(target)
         return self.urls[target]
 
-    def _start_triton(self) -> None:
+    def _start_triton(self, layout: Layout) -> None:
         from ensemble.serve import ServerOptions, TritonServer, free_port
 
+        print(f"starting tritonserver ({layout.value} layout) ...", flush=True)
         options = ServerOptions(self.options.repository, http_port=free_port(), grpc_port=free_port(),
-                                metrics_port=free_port(), log_file=self.log_dir / "tritonserver.log",
-                                cpu_list=self.pinning.server)
-        self.triton = TritonServer(options).start()
-        self.stack.callback(self.triton.stop)
-        self.urls.setdefault("triton-http", f"http://{self.triton.http_url}")
-        self.urls.setdefault("triton-grpc", f"grpc://{self.triton.grpc_url}")
+                                metrics_port=free_port(), log_file=self.log_dir / f"tritonserver-{layout.value}.log",
+                                cpu_list=self.pinning.server, layout=layout)
+        server = TritonServer(options).start()
+        self.triton[layout] = server
+        self.stack.callback(server.stop)
+        for target in Target:
+            if target.layout is layout:
+                scheme = "grpc" if target.grpc else "http"
+                self.urls.setdefault(target.value, f"{scheme}://{server.grpc_url if target.grpc else server.http_url}")
 
     def _start_baseline(self, kind: str) -> None:
         from ensemble.serve import free_port
@@ -164,9 +198,10 @@ class Servers:
     def cpu_seconds(self, target: str) -> dict[str, float] | None:
         """CPU seconds used so far by the target's server processes, if this runner started them
         (Triton: the server and one entry per model stub; a baseline: its one process)."""
-        if target.startswith("triton"):
-            own = self.triton is not None and target not in self.options.urls
-            return self.triton.cpu_seconds() if own else None
+        layout = Target(target).layout
+        if layout is not None:
+            own = layout in self.triton and target not in self.options.urls
+            return self.triton[layout].cpu_seconds() if own else None
         if target in self.baselines:
             from ensemble.serve import process_cpu_seconds
 
@@ -174,9 +209,12 @@ class Servers:
         return None
 
     def triton_stats_url(self, target: str) -> str | None:
-        if not target.startswith("triton"):
+        layout = Target(target).layout
+        if layout is None:
             return None
-        http = self.urls.get("triton-http")
+        http = self.urls.get(Target.TRITON_ENSEMBLE_HTTP.value if layout is Layout.ENSEMBLE else Target.TRITON_HTTP.value)
+        if http is None and layout in self.triton:
+            http = f"http://{self.triton[layout].http_url}"
         return f"{http}/v2/models/stats" if http else None
 
 
@@ -231,7 +269,7 @@ def cpu_per_request(before: dict | None, after: dict | None, requests: float) ->
 
 def locust_command(target: str, url: str, rows: int, users: int, seconds: float, options: RunnerOptions,
                    data_file: Path, pinning: Pinning, csv_prefix: Path | None) -> list[str]:
-    user_class = "TritonGrpcUser" if target == "triton-grpc" else "JsonUser"
+    user_class = "TritonGrpcUser" if Target(target).grpc else "JsonUser"
     cmd = [*pinning.prefix(pinning.load), sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), user_class,
            "--headless", "-u", str(users), "-r", str(users), "-t", f"{max(1, int(seconds))}s", "--host", url,
            "--data-file", str(data_file), "--rows-per-request", str(rows), "--fail-ratio-stop",

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -38,7 +37,7 @@ def trained(tmp_path_factory) -> Trained:
                                   dlrm=DLRMConfig(epochs=1, embedding_dim=8, bottom_mlp=(32,), top_mlp=(32,)))
     report = training.train_all(train, valid, test, root / "work", config, log=lambda _: None)
     repository = root / "model_repository"
-    export_repository(TrainedArtifacts(root / "work" / "workflow", root / "work" / "models"), repository)
+    export_repository(TrainedArtifacts.under(root / "work"), repository)
     return Trained(root / "work", repository, train, valid, test, report)
 
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-MODEL_FILE = "blend.json"
+from ensemble.models.artifacts import BLEND_JSON
+
+MODEL_FILE = BLEND_JSON
 _EPS = 1e-6
 
 
@@ -54,7 +56,8 @@ class Blender:
 
     def __call__(self, *scores: np.ndarray) -> np.ndarray:
         """M arrays of [B x 1] probabilities -> [B x 1] float32 blended probability."""
-        z = self.bias + sum(wi * _logits(s) for wi, s in zip(self.weights, scores))
+        # One [B x M] array through each ufunc (not M small ones): this step runs on every request.
+        z = _logits(np.concatenate(scores, axis=1)) @ np.asarray(self.weights) + self.bias
         return (1.0 / (1.0 + np.exp(-z))).astype(np.float32).reshape(-1, 1)
 
     def with_inputs(self, *scores: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -41,3 +41,8 @@ def minibatches(n_rows: int, batch_size: int, rng: np.random.Generator) -> Itera
     order = rng.permutation(n_rows)
     for start in range(0, n_rows, batch_size):
         yield order[start:start + batch_size]
+
+
+def table_offsets(cardinalities: tuple[int, ...]) -> np.ndarray:
+    """[F] int64: the first row of each column's table inside the one stacked embedding table."""
+    return np.concatenate([[0], np.cumsum(cardinalities[:-1])]).astype(np.int64)

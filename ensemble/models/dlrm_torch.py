@@ -1,5 +1,10 @@
-"""DLRM in PyTorch: bottom MLP, one embedding table per categorical column, pairwise dot
-interaction, top MLP. Exported as TorchScript (``model.pt``)."""
+"""DLRM in PyTorch, in the parts torchrec names: a bottom MLP (:class:`DenseArch`), the embedding
+tables (:class:`SparseArch`), pairwise dot interaction (:class:`InteractionArch`) and a top MLP
+(:class:`OverArch`). Exported as frozen TorchScript (``model.pt``), which the CPU layouts run and
+Triton's libtorch backend loads in the GPU layout.
+
+Shapes: B = batch, F = 26 categorical columns, D = embedding width, P = (F+1)F/2 = 351 pairs.
+"""
 
 from __future__ import annotations
 
@@ -7,56 +12,108 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
+from torch import nn
 
 from ensemble import metrics, schema
-from ensemble.models.dlrm import DLRMConfig, minibatches
+from ensemble.models.artifacts import TORCHSCRIPT
+from ensemble.models.dlrm import DLRMConfig, minibatches, table_offsets
 
-MODEL_FILE = "model.pt"
+MODEL_FILE = TORCHSCRIPT
 
 
-def build(config: DLRMConfig):
-    """Return a ``torch.nn.Module``: ``(dense [B x 13] f32, ids [B x 26] i64) -> [B x 1] prob``."""
-    import torch
-    from torch import nn
+def _mlp(widths: list[int], last_relu: bool) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        layers.append(nn.Linear(a, b))
+        if last_relu or i < len(widths) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
 
-    def mlp(widths: list[int], last_relu: bool) -> nn.Sequential:
-        layers: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
-            layers.append(nn.Linear(a, b))
-            if last_relu or i < len(widths) - 2:
-                layers.append(nn.ReLU())
-        return nn.Sequential(*layers)
 
-    class DLRM(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            d = config.embedding_dim
-            self.bottom = mlp([schema.N_DENSE, *config.bottom_mlp, d], last_relu=True)
-            self.embeddings = nn.ModuleList(nn.Embedding(n, d) for n in config.cardinalities)
-            for table in self.embeddings:
-                nn.init.uniform_(table.weight, -0.05, 0.05)
-            n_interactions = config.n_interactions(len(config.cardinalities))
-            self.top = mlp([d + n_interactions, *config.top_mlp, 1], last_relu=False)
-            rows, cols = torch.tril_indices(len(config.cardinalities) + 1,
-                                            len(config.cardinalities) + 1, offset=-1)
-            self.register_buffer("tril_rows", rows)
-            self.register_buffer("tril_cols", cols)
+class DenseArch(nn.Module):
+    """Bottom MLP: dense features [B x 13] -> [B x D] (ReLU after every layer)."""
 
-        def logits(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-            bottom = self.bottom(dense)  # B x d
-            vectors = [bottom]
-            for j, table in enumerate(self.embeddings):
-                vectors.append(table(ids[:, j]))
-            stacked = torch.stack(vectors, dim=1)  # B x 27 x d
-            products = torch.bmm(stacked, stacked.transpose(1, 2))  # B x 27 x 27
-            pairs = products[:, self.tril_rows, self.tril_cols]  # B x 351
-            return self.top(torch.cat([bottom, pairs], dim=1))  # B x 1
+    def __init__(self, hidden: tuple[int, ...], dim: int) -> None:
+        super().__init__()
+        self.mlp = _mlp([schema.N_DENSE, *hidden, dim], last_relu=True)
 
-        def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-            return torch.sigmoid(self.logits(dense, ids))
+    def forward(self, dense: torch.Tensor) -> torch.Tensor:
+        return self.mlp(dense)
 
+
+class SparseArch(nn.Module):
+    """Every column's embedding table stacked into one [sum(cardinalities) x D] table.
+
+    Column j's ids are shifted by ``offsets[j]`` (the rows of the tables before it), so the
+    lookup of all 26 columns is one gather: ids [B x F] int64 -> [B x F x D]. The same maths
+    as one table per column, with one operator call instead of F.
+    """
+
+    def __init__(self, cardinalities: tuple[int, ...], dim: int) -> None:
+        super().__init__()
+        self.table = nn.Embedding(sum(cardinalities), dim)
+        nn.init.uniform_(self.table.weight, -0.05, 0.05)
+        self.register_buffer("offsets", torch.as_tensor(table_offsets(cardinalities)))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table(ids + self.offsets)
+
+
+class InteractionArch(nn.Module):
+    """Dot products of every pair among the dense vector and the F embeddings:
+    dense [B x D], sparse [B x F x D] -> [B x (D + P)] (the dense vector, then the pairs)."""
+
+    def __init__(self, n_categorical: int) -> None:
+        super().__init__()
+        rows, cols = torch.tril_indices(n_categorical + 1, n_categorical + 1, offset=-1)
+        self.register_buffer("pairs", rows * (n_categorical + 1) + cols)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        stacked = torch.cat([dense.unsqueeze(1), sparse], dim=1)  # B x (F+1) x D
+        products = torch.bmm(stacked, stacked.transpose(1, 2)).flatten(1)  # B x (F+1)^2
+        return torch.cat([dense, products.index_select(1, self.pairs)], dim=1)
+
+
+class OverArch(nn.Module):
+    """Top MLP: [B x (D + P)] -> one logit [B x 1]."""
+
+    def __init__(self, in_features: int, hidden: tuple[int, ...]) -> None:
+        super().__init__()
+        self.mlp = _mlp([in_features, *hidden, 1], last_relu=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x)
+
+
+class DLRM(nn.Module):
+    """(dense [B x 13] float32, ids [B x 26] int64) -> click probability [B x 1].
+
+    Example::
+
+        model = DLRM(DLRMConfig(cardinalities=(10,) * 26))
+        model(torch.zeros(4, 13), torch.ones(4, 26, dtype=torch.int64)).shape  # (4, 1)
+    """
+
+    def __init__(self, config: DLRMConfig) -> None:
+        super().__init__()
+        d, n = config.embedding_dim, len(config.cardinalities)
+        self.dense_arch = DenseArch(config.bottom_mlp, d)
+        self.sparse_arch = SparseArch(config.cardinalities, d)
+        self.interaction = InteractionArch(n)
+        self.over_arch = OverArch(d + config.n_interactions(n), config.top_mlp)
+
+    def logits(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.over_arch(self.interaction(self.dense_arch(dense), self.sparse_arch(ids)))
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.logits(dense, ids))
+
+
+def build(config: DLRMConfig) -> DLRM:
+    """A freshly initialised :class:`DLRM` (seeded by ``config.seed``)."""
     torch.manual_seed(config.seed)
-    return DLRM()
+    return DLRM(config)
 
 
 def train(config: DLRMConfig, train_data: tuple[np.ndarray, np.ndarray, np.ndarray],
@@ -68,8 +125,6 @@ def train(config: DLRMConfig, train_data: tuple[np.ndarray, np.ndarray, np.ndarr
         train_data, valid_data: (dense [B x 13] f32, ids [B x 26] i64, labels [B]).
         device: "cpu" or "gpu" (mixed precision + TF32 only on GPU).
     """
-    import torch
-
     use_gpu = device == "gpu"
     dev = torch.device("cuda" if use_gpu else "cpu")
     if use_gpu:
@@ -105,8 +160,6 @@ def train(config: DLRMConfig, train_data: tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 def predict(model, dense: np.ndarray, ids: np.ndarray, dev=None, batch: int = 65536) -> np.ndarray:
-    import torch
-
     model.eval()
     out = []
     with torch.inference_mode():
@@ -117,12 +170,11 @@ def predict(model, dense: np.ndarray, ids: np.ndarray, dev=None, batch: int = 65
     return np.concatenate(out).reshape(-1)
 
 
-def save(model, out_dir: str | Path) -> Path:
-    """Script the model and save TorchScript (what libtorch and Triton's pytorch backend load)."""
-    import torch
-
+def save(model: DLRM, out_dir: str | Path) -> Path:
+    """Script, freeze (weights become constants, only ``forward`` is kept) and save TorchScript:
+    what the CPU layouts run and Triton's libtorch backend loads."""
     path = Path(out_dir) / MODEL_FILE
-    torch.jit.script(model.cpu().eval()).save(str(path))
+    torch.jit.freeze(torch.jit.script(model.cpu().eval())).save(str(path))
     return path
 
 
@@ -133,8 +185,6 @@ class TorchScorer:
     """
 
     def __init__(self, model_dir: str | Path, threads: int = 1, device: str = "cpu"):
-        import torch
-
         torch.set_num_threads(threads)
         self._torch = torch
         self._device = torch.device("cuda" if device == "gpu" else "cpu")

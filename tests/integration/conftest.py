@@ -1,32 +1,65 @@
-"""One real tritonserver per test session, on free ports; its log is printed if it dies."""
+"""Real tritonservers on free ports, one per layout, started once per session on first use; a
+server's log is printed if it dies."""
 
 from __future__ import annotations
 
 import pytest
 
-from ensemble.serve import ServerOptions, TritonServer, free_port
+from ensemble.registry import Layout
+from ensemble.serve import DEFAULT_LAYOUT, ServerOptions, TritonServer, free_port
+
+CPU_LAYOUTS = (Layout.FUSED, Layout.ENSEMBLE)
 
 
 @pytest.fixture(scope="session")
-def server(trained, tmp_path_factory):
-    log = tmp_path_factory.mktemp("server") / "tritonserver.log"
-    options = ServerOptions(trained.repository, http_port=free_port(), grpc_port=free_port(),
-                            metrics_port=free_port(), log_file=log)
-    srv = TritonServer(options)
-    srv.start()  # raises ServerError with the log tail if it cannot start
-    yield srv
-    alive = srv.alive()
-    srv.stop()
-    if not alive:
-        pytest.fail(f"tritonserver died during the session:\n{srv.log_tail(80)}")
+def servers(trained, tmp_path_factory):
+    """``servers(layout)`` -> a running server of that layout (started on first call)."""
+    started: dict[Layout, TritonServer] = {}
+
+    def get(layout: Layout) -> TritonServer:
+        if layout not in started:
+            log = tmp_path_factory.mktemp(f"server-{layout.value}") / "tritonserver.log"
+            srv = TritonServer(ServerOptions(trained.repository, http_port=free_port(), grpc_port=free_port(),
+                                             metrics_port=free_port(), log_file=log, layout=layout))
+            srv.start()  # raises ServerError with the log tail if it cannot start
+            started[layout] = srv
+        return started[layout]
+
+    yield get
+    died = [layout for layout, srv in started.items() if not srv.alive()]
+    tails = {layout: started[layout].log_tail(80) for layout in died}
+    for srv in started.values():
+        srv.stop()
+    if died:
+        pytest.fail("tritonserver died during the session:\n" +
+                    "\n".join(f"[{layout.value}]\n{tails[layout]}" for layout in died))
+
+
+@pytest.fixture(scope="session")
+def server(servers):
+    """The server `ensemble serve` runs by default."""
+    return servers(DEFAULT_LAYOUT)
+
+
+@pytest.fixture(scope="session")
+def ensemble_server(servers):
+    """The per-model layout: one python-backend process per step under a Triton ensemble."""
+    return servers(Layout.ENSEMBLE)
+
+
+@pytest.fixture(scope="session", params=CPU_LAYOUTS, ids=lambda layout: layout.value)
+def layout_server(request, servers):
+    """Each CPU layout in turn (tests that every layout must pass)."""
+    return servers(request.param)
 
 
 @pytest.fixture(autouse=True)
 def _server_still_up(request):
     yield
-    if "server" in request.fixturenames:
-        srv = request.getfixturevalue("server")
-        assert srv.alive() and srv.ready(), f"server stopped serving:\n{srv.log_tail(80)}"
+    for name in ("server", "ensemble_server", "layout_server"):
+        if name in request.fixturenames:
+            srv = request.getfixturevalue(name)
+            assert srv.alive() and srv.ready(), f"server stopped serving:\n{srv.log_tail(80)}"
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,8 @@ from ensemble import schema
 from tests.helpers import post_infer
 
 
-def _post(server, body: dict):
-    return post_infer(f"http://{server.http_url}", json.dumps(body).encode())
+def _post(layout_server, body: dict):
+    return post_infer(f"http://{layout_server.http_url}", json.dumps(body).encode())
 
 
 def _dense(rows=1, dims=13, datatype="FP32", name="dense"):
@@ -35,20 +35,20 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_request_is_rejected_clearly(server, case):
+def test_bad_request_is_rejected_clearly(layout_server, case):
     body, word = CASES[case]
-    status, reply = _post(server, body)
+    status, reply = _post(layout_server, body)
     assert 400 <= status < 500, (status, reply)
     assert word.lower() in reply["error"].lower(), reply["error"]
-    ok_status, ok = _post(server, {"inputs": [_dense(), _cats()]})
+    ok_status, ok = _post(layout_server, {"inputs": [_dense(), _cats()]})
     assert ok_status == 200 and 0 < ok["outputs"][0]["data"][0] < 1
 
 
-def test_wrong_dtype_over_grpc(server, grpc_client):
+def test_wrong_dtype_over_grpc(layout_server, grpc_client):
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    raw = grpcclient.InferenceServerClient(server.grpc_url)
+    raw = grpcclient.InferenceServerClient(layout_server.grpc_url)
     dense = grpcclient.InferInput("dense", [2, 13], "FP64")
     dense.set_data_from_numpy(np.ones((2, 13), np.float64))
     cats = grpcclient.InferInput("categorical", [2, 26], "BYTES")
@@ -59,20 +59,20 @@ def test_wrong_dtype_over_grpc(server, grpc_client):
     assert grpc_client.score(np.ones((2, 13), np.float32), np.full((2, 26), b"a", dtype=object)).shape == (2,)
 
 
-def test_json_data_shorter_than_shape(server):
+def test_json_data_shorter_than_shape(layout_server):
     """Triton 2.51's HTTP frontend answers this JSON parse failure with 500, not 400 (its
     choice, not ours); the message is still clear and the server keeps serving."""
-    status, reply = _post(server, {"inputs": [dict(_dense(), data=[1.0] * 5), _cats()]})
+    status, reply = _post(layout_server, {"inputs": [dict(_dense(), data=[1.0] * 5), _cats()]})
     assert status in (400, 500) and "shape" in reply["error"].lower()
-    ok_status, _ = _post(server, {"inputs": [_dense(), _cats()]})
+    ok_status, _ = _post(layout_server, {"inputs": [_dense(), _cats()]})
     assert ok_status == 200
 
 
-def test_json_nan_and_infinity_are_missing_values(server, pipeline):
+def test_json_nan_and_infinity_are_missing_values(layout_server, pipeline):
     """Triton's JSON parser takes bare NaN/Infinity (json.dumps writes them); both mean missing."""
     row = np.array([[np.nan, 5, np.inf, 3, -np.inf, 4, 15, 2, 181, 1, 2, np.nan, 2]], np.float32)
     cats = np.array([[b"68fd1e64", b""] * 13], dtype=object)
-    status, reply = _post(server, {"inputs": [
+    status, reply = _post(layout_server, {"inputs": [
         {"name": "dense", "shape": [1, 13], "datatype": "FP32", "data": row.ravel().tolist()},
         {"name": "categorical", "shape": [1, 26], "datatype": "BYTES", "data": [c.decode() for c in cats[0]]}]})
     assert status == 200, reply

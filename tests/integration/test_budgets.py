@@ -6,17 +6,17 @@ import subprocess
 import sys
 
 
-def test_light_steps_load_no_heavy_framework(server):
-    processes = server.backend_processes()
+def test_light_steps_load_no_heavy_framework(ensemble_server):
+    processes = ensemble_server.backend_processes()
     assert set(processes) == {"features", "xgb", "dlrm_torch", "dlrm_tf", "blend"}
     assert processes["features"]["frameworks"] == []
     assert processes["blend"]["frameworks"] == []
     assert processes["dlrm_torch"]["frameworks"] == ["torch"]
-    assert processes["dlrm_tf"]["frameworks"] == ["tensorflow"]
+    assert processes["dlrm_tf"]["frameworks"] == ["litert"]  # TensorFlow Lite's runtime, not TensorFlow
 
 
-def test_server_memory_under_three_gib(server):
-    assert 0 < server.resident_memory_bytes() < 3 * 2**30
+def test_server_memory_under_three_gib(layout_server):
+    assert 0 < layout_server.resident_memory_bytes() < 3 * 2**30
 
 
 def test_light_steps_import_no_framework_in_process(trained):
@@ -31,7 +31,8 @@ def test_light_steps_import_no_framework_in_process(trained):
     assert out.stdout.strip() == ""
 
 
-def test_cpu_seconds_are_split_by_process_and_grow_with_work(server):
+def test_cpu_seconds_are_split_by_process_and_grow_with_work(ensemble_server):
+    server = ensemble_server
     from clients.triton import RankerClient
     from tests.helpers import fresh_rows
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ensemble import schema
+from ensemble.registry import Layout
 from ensemble.serve import ServerOptions, TritonServer, free_port
 
 
@@ -28,7 +29,7 @@ class _KeepGoing(TritonServer):
 def gpu_server(trained, tmp_path_factory):
     log = tmp_path_factory.mktemp("gpu-config") / "tritonserver.log"
     server = _KeepGoing(ServerOptions(trained.repository, http_port=free_port(), grpc_port=free_port(),
-                                      metrics_port=free_port(), model_config_name="gpu", log_file=log))
+                                      metrics_port=free_port(), layout=Layout.GPU, log_file=log))
     server.start()
     yield server
     server.stop()

@@ -60,7 +60,9 @@ def test_baselines_reject_bad_requests_and_keep_serving(baselines):
         assert post_infer(url, good)[0] == 200
 
 
-def test_runner_writes_a_complete_report(server, trained, tmp_path):
+def test_runner_writes_a_complete_report(ensemble_server, trained, tmp_path):
+    """Against the ensemble layout, whose statistics have one entry per step."""
+    server = ensemble_server
     options = RunnerOptions(repository=trained.repository, out=tmp_path / "report",
                             targets=("triton-http", "triton-grpc", "inproc"), rows=(1,), users=(2,),
                             duration=3, warmup=1, urls={"triton-http": f"http://{server.http_url}",

@@ -1,4 +1,4 @@
-"""The served ensemble against the in-process pipeline, on the real tritonserver."""
+"""The served ranker against the in-process pipeline, on the real tritonserver, in every CPU layout."""
 
 from __future__ import annotations
 
@@ -23,9 +23,23 @@ def expected(pipeline, rows):
     return {k: v.ravel() for k, v in pipeline.score(*rows).items()}
 
 
+@pytest.fixture
+def http_client(layout_server):
+    from clients.triton import RankerClient
+
+    return RankerClient(layout_server.http_url, "http")
+
+
+@pytest.fixture
+def grpc_client(layout_server):
+    from clients.triton import RankerClient
+
+    return RankerClient(layout_server.grpc_url, "grpc")
+
+
 @pytest.mark.parametrize("client_name,binary", [("http_client", True), ("http_client", False),
                                                 ("grpc_client", True)])
-def test_served_scores_equal_in_process(request, client_name, binary, rows, expected):
+def test_served_scores_equal_in_process(request, layout_server, client_name, binary, rows, expected):
     client = request.getfixturevalue(client_name)
     dense, cats = rows
     keep = np.ones(len(dense), bool)
@@ -76,7 +90,7 @@ def test_max_batch_size_request(grpc_client, rows, expected):
     assert np.max(np.abs(got - want)) <= TOL
 
 
-def test_concurrent_requests_get_their_own_rows(server, rows, expected):
+def test_concurrent_requests_get_their_own_rows(layout_server, rows, expected):
     """Many clients at once (dynamic batching merges them); bad requests mixed in."""
     from clients.triton import RankerClient
 
@@ -90,7 +104,8 @@ def test_concurrent_requests_get_their_own_rows(server, rows, expected):
 
     def run(job):
         k, start, size = job
-        client = RankerClient(server.http_url if k % 2 else server.grpc_url, "http" if k % 2 else "grpc")
+        client = RankerClient(layout_server.http_url if k % 2 else layout_server.grpc_url,
+                              "http" if k % 2 else "grpc")
         if k % 10 == 0:  # a malformed request in the mix
             with pytest.raises(Exception):
                 client.infer(dense[start:start + size, :12], cats[start:start + size])

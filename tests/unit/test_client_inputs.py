@@ -56,3 +56,15 @@ def test_bytes_serialization_matches_tritonclient():
     values[0, 0], values[1, 1], values[2, 2] = b"", b"x" * 5000, b"ab\x00\x00"
     assert serialize_bytes(values) == serialize_byte_tensor(values).item()
     assert serialize_bytes(np.empty((0, 26), dtype=object)) == b""
+
+
+def test_client_library_imports_no_heavy_framework():
+    """The client depends on the contract (ensemble.schema), not on the server's frameworks."""
+    import subprocess
+    import sys
+
+    code = ("import sys, clients.triton\n"
+            "print(','.join(m for m in ('pandas', 'pyarrow', 'torch', 'tensorflow', 'nvtabular', 'xgboost',"
+            " 'tl2cgen', 'ai_edge_litert') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

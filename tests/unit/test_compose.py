@@ -157,7 +157,7 @@ def test_serving_steps_need_only_numpy_and_pyarrow(trained):
     code = (
         "import sys; from ensemble.runtime import load_step, latest_version; from pathlib import Path;"
         f"repo = Path({str(trained.repository)!r});"
-        "load_step('features', latest_version(repo / 'features'), steps='gpu');"
+        "load_step('features', latest_version(repo / 'features'), layout='gpu');"
         "load_step('blend', latest_version(repo / 'blend'));"
         "print(sorted(m for m in ('torch', 'tensorflow', 'xgboost', 'pandas', 'nvtabular', 'treelite')"
         " if m in sys.modules))")

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from ensemble import configs, schema
+from ensemble.registry import Layout
 from ensemble.schema import Model
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
@@ -14,7 +15,8 @@ REPO = Path(__file__).resolve().parents[2] / "model_repository"
 def test_committed_configs_are_generated(tmp_path, relative):
     written = configs.write_configs(tmp_path)
     assert {p.relative_to(tmp_path).as_posix() for p in written} == {
-        f"{m.value}/{r}" for m in Model for r in (configs.CONFIG_FILE, configs.GPU_CONFIG_FILE)}
+        f"{m.value}/{r}" for m in Model for r in (configs.CONFIG_FILE, configs.GPU_CONFIG_FILE)} | {
+        f"ranker/{configs.config_file(Layout.FUSED)}"}
     for name in configs.all_configs():
         committed = REPO / name / relative
         assert committed.read_text() == (tmp_path / name / relative).read_text(), (
@@ -30,14 +32,14 @@ def test_config_parses_as_triton_model_config(name, relative):
 
 
 def test_ranker_contract():
-    config = configs.ensemble_config()
+    config = configs.layout_configs(Layout.ENSEMBLE)["ranker"]
     assert config.platform == "ensemble"
     assert [(i.name, list(i.dims)) for i in config.input] == [("dense", [13]), ("categorical", [26])]
     assert [o.name for o in config.output] == ["score", "score_xgb", "score_dlrm_torch", "score_dlrm_tf"]
 
 
 def test_ensemble_wiring_is_complete():
-    config = configs.ensemble_config()
+    config = configs.layout_configs(Layout.ENSEMBLE)["ranker"]
     available = {t.name for t in schema.RANKER_INPUTS}
     for step in config.ensemble_scheduling.step:
         spec = schema.STEPS[Model(step.model_name)]
@@ -48,7 +50,7 @@ def test_ensemble_wiring_is_complete():
 
 
 def test_python_models_batch_dynamically():
-    for spec in configs.RepositorySpec().models:
+    for spec in configs.layout_specs(Layout.ENSEMBLE)[0]:
         config = configs.model_config(spec)
         assert config.backend == "python"
         assert config.HasField("dynamic_batching")

@@ -7,7 +7,7 @@ import pytest
 
 from ensemble import manifest
 from ensemble.export import TrainedArtifacts, export_repository
-from ensemble.runtime import Pipeline, latest_version, load_step
+from ensemble.runtime import latest_version, load_step
 from ensemble.schema import Model
 
 
@@ -26,7 +26,7 @@ def test_repository_layout(trained):
 def test_new_versions_are_published_whole_and_old_ones_pruned(trained, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(trained.repository, repo)
-    artifacts = TrainedArtifacts(trained.workdir / "workflow", trained.workdir / "models")
+    artifacts = TrainedArtifacts.under(trained.workdir)
     export_repository(artifacts, repo, keep=2)
     export_repository(artifacts, repo, keep=2)
     versions = sorted(p.name for p in (repo / "xgb").iterdir())

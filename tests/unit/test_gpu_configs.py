@@ -88,7 +88,7 @@ def test_fil_parameters_follow_the_release():
 
 
 def test_gpu_step_set_matches_cpu_steps(trained):
-    """features under steps="gpu" also emits the design matrix; xgb reading it scores the same."""
+    """features under layout="gpu" also emits the design matrix; xgb reading it scores the same."""
     from ensemble.models.xgb import design_matrix
     from ensemble.runtime import latest_version, load_step
 
@@ -97,14 +97,14 @@ def test_gpu_step_set_matches_cpu_steps(trained):
     repo = trained.repository
     dense, cats = fresh_rows(300, seed=21)
     cpu_features = load_step(Model.FEATURES, latest_version(repo / "features"))
-    gpu_features = load_step(Model.FEATURES, latest_version(repo / "features"), steps="gpu")
+    gpu_features = load_step(Model.FEATURES, latest_version(repo / "features"), layout="gpu")
     assert gpu_features.step.outputs == schema.GPU_STEPS[Model.FEATURES].outputs
     inputs = {schema.DENSE.name: dense, schema.CATEGORICAL.name: cats}
     plain, extended = cpu_features.run(inputs), gpu_features.run(inputs)
     np.testing.assert_array_equal(extended[schema.XGB_FEATURES.name],
                                   design_matrix(plain["dense_features"], plain["category_ids"]))
     cpu_xgb = load_step(Model.XGB, latest_version(repo / "xgb"))
-    gpu_xgb = load_step(Model.XGB, latest_version(repo / "xgb"), steps="gpu")
+    gpu_xgb = load_step(Model.XGB, latest_version(repo / "xgb"), layout="gpu")
     np.testing.assert_allclose(gpu_xgb.run(extended)["prob_xgb"], cpu_xgb.run(plain)["prob_xgb"], rtol=0, atol=1e-7)
 
 

@@ -29,7 +29,6 @@ def test_torch_dlrm_scripts_and_reloads(tmp_path):
 
 
 def test_torch_and_tf_dlrm_have_the_same_architecture():
-    import torch
 
     n_torch = sum(p.numel() for p in dlrm_torch.build(CONFIG).parameters())
     n_tf = dlrm_tf.build(CONFIG).count_params()
@@ -42,6 +41,7 @@ def test_tf_dlrm_exports_savedmodel_and_reloads(tmp_path):
     dense, ids = _batch()
     direct = np.asarray(model([dense, ids]))
     dlrm_tf.save(model, tmp_path)
+    dlrm_tf.write_tflite(tmp_path)
     served = dlrm_tf.TFScorer(tmp_path)(dense, ids)
     np.testing.assert_allclose(served, direct, atol=1e-6)
 
@@ -57,6 +57,20 @@ def test_dlrm_training_learns_a_signal():
     assert metrics.auc(labels[5000:], dlrm_torch.predict(model, dense[5000:], ids[5000:])) > 0.7
 
 
+def test_compiled_trees_equal_xgboost_on_every_batch_size(tmp_path):
+    dense, ids = _batch(3000, seed=6)
+    x = xgb.design_matrix(dense, ids)
+    y = (dense[:, 0] - 0.2 * ids[:, 1] + np.random.default_rng(0).normal(size=3000) > 0).astype(np.int8)
+    booster = xgb.train(xgb.XGBConfig(rounds=30, max_depth=5, early_stopping=30), x[:2000], y[:2000], x[2000:], y[2000:])
+    xgb.save(booster, tmp_path)
+    assert xgb.compile_trees(tmp_path) is not None
+    scorer = xgb.TreeScorer(tmp_path)
+    assert scorer._compiled is not None
+    for rows in (1, 7, xgb.COMPILED_MAX_ROWS, xgb.COMPILED_MAX_ROWS + 1, 1000):  # both paths
+        got = scorer(dense[:rows], ids[:rows]).ravel()
+        np.testing.assert_allclose(got, booster.inplace_predict(x[:rows]), atol=1e-6)
+
+
 def test_xgb_round_trip_and_early_stopping(tmp_path):
     dense, ids = _batch(3000, seed=4)
     y = (dense[:, 0] + 0.1 * ids[:, 0] > 0.2).astype(np.int8)
@@ -64,7 +78,7 @@ def test_xgb_round_trip_and_early_stopping(tmp_path):
     booster = xgb.train(xgb.XGBConfig(rounds=500, early_stopping=5), x[:2000], y[:2000], x[2000:], y[2000:])
     assert booster.num_boosted_rounds() < 500
     xgb.save(booster, tmp_path)
-    np.testing.assert_allclose(xgb.XGBScorer(tmp_path)(dense, ids).ravel(), booster.inplace_predict(x), atol=1e-7)
+    np.testing.assert_allclose(xgb.TreeScorer(tmp_path)(dense, ids).ravel(), booster.inplace_predict(x), atol=1e-7)
 
 
 def test_blend_fit_recovers_weights(tmp_path):

@@ -1,0 +1,191 @@
+"""One object per composing model: its tensors, artifacts, loader and GPU serving.
+
+Everything that differs between the five steps of the ranker lives here; the config builder
+(:mod:`ensemble.configs`), export, the in-process pipeline and the serving ``model.py`` iterate
+over :data:`COMPONENTS` in order (features first, blend last). Adding a model is one module
+under ``ensemble/models`` (train, save, a scorer) plus one entry below.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ensemble import schema
+from ensemble.gpu import Device
+from ensemble.models import artifacts
+from ensemble.releases import TritonRelease
+from ensemble.schema import Model
+
+# A loader takes (version folder, threads, device) and returns the step's function:
+# numpy inputs in ``step.inputs`` order -> one array or a tuple in ``step.outputs`` order.
+Loader = Callable[[Path, int, Device], Callable[..., object]]
+
+
+class Layout(str, enum.Enum):
+    """How the ranker is laid out in Triton; each layout has its own config file per model.
+
+    ENSEMBLE: CPU, a Triton ensemble of five python-backend models (one process each).
+    FUSED: CPU, ``ranker`` is one python-backend model running the five steps in one process.
+    GPU: the NGC container: FIL, libtorch and TensorFlow backends plus python features/blend.
+    """
+
+    ENSEMBLE = "ensemble"
+    FUSED = "fused"
+    GPU = "gpu"
+
+
+@dataclass(frozen=True)
+class GpuServing:
+    """How the GPU layout serves a component.
+
+    Attributes:
+        backend / platform: Triton backend (one of the two is set).
+        on_gpu: instances on the GPU (KIND_GPU) or on the CPU (KIND_CPU).
+        input_names / output_names: the backend's names for the step's tensors, in step order
+            (empty: the schema names).
+        parameters: backend parameters for a given container release.
+    """
+
+    backend: str = ""
+    platform: str = ""
+    on_gpu: bool = False
+    input_names: tuple[str, ...] = ()
+    output_names: tuple[str, ...] = ()
+    parameters: Callable[[TritonRelease], tuple[tuple[str, str], ...]] = lambda release: ()
+
+
+@dataclass(frozen=True)
+class Component:
+    """A composing model of the ranker.
+
+    Attributes:
+        model: its Triton name.
+        artifacts: what training leaves in ``<workdir>/models/<model>/`` (for features: the
+            workflow folder) and export copies into the version folder under the same names.
+        load: :data:`Loader` for serving and the in-process pipeline.
+        gpu: how the GPU layout serves it.
+        finish: export hook run on the staged version folder (derived artifacts), or None.
+    """
+
+    model: Model
+    artifacts: tuple[str, ...]
+    load: Loader
+    gpu: GpuServing
+    finish: Callable[[Path], object] | None = None
+
+    def step(self, layout: Layout = Layout.ENSEMBLE) -> schema.Step:
+        """The tensors this component reads and writes in a layout."""
+        return (schema.GPU_STEPS if layout is Layout.GPU else schema.STEPS)[self.model]
+
+    def adapt(self, fn: Callable[..., object], layout: Layout) -> Callable[..., object]:
+        """Wrap a loaded step so it reads/writes the layout's tensors (see ``schema.GPU_STEPS``):
+        in the GPU layout features also emits the trees' design matrix and xgb reads it."""
+        if layout is not Layout.GPU:
+            return fn
+        from ensemble.models.xgb import design_matrix
+
+        if self.model is Model.FEATURES:
+            def features(dense, categorical):
+                dense_features, ids = fn(dense, categorical)
+                return dense_features, ids, design_matrix(dense_features, ids)
+            return features
+        if self.model is Model.XGB:
+            n_dense = schema.N_DENSE
+            return lambda x: fn(x[:, :n_dense], x[:, n_dense:].astype(np.int64))
+        return fn
+
+
+# Loaders import their framework lazily: each python-backend process loads only its own.
+def _load_features(version_dir: Path, threads: int, device: Device):
+    from ensemble.features import LeanTransform
+
+    return LeanTransform.load(version_dir / "workflow")
+
+
+def _load_xgb(version_dir: Path, threads: int, device: Device):
+    if device is Device.GPU:
+        from ensemble.gpu import GpuTreeScorer
+
+        return GpuTreeScorer(version_dir)
+    from ensemble.models.xgb import TreeScorer
+
+    return TreeScorer(version_dir, threads)
+
+
+def _load_dlrm_torch(version_dir: Path, threads: int, device: Device):
+    from ensemble.models.dlrm_torch import TorchScorer
+
+    return TorchScorer(version_dir, threads, device)
+
+
+def _load_dlrm_tf(version_dir: Path, threads: int, device: Device):
+    from ensemble.models.dlrm_tf import TFScorer
+
+    return TFScorer(version_dir, threads)  # TensorFlow places the signature on a visible GPU itself
+
+
+def _load_blend(version_dir: Path, threads: int, device: Device):
+    from ensemble.models.blend import Blender
+
+    return Blender.load(version_dir).with_inputs
+
+
+def _finish_xgb(staging: Path) -> None:
+    from ensemble.models import xgb
+
+    xgb.write_fil_checkpoint(staging)  # what the GPU layout's FIL backend loads
+    xgb.compile_trees(staging)  # what the CPU layouts evaluate
+
+
+def _finish_dlrm_tf(staging: Path) -> None:
+    from ensemble.models import dlrm_tf
+
+    dlrm_tf.write_tflite(staging)  # what the CPU layouts run; the GPU layout serves the SavedModel
+
+
+def _fil_parameters(release: TritonRelease) -> tuple[tuple[str, str], ...]:
+    """FIL settings for a binary:logistic booster returning P(click) as one float per row.
+
+    Not a classifier and no predict_proba: FIL then returns the model's transformed output
+    (sigmoid of the margin), shape [1]; predict_proba would return [2] (1 - p, p) and
+    output_class without it the thresholded class (fil_backend src/tl_model.h, qa/L0_e2e).
+    """
+    return (("model_type", "treelite_checkpoint"), (release.fil_classifier_key, "false"),
+            ("predict_proba", "false"))
+
+
+def _indexed(tensors: tuple[schema.Tensor, ...]) -> tuple[str, ...]:
+    """libtorch's ``<name>__<index>`` convention: the index is the forward() argument position."""
+    return tuple(f"{t.name}__{i}" for i, t in enumerate(tensors))
+
+
+_TORCH_STEP = schema.STEPS[Model.DLRM_TORCH]
+
+COMPONENTS: tuple[Component, ...] = (
+    Component(Model.FEATURES, (artifacts.WORKFLOW,), _load_features,
+              GpuServing(backend="python", parameters=lambda r: (("layout", Layout.GPU.value), ("threads", "1")))),
+    Component(Model.XGB, (artifacts.XGB_JSON,), _load_xgb,
+              GpuServing(backend="fil", on_gpu=True, input_names=("input__0",), output_names=("output__0",),
+                         parameters=_fil_parameters),
+              finish=_finish_xgb),
+    Component(Model.DLRM_TORCH, (artifacts.TORCHSCRIPT,), _load_dlrm_torch,
+              GpuServing(platform="pytorch_libtorch", on_gpu=True, input_names=_indexed(_TORCH_STEP.inputs),
+                         output_names=_indexed(_TORCH_STEP.outputs),
+                         parameters=lambda r: (("INFERENCE_MODE", "true"),))),
+    # Keras `model.export` names the signature inputs after the keras.Input names (the schema
+    # names) and its single output `output_0`.
+    Component(Model.DLRM_TF, (artifacts.SAVEDMODEL,), _load_dlrm_tf,
+              GpuServing(platform="tensorflow_savedmodel", on_gpu=True, output_names=(artifacts.SAVEDMODEL_OUTPUT,)),
+              finish=_finish_dlrm_tf),
+    Component(Model.BLEND, (artifacts.BLEND_JSON,), _load_blend,
+              GpuServing(backend="python", parameters=lambda r: (("threads", "1"),))),
+)
+
+BY_MODEL: dict[Model, Component] = {c.model: c for c in COMPONENTS}
+# Steps run in this order inside the ranker (features first, blend last).
+ORDER: tuple[Model, ...] = tuple(c.model for c in COMPONENTS)

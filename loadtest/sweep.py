@@ -1,0 +1,91 @@
+"""`python -m loadtest.sweep`: the fused ranker's dynamic-batching settings, measured.
+
+For each (queue delay, instance count) it writes the fused layout's ``ranker`` config from the
+typed builder (:func:`ensemble.configs.layout_specs`, with the two fields replaced) into a
+scratch copy of the repository, starts tritonserver on it pinned like ``ensemble loadtest``
+(server on the last core, locust on the others), and runs one locust scenario per rows/request.
+Prints a table and writes ``sweep.json`` and ``sweep.md``. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from ensemble import configs
+from ensemble.registry import Layout
+from ensemble.schema import Model
+
+
+def _repository_with(source: Path, into: Path, queue_delay_us: int, instances: int) -> Path:
+    repo = into / "repo"
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.copytree(source, repo, symlinks=True)
+    (models, _) = configs.layout_specs(Layout.FUSED)
+    spec = replace(models[0], queue_delay_us=queue_delay_us, instances=instances)
+    (repo / Model.RANKER.value / configs.config_file(Layout.FUSED)).write_text(
+        configs.to_text(configs.model_config(spec)))
+    return repo
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ensemble.serve import ServerOptions, TritonServer, free_port
+    from loadtest.runner import Pinning, RunnerOptions, holdout_file, locust_command, read_locust_csv
+
+    p = argparse.ArgumentParser(prog="python -m loadtest.sweep", description=__doc__.splitlines()[0])
+    p.add_argument("--repository", default="model_repository", help="an exported repository")
+    p.add_argument("--out", default="build/loadtest/sweep", help="result folder")
+    p.add_argument("--queue-delays", nargs="+", type=int, default=[0, 200, 1000], help="microseconds")
+    p.add_argument("--instances", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--rows", nargs="+", type=int, default=[1, 100])
+    p.add_argument("--users", type=int, default=16, help="concurrent locust users per scenario")
+    p.add_argument("--duration", type=float, default=8.0, help="measured seconds per scenario")
+    args = p.parse_args(argv)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    options = RunnerOptions(repository=Path(args.repository), out=out, duration=args.duration, warmup=2.0)
+    pinning, data_file = Pinning.choose(True), holdout_file(options)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="sweep-") as scratch:
+        for delay in args.queue_delays:
+            for instances in args.instances:
+                repo = _repository_with(Path(args.repository), Path(scratch), delay, instances)
+                server = TritonServer(ServerOptions(repo, http_port=free_port(), grpc_port=free_port(),
+                                                    metrics_port=free_port(), cpu_list=pinning.server,
+                                                    log_file=out / "tritonserver.log", layout=Layout.FUSED))
+                with server:
+                    url = f"http://{server.http_url}"
+                    for rows in args.rows:
+                        import subprocess
+
+                        warm = locust_command("triton-http", url, rows, args.users, 2, options, data_file, pinning, None)
+                        subprocess.run(warm, capture_output=True, timeout=60, check=False)
+                        prefix = out / f"d{delay}_i{instances}_r{rows}"
+                        cmd = locust_command("triton-http", url, rows, args.users, args.duration, options,
+                                             data_file, pinning, prefix)
+                        subprocess.run(cmd, capture_output=True, timeout=args.duration + 60, check=False)
+                        stats = read_locust_csv(prefix)
+                        row = {"queue_delay_us": delay, "instances": instances, "rows": rows,
+                               "users": args.users, "rows_per_s": stats["requests_per_s"] * rows,
+                               "p50_ms": stats["p50_ms"], "p99_ms": stats["p99_ms"], "failures": stats["failures"]}
+                        results.append(row)
+                        print(f"queue delay {delay:>5} us  instances {instances}  rows {rows:>3}: "
+                              f"{row['rows_per_s']:>9,.0f} rows/s  p50 {row['p50_ms']:.0f} ms  "
+                              f"p99 {row['p99_ms']:.0f} ms  failures {row['failures']:.0f}", flush=True)
+    (out / "sweep.json").write_text(json.dumps({"pinning": {"server": pinning.server, "load": pinning.load},
+                                                "results": results}, indent=1))
+    lines = ["| queue delay (us) | instances | rows/request | rows/s | p50 ms | p99 ms | failures |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['queue_delay_us']} | {r['instances']} | {r['rows']} | {r['rows_per_s']:,.0f} | "
+              f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['failures']:.0f} |" for r in results]
+    (out / "sweep.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
