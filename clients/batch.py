@@ -147,7 +147,7 @@ class ScoreSettings:
 
     def scorer(self, partition_index: int = 0) -> Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]:
         if self.local:
-            pipeline = _local_pipeline(str(Path(self.repository).resolve()))
+            pipeline = local_pipeline(str(Path(self.repository).resolve()))
             return lambda d, c: {k: v.reshape(-1) for k, v in pipeline.score(d, c).items()}
         if not self.urls:
             raise ValueError("give --url (one or more) or --local")
@@ -165,7 +165,8 @@ class ScoreSettings:
 
 
 @lru_cache(maxsize=2)
-def _local_pipeline(repository: str):
+def local_pipeline(repository: str):
+    """The in-process pipeline of ``--local`` (loaded once per process and repository)."""
     from ensemble.runtime import Pipeline
 
     return Pipeline.from_repository(repository)

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from clients.batch import ScoreSettings, _local_pipeline
+from clients.batch import ScoreSettings, local_pipeline
 from clients.scoring import score_files
 from ensemble import data
 from ensemble.machine import summary
@@ -40,7 +40,7 @@ def run(args) -> list[dict]:
                                out / "input.tsv")
     scratch = out / "scored.parquet"
     results: list[dict] = []
-    _local_pipeline(str(Path(args.repository).resolve()))  # load once: a run measures scoring, not start-up
+    local_pipeline(str(Path(args.repository).resolve()))  # load once: a run measures scoring, not start-up
     for batch in args.batch_sizes:
         for concurrency in (1,):
             settings = ScoreSettings(local=True, repository=args.repository, batch_size=batch, concurrency=concurrency)

@@ -6,14 +6,17 @@ import json
 
 import numpy as np
 
+from ensemble import schema
+
 POOL_SIZE = 256
 
 
-def v2_json(dense: np.ndarray, cats: np.ndarray, outputs: tuple[str, ...] = ("score",)) -> bytes:
+def v2_json(dense: np.ndarray, cats: np.ndarray, outputs: tuple[str, ...] = (schema.SCORE.name,)) -> bytes:
     """Triton's v2 JSON inference body; json.dumps writes bare NaN, which Triton's parser takes."""
     return json.dumps({
-        "inputs": [{"name": "dense", "shape": list(dense.shape), "datatype": "FP32", "data": dense.ravel().tolist()},
-                   {"name": "categorical", "shape": list(cats.shape), "datatype": "BYTES",
+        "inputs": [{"name": schema.DENSE.name, "shape": list(dense.shape), "datatype": schema.DENSE.dtype.wire,
+                    "data": dense.ravel().tolist()},
+                   {"name": schema.CATEGORICAL.name, "shape": list(cats.shape), "datatype": schema.CATEGORICAL.dtype.wire,
                     "data": [v.decode("utf-8", "replace") for v in cats.ravel()]}],
         "outputs": [{"name": name} for name in outputs]}).encode()
 

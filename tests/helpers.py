@@ -43,3 +43,13 @@ def decodes_as_utf8(value: bytes) -> bool:
         return True
     except UnicodeDecodeError:
         return False
+
+
+def modules_loaded(code: str, watched: tuple[str, ...]) -> list[str]:
+    """Run ``code`` in a fresh interpreter; return which of ``watched`` modules it left imported."""
+    import subprocess
+    import sys
+
+    probe = f"{code}\nimport sys\nprint(','.join(m for m in {watched!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return [m for m in out.stdout.strip().split(",") if m]

@@ -1,8 +1,6 @@
 """The GPU configuration: generated from the same typed source as the CPU one, parsed as Triton's
 ModelConfig, agreeing with the CPU configuration, and the python-side steps it relies on."""
 
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -132,8 +130,8 @@ def test_device_resolution_without_a_gpu(monkeypatch):
 
 
 def test_gpu_libraries_are_never_imported_on_the_cpu_path():
-    code = ("import sys, ensemble.gpu, ensemble.runtime, ensemble.check, ensemble.configs, ensemble.cli;"
-            "ensemble.configs.all_gpu_configs();"
-            "print(sorted(m for m in ('cudf', 'cupy', 'cuml', 'nvforest', 'dask_cudf', 'rmm') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    from tests.helpers import modules_loaded
+
+    code = ("import ensemble.gpu, ensemble.runtime, ensemble.check, ensemble.configs, ensemble.cli\n"
+            "ensemble.configs.all_gpu_configs()")
+    assert modules_loaded(code, ("cudf", "cupy", "cuml", "nvforest", "dask_cudf", "rmm")) == []
