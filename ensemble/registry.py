@@ -104,7 +104,7 @@ class Component:
 def _load_features(version_dir: Path, threads: int, device: Device):
     from ensemble.features import LeanTransform
 
-    return LeanTransform.load(version_dir / "workflow")
+    return LeanTransform.load(version_dir / artifacts.WORKFLOW)
 
 
 def _load_xgb(version_dir: Path, threads: int, device: Device):
@@ -126,7 +126,9 @@ def _load_dlrm_torch(version_dir: Path, threads: int, device: Device):
 def _load_dlrm_tf(version_dir: Path, threads: int, device: Device):
     from ensemble.models.dlrm_tf import TFScorer
 
-    return TFScorer(version_dir, threads)  # TensorFlow places the signature on a visible GPU itself
+    # TensorFlow Lite on the CPU in every in-process path, --device gpu included (its per-call cost
+    # is below a GPU round trip's); the GPU layout serves the SavedModel on Triton's TF backend.
+    return TFScorer(version_dir, threads)
 
 
 def _load_blend(version_dir: Path, threads: int, device: Device):
