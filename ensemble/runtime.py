@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
 
-from ensemble import manifest, schema
+from ensemble import manifest, native, schema
 from ensemble.gpu import Device
 from ensemble.registry import BY_MODEL, ORDER, Layout
 from ensemble.schema import Model
@@ -117,9 +116,19 @@ class Pipeline:
     python-backend model runs. It loads one release of the repository Triton serves.
     """
 
-    def __init__(self, steps: Mapping[Model, StepRunner]):
+    # Batches of at least this many rows split the steps of one level (the three models) over
+    # two threads: the first step here, the others one after another on one worker thread
+    # (two cores: the trees against both DLRMs is close to an even split). The trees (ctypes),
+    # torch and TFLite release the GIL while they compute.
+    # Below it, the ~50 us hand-off to a thread costs more than it saves (1 row: 0.02-0.2 ms
+    # per model).
+    PARALLEL_MIN_ROWS = 32
+
+    def __init__(self, steps: Mapping[Model, StepRunner], parallel: bool = True):
         self.steps = dict(steps)
-        self._order = [self.steps[m] for m in ORDER]
+        self._levels = _levels([self.steps[m] for m in ORDER])
+        self._pool = None
+        self._parallel = parallel and any(len(level) > 1 for level in self._levels)
 
     @classmethod
     def from_repository(cls, repository: str | Path, threads: int = 2,
@@ -130,10 +139,10 @@ class Pipeline:
         return cls({m: load_step(m, folder, threads, device=device)
                     for m, folder in release_versions(repository, release).items()})
 
-    def warm_up(self, batch_sizes: tuple[int, ...] = (1, 100)) -> None:
+    def warm_up(self, batch_sizes: tuple[int, ...] = (1, 100, 1024)) -> None:
         """Score all-missing rows once per batch size: the first calls of TorchScript, TFLite and
         the trees cost milliseconds (graph optimization, allocation), which a model should pay
-        at load rather than on its first requests. 100 rows also takes the trees' XGBoost path."""
+        at load rather than on its first requests. 1,024 rows also takes the trees' XGBoost path."""
         for rows in batch_sizes:
             self.score(np.full((rows, schema.N_DENSE), np.nan, np.float32),
                        np.full((rows, schema.N_CATEGORICAL), b"", dtype=object))
@@ -155,9 +164,34 @@ class Pipeline:
         """
         tensors: dict[str, np.ndarray] = {schema.DENSE.name: np.asarray(dense, np.float32),
                                           schema.CATEGORICAL.name: np.asarray(categorical, object)}
-        for step in self._order:
-            tensors.update(step.run(tensors))
+        parallel = self._parallel and len(tensors[schema.DENSE.name]) >= self.PARALLEL_MIN_ROWS
+        for level in self._levels:
+            if parallel and len(level) > 1:
+                if self._pool is None:
+                    from concurrent.futures import ThreadPoolExecutor
+
+                    self._pool = ThreadPoolExecutor(1, "pipeline-step")
+                pending = [self._pool.submit(step.run, tensors) for step in level[1:]]
+                outputs = [level[0].run(tensors), *(f.result() for f in pending)]
+            else:
+                outputs = [step.run(tensors) for step in level]
+            for out in outputs:
+                tensors.update(out)
         return {t.name: tensors[t.name] for t in schema.RANKER_OUTPUTS}
+
+
+def _levels(steps: list[StepRunner]) -> list[list[StepRunner]]:
+    """Group steps (in a valid order) into levels: a step's level is one past the deepest step
+    whose outputs it reads, so the steps of one level are independent of each other."""
+    level_of: dict[str, int] = {}
+    levels: list[list[StepRunner]] = []
+    for step in steps:
+        level = max((level_of[t.name] + 1 for t in step.step.inputs if t.name in level_of), default=0)
+        if level == len(levels):
+            levels.append([])
+        levels[level].append(step)
+        level_of.update({t.name: level for t in step.step.outputs})
+    return levels
 
 
 def load_fused(version_dir: str | Path, threads: int = 1) -> StepRunner:
@@ -169,27 +203,16 @@ def load_fused(version_dir: str | Path, threads: int = 1) -> StepRunner:
     return StepRunner(schema.FUSED_STEP, pipeline)
 
 
-_LENGTH = struct.Struct("<I").unpack_from
-
-
 def deserialize_bytes(buffer) -> np.ndarray:
-    """Triton's BYTES wire format (per element: uint32 little-endian length, then the bytes) ->
-    1-D object array of ``bytes``.
+    """Triton's BYTES wire format -> 1-D object array of ``bytes``.
 
     The python backend turns every BYTES input into numpy through
     ``triton_python_backend_utils.deserialize_bytes_tensor``, a loop that formats a struct
     string per element: 1.2 ms for the 2,600 strings of a 100-row request here, the largest
-    single cost of such a request in the fused model. This loop does the same in 0.45 ms;
-    ``model.py`` installs it in place of the original.
+    single cost of such a request in the fused model. :func:`ensemble.native.split_wire` does
+    the same in C (or a leaner Python loop); ``model.py`` installs this in place of the original.
     """
-    data = bytes(buffer)
-    values: list[bytes] = []
-    append, offset, end = values.append, 0, len(data)
-    while offset < end:
-        (length,) = _LENGTH(data, offset)
-        offset += 4
-        append(data[offset:offset + length])
-        offset += length
+    values = native.split_wire(buffer)
     out = np.empty(len(values), dtype=object)
     out[:] = values
     return out

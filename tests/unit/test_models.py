@@ -71,6 +71,23 @@ def test_compiled_trees_equal_xgboost_on_every_batch_size(tmp_path):
         np.testing.assert_allclose(got, booster.inplace_predict(x[:rows]), atol=1e-6)
 
 
+def test_compiled_trees_equal_xgboost_on_trained_rows(trained):
+    """The exported model on real feature rows (integer ids sitting on split thresholds): the
+    case where TL2cgen's quantized thresholds once disagreed with XGBoost on 1% of rows."""
+    from ensemble import features
+    from ensemble.runtime import release_versions
+    from ensemble.schema import Model
+
+    versions = release_versions(trained.repository)
+    transform = features.LeanTransform.load(versions[Model.FEATURES] / "workflow")
+    dense, ids = transform(features.dense_array(trained.test), features.encode_categorical(trained.test))
+    scorer = xgb.TreeScorer(versions[Model.XGB])
+    assert scorer._compiled is not None and scorer._compiled.batched
+    x = xgb.design_matrix(dense, ids)
+    compiled = scorer._compiled(x)
+    np.testing.assert_allclose(compiled, scorer.booster.inplace_predict(x), atol=1e-6)
+
+
 def test_xgb_round_trip_and_early_stopping(tmp_path):
     dense, ids = _batch(3000, seed=4)
     y = (dense[:, 0] + 0.1 * ids[:, 0] > 0.2).astype(np.int8)
