@@ -10,11 +10,11 @@ FROM debian:bookworm-slim
 # gcc + libc6-dev: `ensemble export` compiles the trees to native code (TL2cgen).
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3.11 python3.11-venv libpython3.11 libgomp1 make gcc libc6-dev \
+    && apt-get install -y --no-install-recommends python3.11 python3.11-venv libpython3.11 libpython3.11-dev libgomp1 make gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/ensemble
-COPY Makefile requirements.txt pyproject.toml ./
+COPY Makefile requirements.txt pyproject.toml setup.py ./
 COPY ensemble ./ensemble
 COPY clients ./clients
 COPY loadtest ./loadtest

@@ -15,7 +15,7 @@ RUN apt-get update \
 ENV ENSEMBLE_CACHE_DIR=/opt/ensemble-cache \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /opt/ensemble
-COPY requirements.txt pyproject.toml ./
+COPY requirements.txt pyproject.toml setup.py ./
 
 # pip < 26: pip 26 refuses the merlin 23.8 sdists from the index (see shared ARCHITECTURE notes).
 RUN python -m pip install --no-cache-dir "pip<26" \

@@ -9,7 +9,7 @@ FROM nvcr.io/nvidia/tritonserver:${TRITON_RELEASE}-py3
 # system python3 (3.12.3 since 24.12). Triton's build.py installs numpy<2 into it and sets
 # PIP_BREAK_SYSTEM_PACKAGES=1, so pip installs there directly.
 WORKDIR /opt/ensemble
-COPY requirements.txt pyproject.toml ./
+COPY requirements.txt pyproject.toml setup.py ./
 COPY ensemble ./ensemble
 COPY clients ./clients
 
