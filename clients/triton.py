@@ -48,8 +48,10 @@ def is_transient(exc: BaseException) -> bool:
     from tritonclient.utils import InferenceServerException
 
     if isinstance(exc, InferenceServerException):
-        status = str(exc.status() or "")
-        return status in TRANSIENT_STATUS or "connect" in str(exc).lower()
+        status, message = str(exc.status() or ""), str(exc).lower()
+        # "Stub process ... is not healthy": a backend process died or stalled; the supervisor
+        # (ensemble serve) reloads the model within seconds.
+        return status in TRANSIENT_STATUS or "connect" in message or "not healthy" in message
     try:  # the HTTP client's "server closed the connection" (not an OSError)
         from geventhttpclient.response import HTTPConnectionClosed
     except ImportError:  # pragma: no cover - geventhttpclient comes with tritonclient[http]
@@ -60,6 +62,15 @@ def is_transient(exc: BaseException) -> bool:
         ClientConnectionError = ()  # noqa: N806
     return isinstance(exc, (OSError, TimeoutError, asyncio.TimeoutError, http.client.IncompleteRead,
                             HTTPConnectionClosed, ClientConnectionError))
+
+
+def _pause_or_raise(exc: BaseException, sleeps, start: int, stop: int, attempts: int) -> float:
+    """The pause before the next attempt, or :class:`ScoringError` when ``exc`` is not transient
+    or the retries are used up."""
+    pause = next(sleeps, None) if is_transient(exc) else None
+    if pause is None:
+        raise ScoringError(start, stop, exc, attempts) from exc
+    return pause
 
 
 def parse_url(url: str, protocol: Protocol | str | None = None) -> tuple[str, Protocol]:
@@ -201,28 +212,30 @@ class RankerClient(_Settings):
             outputs=build_outputs(self._tc, self.protocol, self.binary, all_scores), **self._infer_kwargs())
         return read_result(result, all_scores)
 
-    def infer_with_retry(self, dense, categorical, all_scores: bool = False, offset: int = 0):
-        sleeps = self.retry.sleeps()
-        attempts = 0
+    def _with_retry(self, call: Callable[[], object], start: int, stop: int):
+        sleeps, attempts = self.retry.sleeps(), 0
         while True:
             attempts += 1
             try:
-                return self.infer(dense, categorical, all_scores)
-            except Exception as exc:  # noqa: BLE001 - classified below
-                pause = next(sleeps, None) if is_transient(exc) else None
-                if pause is None:
-                    raise ScoringError(offset, offset + len(dense), exc, attempts) from exc
-                self.sleep(pause)
+                return call()
+            except Exception as exc:  # noqa: BLE001 - classified by _pause_or_raise
+                self.sleep(_pause_or_raise(exc, sleeps, start, stop, attempts))
+
+    def infer_with_retry(self, dense, categorical, all_scores: bool = False, offset: int = 0):
+        return self._with_retry(lambda: self.infer(dense, categorical, all_scores), offset, offset + len(dense))
 
     def score(self, rows, categorical: np.ndarray | None = None, all_scores: bool = False):
         """Score any number of rows (arrays, DataFrame, pyarrow Table or Criteo TSV lines).
+
+        Every server call (the model-config read included) goes through the retries; any
+        failure is raised as :class:`ScoringError`.
 
         Returns:
             [B] float32 blended scores, or with ``all_scores`` a dict of [B] arrays keyed by
             output name (``score``, ``score_xgb``, ``score_dlrm_torch``, ``score_dlrm_tf``).
         """
         dense, cats = to_tensors(rows, categorical)
-        step = self.max_batch_size
+        step = self._with_retry(lambda: self.max_batch_size, 0, len(dense))
         parts = [self.infer_with_retry(dense[s:s + step], cats[s:s + step], all_scores, offset=s)
                  for s in range(0, len(dense), step)]
         return _join(parts, all_scores)
@@ -260,26 +273,23 @@ class AsyncRankerClient(_Settings):
             outputs=build_outputs(self._tc, self.protocol, self.binary, all_scores), **self._infer_kwargs())
         return read_result(result, all_scores)
 
-    async def _infer_with_retry(self, dense, categorical, all_scores, offset, gate):
-        sleeps = self.retry.sleeps()
-        attempts = 0
+    async def _with_retry(self, call, start: int, stop: int, gate: asyncio.Semaphore):
+        sleeps, attempts = self.retry.sleeps(), 0
         async with gate:
             while True:
                 attempts += 1
                 try:
-                    return await self.infer(dense, categorical, all_scores)
-                except Exception as exc:  # noqa: BLE001 - classified below
-                    pause = next(sleeps, None) if is_transient(exc) else None
-                    if pause is None:
-                        raise ScoringError(offset, offset + len(dense), exc, attempts) from exc
-                    await asyncio.sleep(pause)
+                    return await call()
+                except Exception as exc:  # noqa: BLE001 - classified by _pause_or_raise
+                    await asyncio.sleep(_pause_or_raise(exc, sleeps, start, stop, attempts))
 
     async def score(self, rows, categorical: np.ndarray | None = None, all_scores: bool = False):
         dense, cats = to_tensors(rows, categorical)
-        step = await self.max_batch_size()
         gate = asyncio.Semaphore(self.max_in_flight)
+        step = await self._with_retry(self.max_batch_size, 0, len(dense), gate)
         parts = await asyncio.gather(*(
-            self._infer_with_retry(dense[s:s + step], cats[s:s + step], all_scores, s, gate)
+            self._with_retry(lambda s=s: self.infer(dense[s:s + step], cats[s:s + step], all_scores),
+                             s, min(s + step, len(dense)), gate)
             for s in range(0, len(dense), step)))
         return _join(list(parts), all_scores)
 

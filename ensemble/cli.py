@@ -7,7 +7,6 @@ import json
 import logging
 import signal
 import sys
-import time
 from pathlib import Path
 
 from ensemble import data, schema
@@ -74,6 +73,7 @@ def cmd_export(args) -> int:
 
 def cmd_serve(args) -> int:
     from ensemble.serve import ServerError, TritonServer
+    from ensemble.supervise import Supervisor
 
     server = TritonServer(_server_options(args))
     stop: list[int] = []
@@ -81,16 +81,11 @@ def cmd_serve(args) -> int:
         signal.signal(sig, lambda signum, _frame: stop.append(signum))
     try:
         server.start()
+        print(f"ready: HTTP http://{server.http_url}  gRPC grpc://{server.grpc_url}  metrics {server.metrics_url}")
+        print(f"log: {server.log_file}", flush=True)
+        Supervisor(server, log=lambda line: print(line, flush=True)).run(lambda: bool(stop))
     except ServerError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}")
-    print(f"log: {server.log_file}", flush=True)
-    while not stop and server.alive():
-        time.sleep(0.5)
-    if not stop:
-        print(f"error: tritonserver exited with code {server.process.returncode}\n{server.log_tail()}",
-              file=sys.stderr)
         server.stop()
         return 1
     server.stop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
@@ -124,10 +125,13 @@ class Pipeline:
     # per model).
     PARALLEL_MIN_ROWS = 32
 
-    def __init__(self, steps: Mapping[Model, StepRunner], parallel: bool = True):
+    def __init__(self, steps: Mapping[Model, StepRunner], parallel: bool | None = None):
+        """``parallel``: None (default) = when this process may run on more than one core."""
         self.steps = dict(steps)
         self._levels = _levels([self.steps[m] for m in ORDER])
         self._pool = None
+        if parallel is None:
+            parallel = len(os.sched_getaffinity(0)) > 1
         self._parallel = parallel and any(len(level) > 1 for level in self._levels)
 
     @classmethod

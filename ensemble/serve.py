@@ -105,6 +105,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_free(host: str, port: int) -> bool:
+    """True when nothing listens on ``host:port`` (SO_REUSEADDR: a closed server's lingering
+    connections do not count)."""
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 class TritonServer:
     """A tritonserver process: ``start()`` waits until ready, ``stop()`` terminates -> waits -> kills."""
 
@@ -154,6 +168,10 @@ class TritonServer:
         return env
 
     def start(self) -> "TritonServer":
+        busy = [port for port in (self.options.http_port, self.options.grpc_port, self.options.metrics_port)
+                if not port_free(self.options.host, port)]
+        if busy:  # else the readiness probe could reach whatever holds the port and report ready
+            raise ServerError(f"port(s) {', '.join(map(str, busy))} on {self.options.host} already in use")
         binary = find_tritonserver()
         self._scratch = Path(tempfile.mkdtemp(prefix="ensemble-triton-"))
         backends = _backend_directory(binary, self._scratch)
@@ -191,6 +209,8 @@ class TritonServer:
             return "(no log)"
         text = Path(self.log_file).read_text(errors="replace").splitlines()
         errors = [line[:2000] for line in text if line[:1] == "E" and line[1:5].isdigit()]
+        # the CUDA driver probe's complaints (no GPU here) come first in the log; the cause after
+        errors.sort(key=lambda line: "cuda" in line.lower())
         return "\n".join(["--- errors ---", *errors[-10:], "--- last lines ---", *text[-lines:]])
 
     def stop(self, timeout: float = 20.0) -> int | None:
@@ -199,17 +219,25 @@ class TritonServer:
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, 9)
-                self.process.wait()
+                pass
+        self._kill_group()
         self._cleanup()
         return None if self.process is None else self.process.returncode
 
     def kill(self) -> None:
-        """SIGKILL the server and its backend processes (simulates a crash)."""
-        if self.alive():
-            os.killpg(self.process.pid, 9)
-            self.process.wait()
+        """SIGKILL the server and every process left in its process group (the backend stubs
+        outlive a server that died: they would stay behind as orphans)."""
+        self._kill_group()
         self._cleanup()
+
+    def _kill_group(self) -> None:
+        if self.process is None:
+            return
+        try:  # the group was created for this server (start_new_session), so it holds only its processes
+            os.killpg(self.process.pid, 9)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
 
     def _cleanup(self) -> None:
         if self._scratch is not None:

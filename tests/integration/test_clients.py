@@ -80,3 +80,25 @@ def test_unavailable_server_is_retried_then_reported():
     with pytest.raises(ScoringError, match="after 3 attempt"):
         client.score(np.ones((2, 13), np.float32), np.full((2, 26), b"a", dtype=object))
     assert pauses == [0.01, 0.02]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_server_down_from_the_first_call_is_retried_and_raised_as_scoring_error(protocol):
+    from ensemble.serve import free_port
+
+    pauses = []
+    client = RankerClient(f"{protocol}://127.0.0.1:{free_port()}", retry=Retry(attempts=3, backoff=0.01), timeout=5)
+    client.sleep = pauses.append
+    with pytest.raises(ScoringError, match=r"rows 0\.\.1 failed after 3 attempt"):
+        client.score(np.ones((2, 13), np.float32), np.full((2, 26), b"a", dtype=object))
+    assert pauses == [0.01, 0.02]
+
+    async def run():
+        aclient = AsyncRankerClient(f"{protocol}://127.0.0.1:{free_port()}", retry=Retry(attempts=2, backoff=0.01), timeout=5)
+        try:
+            await aclient.score(np.ones((2, 13), np.float32), np.full((2, 26), b"a", dtype=object))
+        finally:
+            await aclient.close()
+
+    with pytest.raises(ScoringError, match="after 2 attempt"):
+        asyncio.run(run())

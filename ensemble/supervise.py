@@ -1,0 +1,145 @@
+"""Keep a tritonserver serving by itself: what ``ensemble serve`` runs around the server.
+
+Two faults seen here, and what the supervisor does about them:
+
+- **A backend process dies or stalls** (SIGKILL, SIGSTOP, a profiler pausing it). Triton marks the
+  stub unhealthy and answers every request with ``Stub process '<model>_0_0' is not healthy``
+  from then on; it never starts a new one, and the model's ready endpoint keeps saying ready.
+  The supervisor sends one real 1-row request every ``probe_interval`` seconds; after
+  ``failures_to_heal`` failures in a row it reloads the ranker through Triton's model control
+  with the served config plus a new ``reload_generation`` parameter (Triton skips a load whose
+  config is unchanged). Triton builds the new instance while the broken one keeps answering with
+  the retryable error above, then swaps.
+- **tritonserver itself dies.** The supervisor kills what is left of its process group (the
+  backend stubs would otherwise stay behind as orphans), then starts a new server on the same
+  ports after a backoff that doubles from ``backoff`` up to ``max_backoff``. More than
+  ``max_restarts`` restarts within ``restart_window`` seconds means something is wrong that a
+  restart will not fix: the supervisor stops and reports the server's log tail.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Callable
+
+from ensemble import schema
+from ensemble.serve import ServerError, TritonServer
+
+RELOAD_PARAMETER = "reload_generation"
+
+
+@dataclass(frozen=True)
+class SupervisorPolicy:
+    probe_interval: float = 1.0
+    probe_timeout: float = 2.0
+    failures_to_heal: int = 2  # one slow answer under load is not a fault
+    load_timeout: float = 120.0
+    max_restarts: int = 5
+    restart_window: float = 600.0
+    backoff: float = 1.0
+    max_backoff: float = 30.0
+
+
+class GaveUp(ServerError):
+    """The server kept dying; the message ends with its log tail."""
+
+
+def _probe_body() -> bytes:
+    """One valid row: zeros for the dense features, every categorical missing."""
+    return json.dumps({"inputs": [
+        {"name": schema.DENSE.name, "shape": [1, schema.N_DENSE], "datatype": "FP32", "data": [0.0] * schema.N_DENSE},
+        {"name": schema.CATEGORICAL.name, "shape": [1, schema.N_CATEGORICAL], "datatype": "BYTES",
+         "data": [""] * schema.N_CATEGORICAL}],
+        "outputs": [{"name": schema.SCORE.name}]}).encode()
+
+
+class Supervisor:
+    """Runs one :class:`TritonServer` until told to stop; see the module docstring."""
+
+    def __init__(self, server: TritonServer, policy: SupervisorPolicy = SupervisorPolicy(),
+                 log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic):
+        self.server, self.policy, self.log, self.clock = server, policy, log, clock
+        self.restarts: list[float] = []
+        self.heals = 0
+        self._failures = 0
+        self._body = _probe_body()
+        self._base = f"http://{server.http_url}"
+        self._model = schema.Model.RANKER.value
+
+    def probe(self) -> str | None:
+        """None when a 1-row request is scored, else why not."""
+        request = urllib.request.Request(f"{self._base}/v2/models/{self._model}/infer", self._body,
+                                         {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.policy.probe_timeout) as reply:
+                reply.read()
+                return None
+        except urllib.error.HTTPError as exc:
+            return f"HTTP {exc.code}: {exc.read()[:300].decode(errors='replace')}"
+        except (urllib.error.URLError, OSError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    def reload_ranker(self) -> None:
+        """Load the ranker again with its served config and a new generation number."""
+        with urllib.request.urlopen(f"{self._base}/v2/models/{self._model}/config", timeout=10) as reply:
+            config = json.loads(reply.read())
+        self.heals += 1
+        config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": str(self.heals)}
+        body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
+        request = urllib.request.Request(f"{self._base}/v2/repository/models/{self._model}/load", body,
+                                         {"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(request, timeout=self.policy.load_timeout) as reply:
+            reply.read()
+
+    def restart(self) -> None:
+        """Clear away the dead server's processes and start a new one (after the backoff)."""
+        now = self.clock()
+        self.restarts = [t for t in self.restarts if now - t < self.policy.restart_window] + [now]
+        if len(self.restarts) > self.policy.max_restarts:
+            raise GaveUp(f"tritonserver died {len(self.restarts)} times within {self.policy.restart_window:.0f}s; "
+                         f"giving up\n{self.server.log_tail()}")
+        pause = min(self.policy.backoff * 2 ** (len(self.restarts) - 1), self.policy.max_backoff)
+        self.server.kill()
+        self.log(f"restarting tritonserver in {pause:.0f}s (restart {len(self.restarts)} of at most "
+                 f"{self.policy.max_restarts} per {self.policy.restart_window:.0f}s)")
+        time.sleep(pause)
+        self.server.start()
+        self.log("tritonserver ready again")
+
+    def check(self) -> None:
+        """One supervision step: restart a dead server, heal a ranker that stopped answering."""
+        if not self.server.alive():
+            code = None if self.server.process is None else self.server.process.returncode
+            self.log(f"tritonserver exited with code {code}")
+            self.restart()
+            self._failures = 0
+            return
+        problem = self.probe()
+        if problem is None:
+            self._failures = 0
+            return
+        self._failures += 1
+        if self._failures < self.policy.failures_to_heal or not self.server.alive():
+            return
+        self.log(f"ranker not answering ({problem}); reloading it")
+        started = self.clock()
+        try:
+            self.reload_ranker()
+        except (urllib.error.URLError, OSError) as exc:
+            self.log(f"reload failed: {exc}")
+            return
+        self._failures = 0
+        self.log(f"ranker reloaded in {self.clock() - started:.1f}s")
+
+    def run(self, stopping: Callable[[], bool]) -> None:
+        """Supervise until ``stopping()``; raises :class:`GaveUp` when restarts do not help."""
+        while not stopping():
+            deadline = self.clock() + self.policy.probe_interval
+            while not stopping() and self.clock() < deadline:
+                time.sleep(0.1)
+            if not stopping():
+                self.check()
