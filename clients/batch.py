@@ -37,6 +37,30 @@ class ChunkFailed(RuntimeError):
         super().__init__(f"{path}: rows {first_row}..{stop_row - 1} of this partition failed: {cause}")
 
 
+class BadInput(ValueError):
+    """An input that cannot be scored as given: which file, which line (1-based), why."""
+
+    def __init__(self, path: str, line: int | None, reason: str):
+        self.path, self.line, self.reason = path, line, reason
+        super().__init__(f"{path}:{line}: {reason}" if line else f"{path}: {reason}")
+
+    def __reduce__(self):  # raised in Dask workers: must survive pickling
+        return type(self), (self.path, self.line, self.reason)
+
+
+@dataclass
+class LineReport:
+    """Malformed lines skipped by a run with ``skip_bad_lines`` (count and the first few)."""
+
+    skipped: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, error: BadInput) -> None:
+        self.skipped += 1
+        if len(self.examples) < 3:
+            self.examples.append(str(error))
+
+
 @dataclass(frozen=True)
 class Partition:
     """A piece of one input file: a byte range of plain TSV, a whole .gz, or Parquet row groups."""
@@ -60,6 +84,8 @@ def plan_partitions(paths: list[str], partition_bytes: int = 64 << 20) -> list[P
     """Cut the inputs into partitions, in input order."""
     parts: list[Partition] = []
     for path in map(str, paths):
+        if not Path(path).is_file():
+            raise BadInput(path, None, "no such file")
         if _is_parquet(path):
             import pyarrow.parquet as pq
 
@@ -74,17 +100,49 @@ def plan_partitions(paths: list[str], partition_bytes: int = 64 << 20) -> list[P
     return [Partition(p.path, p.kind, p.start, p.stop, i) for i, p in enumerate(parts)]
 
 
-def _tsv_has_label(path: str) -> bool:
+def tsv_layout(path: str) -> tuple[bool, bool]:
+    """(has a label column, first line is a header) of a Criteo TSV file.
+
+    A header is a first line whose fields are the Criteo column names (``label, I1..I13,
+    C1..C26``, or without ``label``), in any case. Raises :class:`BadInput` for an empty file
+    or a first line that is not a Criteo line.
+    """
+    stat = Path(path).stat()
+    return _tsv_layout(path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=256)
+def _tsv_layout(path: str, _mtime_ns: int, _size: int) -> tuple[bool, bool]:
     import gzip
 
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rb") as handle:
         first = handle.readline()
-    return data.has_label(first) if first else True
+        while first and not first.strip():
+            first = handle.readline()
+    if not first:
+        raise BadInput(path, None, "empty file: no lines to score")
+    fields = first.decode(errors="replace").rstrip("\r\n").split("\t")
+    names = [f.strip().lower() for f in fields]
+    for with_label in (True, False):
+        if names == [c.lower() for c in data.criteo_columns(with_label)]:
+            return with_label, True
+    if len(fields) not in (39, 40):
+        raise BadInput(path, 1, f"{len(fields)} tab-separated fields; a Criteo line has 40 (39 without label)")
+    return len(fields) == 40, False
 
 
-def read_partition(part: Partition, chunk_rows: int) -> Iterator[pd.DataFrame]:
-    """Frames of at most ``chunk_rows`` rows, in file order."""
+def _tsv_has_label(path: str) -> bool:
+    return tsv_layout(path)[0]
+
+
+def read_partition(part: Partition, chunk_rows: int, report: LineReport | None = None) -> Iterator[pd.DataFrame]:
+    """Frames of at most ``chunk_rows`` rows, in file order.
+
+    TSV lines are checked: a wrong field count, or a label or integer feature that is not a
+    number, raises :class:`BadInput` with the file and line number or, when ``report`` is given,
+    is skipped and counted there. A header line is skipped.
+    """
     if part.kind == "parquet":
         import pyarrow.parquet as pq
 
@@ -92,33 +150,110 @@ def read_partition(part: Partition, chunk_rows: int) -> Iterator[pd.DataFrame]:
                                                             row_groups=range(part.start, part.stop)):
             yield batch.to_pandas()
         return
-    with_label = _tsv_has_label(part.path)
-    if part.stop < 0:
-        yield from data.parse_criteo(part.path, with_label=with_label, chunksize=chunk_rows)
-        return
-    for block in _line_blocks(part.path, part.start, part.stop, chunk_rows):
-        yield data.parse_criteo(io.BytesIO(block), with_label=with_label, compression=None)
+    with_label, header = tsv_layout(part.path)
+    fields = len(data.criteo_columns(with_label))
+    for block in _line_blocks(part.path, part.start, part.stop, chunk_rows, skip_header=header):
+        block.drop({i: f"{n} tab-separated fields, expected {fields}" for i, line in enumerate(block.lines)
+                    if (n := line.count(b"\t") + 1) != fields}, report)
+        if not block.lines:
+            continue
+        try:
+            yield data.parse_criteo(io.BytesIO(b"".join(block.lines)), with_label=with_label, compression=None)
+            continue
+        except ValueError:
+            problems = {i: why for i, line in enumerate(block.lines) if (why := _numeric_problem(line, with_label))}
+            if not problems:
+                raise
+        block.drop(problems, report)
+        if block.lines:
+            yield data.parse_criteo(io.BytesIO(b"".join(block.lines)), with_label=with_label, compression=None)
 
 
-def _line_blocks(path: str, start: int, stop: int, lines_per_block: int) -> Iterator[bytes]:
-    """Lines that *start* inside [start, stop), grouped; each line belongs to one range."""
-    with open(path, "rb") as handle:
-        if start > 0:
+def _numeric_problem(line: bytes, with_label: bool) -> str | None:
+    """Why a Criteo line's label or integer features do not parse, or None."""
+    values = line.rstrip(b"\r\n").split(b"\t")
+    names = data.criteo_columns(with_label)
+    if with_label:
+        try:
+            int(values[0])
+        except ValueError:
+            return f"label {values[0][:40]!r} is not an integer"
+    first = 1 if with_label else 0
+    for name, value in zip(names[first:first + schema.N_DENSE], values[first:first + schema.N_DENSE]):
+        if value.strip():
+            try:
+                float(value)
+            except ValueError:
+                return f"{name} {value[:40]!r} is not a number"
+    return None
+
+
+@dataclass
+class _Lines:
+    """A block of non-blank lines and where each sits in its partition (blank lines counted)."""
+
+    path: str
+    first_line_offset: int  # byte offset of the partition's first line in the (uncompressed) file
+    lines: list[bytes]
+    index: list[int]  # line index within the partition, per line
+
+    def line_number(self, i: int) -> int:
+        """1-based line number in the file (counts the lines before the partition: error path only)."""
+        before = 0
+        if self.first_line_offset:
+            with open(self.path, "rb") as handle:
+                remaining = self.first_line_offset
+                while remaining > 0:
+                    chunk = handle.read(min(remaining, 1 << 24))
+                    if not chunk:
+                        break
+                    before += chunk.count(b"\n")
+                    remaining -= len(chunk)
+        return before + self.index[i] + 1
+
+    def drop(self, problems: dict[int, str], report: LineReport | None) -> None:
+        if not problems:
+            return
+        listed = sorted(problems.items())[:1 if report is None else None]
+        errors = [BadInput(self.path, self.line_number(i), why) for i, why in listed]
+        if report is None:
+            raise errors[0]
+        for error in errors:
+            report.add(error)
+        keep = [i for i in range(len(self.lines)) if i not in problems]
+        self.lines, self.index = [self.lines[i] for i in keep], [self.index[i] for i in keep]
+
+
+def _line_blocks(path: str, start: int, stop: int, lines_per_block: int, skip_header: bool = False) -> Iterator[_Lines]:
+    """Lines that *start* inside [start, stop) (stop < 0: to the end; .gz files whole), grouped;
+    each line belongs to one range. ``skip_header`` drops the file's first non-blank line."""
+    import gzip
+
+    compressed = path.endswith(".gz")
+    with (gzip.open(path, "rb") if compressed else open(path, "rb")) as handle:
+        if start > 0 and not compressed:
             handle.seek(start - 1)
             if handle.read(1) != b"\n":
                 handle.readline()  # the line in progress belongs to the previous range
-        block: list[bytes] = []
-        while handle.tell() < stop:
+        first_offset = 0 if compressed else handle.tell()
+        header_pending = skip_header and first_offset == 0
+        block, index, n = [], [], 0
+        while compressed or stop < 0 or handle.tell() < stop:
             line = handle.readline()
             if not line:
                 break
             if line.strip():
-                block.append(line if line.endswith(b"\n") else line + b"\n")
+                if header_pending:
+                    header_pending = False
+                else:
+                    block.append(line if line.endswith(b"\n") else line + b"\n")
+                    index.append(n)
+            n += 1
             if len(block) >= lines_per_block:
-                yield b"".join(block)
-                block = []
+                yield _Lines(path, first_offset, block, index)
+                block, index = [], []
         if block:
-            yield b"".join(block)
+            yield _Lines(path, first_offset, block, index)
 
 
 @dataclass(frozen=True)
@@ -133,6 +268,8 @@ class ScoreSettings:
         concurrency: requests in flight per process.
         all_scores: also write the per-model scores.
         retry, timeout: transient-failure policy per request.
+        skip_bad_lines: skip malformed TSV lines and count them (default: stop at the first,
+            naming its file and line).
     """
 
     urls: tuple[str, ...] = ()
@@ -144,6 +281,7 @@ class ScoreSettings:
     all_scores: bool = False
     retry: Retry = field(default_factory=Retry)
     timeout: float = 120.0
+    skip_bad_lines: bool = False
 
     def scorer(self, partition_index: int = 0) -> Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]:
         if self.local:
@@ -172,9 +310,12 @@ def local_pipeline(repository: str):
     return Pipeline.from_repository(repository)
 
 
-def score_chunks(part: Partition, settings: ScoreSettings, on_rows: Callable[[int], None] = lambda n: None
-                 ) -> Iterator[pd.DataFrame]:
-    """Scored frames of one partition, in order, with ``concurrency`` chunks in flight."""
+def score_chunks(part: Partition, settings: ScoreSettings, on_rows: Callable[[int], None] = lambda n: None,
+                 report: LineReport | None = None) -> Iterator[pd.DataFrame]:
+    """Scored frames of one partition, in order, with ``concurrency`` chunks in flight; with
+    ``settings.skip_bad_lines``, malformed lines are counted in ``report``."""
+    if settings.skip_bad_lines and report is None:
+        report = LineReport()
     score = settings.scorer(part.index)
     pending: deque[tuple[Future, pd.DataFrame, int]] = deque()
     first_row = 0
@@ -195,7 +336,7 @@ def score_chunks(part: Partition, settings: ScoreSettings, on_rows: Callable[[in
 
     with ThreadPoolExecutor(max(1, settings.concurrency)) as pool:
         try:
-            for frame in read_partition(part, settings.batch_size):
+            for frame in read_partition(part, settings.batch_size, report if settings.skip_bad_lines else None):
                 dense, cats = from_frame(frame)
                 pending.append((pool.submit(score, dense, cats), frame, first_row))
                 first_row += len(frame)
@@ -279,6 +420,7 @@ class Summary:
     logloss: float | None = None
     output: str = ""
     parts: int = 0
+    lines: LineReport = field(default_factory=LineReport)
     _labels: list = field(default_factory=list, repr=False)
     _scores: list = field(default_factory=list, repr=False)
 
@@ -306,4 +448,6 @@ class Summary:
         text = f"{self.rows} rows in {self.seconds:.1f}s ({self.rows_per_second:,.0f} rows/s) -> {self.output}"
         if self.auc is not None:
             text += f"; AUC {self.auc:.4f}, log loss {self.logloss:.4f}"
+        if self.lines.skipped:
+            text += f"; {self.lines.skipped} malformed line(s) skipped, e.g. " + " | ".join(self.lines.examples)
         return text

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from clients.batch import (ChunkFailed, OutputWriter, Partition, ScoreSettings, Summary, output_schema,
-                           plan_partitions, score_chunks)
+from clients.batch import (BadInput, ChunkFailed, LineReport, OutputWriter, Partition, ScoreSettings, Summary,
+                           output_schema, plan_partitions, score_chunks)
 from ensemble import schema
 
 MANIFEST = "manifest.json"
@@ -44,7 +44,7 @@ def score_files(paths: list[str], output: str, settings: ScoreSettings, progress
     bar = _progress(progress)
     try:
         for part in parts:
-            for frame in score_chunks(part, settings, bar.update):
+            for frame in score_chunks(part, settings, bar.update, summary.lines):
                 writer.write(frame)
                 summary.observe(frame)
             summary.parts += 1
@@ -62,15 +62,17 @@ def score_partition_to_file(part: Partition, out_dir: str, settings: ScoreSettin
     """Dask task: score one partition into ``part-<index>.parquet`` (written aside, renamed)."""
     target = Path(out_dir) / f"part-{part.index:05d}.parquet"
     writer = OutputWriter(target, arrow_schema)
+    report = LineReport()
     try:
-        for frame in score_chunks(part, settings):
+        for frame in score_chunks(part, settings, report=report):
             writer.write(frame)
         rows = writer.rows
         writer.commit()
     except BaseException:
         writer.abort()
         raise
-    return {"part": target.name, "input": part.path, "start": part.start, "stop": part.stop, "rows": rows}
+    return {"part": target.name, "input": part.path, "start": part.start, "stop": part.stop, "rows": rows,
+            "skipped_lines": report.skipped, "skipped_examples": report.examples}
 
 
 def score_files_dask(paths: list[str], output: str, settings: ScoreSettings, scheduler: str | None = None,
@@ -117,6 +119,9 @@ def score_files_dask(paths: list[str], output: str, settings: ScoreSettings, sch
         if cluster is not None:
             cluster.close()
     summary = Summary(output=str(out), parts=len(parts))
+    for result in results:
+        summary.lines.skipped += result["skipped_lines"]
+        summary.lines.examples += result["skipped_examples"][:3 - len(summary.lines.examples)]
     for frame in read_parts(out, columns=[schema.LABEL, schema.SCORE.name]):
         summary.rows += len(frame)
         summary.observe(frame)
@@ -135,4 +140,4 @@ def read_parts(folder: str | Path, columns: list[str] | None = None):
         yield pd.read_parquet(folder / entry["part"], columns=wanted)
 
 
-__all__ = ["ChunkFailed", "score_files", "score_files_dask", "read_parts"]
+__all__ = ["BadInput", "ChunkFailed", "score_files", "score_files_dask", "read_parts"]

@@ -94,7 +94,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_score(args) -> int:
-    from clients.batch import ChunkFailed, ScoreSettings
+    from clients.batch import BadInput, ChunkFailed, ScoreSettings
     from clients.scoring import score_files, score_files_dask
     from clients.triton import Retry
 
@@ -104,7 +104,8 @@ def cmd_score(args) -> int:
     settings = ScoreSettings(urls=tuple(args.url or ()), protocol=args.protocol, local=args.local,
                              repository=args.repository, batch_size=args.batch_size,
                              concurrency=args.concurrency, all_scores=args.all_scores,
-                             retry=Retry(attempts=args.retries + 1, backoff=args.backoff), timeout=args.timeout)
+                             retry=Retry(attempts=args.retries + 1, backoff=args.backoff), timeout=args.timeout,
+                             skip_bad_lines=args.skip_bad_lines)
     partition_bytes = int(args.partition_mb * 2**20)
     try:
         if args.dask_scheduler or args.dask_local:
@@ -113,6 +114,10 @@ def cmd_score(args) -> int:
         else:
             summary = score_files(args.input, args.output, settings, progress=not args.no_progress,
                                   partition_bytes=partition_bytes)
+    except BadInput as exc:
+        print(f"error: {exc}" + ("" if exc.line is None else " (--skip-bad-lines skips and counts such lines)")
+              + f"\nno output written to {args.output}", file=sys.stderr)
+        return 1
     except ChunkFailed as exc:
         print(f"error: {exc}\nno output written to {args.output}", file=sys.stderr)
         return 1
@@ -238,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dask-scheduler", default=None, help="address of a running Dask scheduler")
     p.add_argument("--dask-local", type=int, default=0, help="start a LocalCluster with N worker processes")
     p.add_argument("--partition-mb", type=float, default=64, help="plain-TSV partition size")
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="skip malformed TSV lines and count them in the summary (default: stop at the first, "
+                        "naming file and line)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_score)
 
