@@ -34,10 +34,15 @@ def _train_config(args):
 def _server_options(args):
     from ensemble.serve import ServerOptions
 
+    import os
+
+    from ensemble.deploy import ADMIN_KEY_ENV
+
     return ServerOptions(Path(args.repository), host=args.host, http_port=args.http_port,
                          grpc_port=args.grpc_port, metrics_port=args.metrics_port,
                          layout=Layout(args.layout),
-                         log_file=Path(args.log_file) if args.log_file else None)
+                         log_file=Path(args.log_file) if args.log_file else None,
+                         admin_key=os.environ.get(ADMIN_KEY_ENV) or None)
 
 
 def cmd_synth(args) -> int:
@@ -122,6 +127,21 @@ def cmd_score(args) -> int:
         print(f"error: {exc}\nno output written to {args.output}", file=sys.stderr)
         return 1
     print(summary.line())
+    return 0
+
+
+def cmd_deploy(args) -> int:
+    from ensemble.deploy import DeployError, deploy, rollback
+
+    try:
+        if args.command == "deploy":
+            release = deploy(args.url, args.repository, args.release, args.holdout)
+        else:
+            release = rollback(args.url, args.repository)
+    except DeployError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"serving release {release} at {args.url}")
     return 0
 
 
@@ -226,6 +246,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run tritonserver on the repository until SIGINT/SIGTERM")
     _add_server(p)
     p.set_defaults(func=cmd_serve)
+
+    for name, text in (("deploy", "switch a running fused-layout server to the newest exported release, after checks"),
+                       ("rollback", "switch a running fused-layout server back to the previous release")):
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("--url", default="127.0.0.1:8000", help="the server's HTTP address (model control)")
+        p.add_argument("--repository", default="model_repository", help="the repository that server serves")
+        if name == "deploy":
+            p.add_argument("--release", type=int, default=None, help="a specific release (default: the newest)")
+            p.add_argument("--holdout", default=None,
+                           help="labelled Criteo TSV: compare the releases' AUC on it (default: the AUC each "
+                                "release recorded at export)")
+        p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser("score", help="score files (TSV/.gz/Parquet) through Triton, in-process, or on Dask")
     p.add_argument("input", nargs="+", help="Criteo TSV (.gz too; label optional) or Parquet files")

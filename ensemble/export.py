@@ -29,11 +29,12 @@ class TrainedArtifacts:
 
     workflow_dir: Path
     models_dir: Path
+    report: Path | None = None  # train_report.json: its held-out metrics go into the release
 
     @classmethod
     def under(cls, workdir: str | Path) -> "TrainedArtifacts":
         """The layout :func:`ensemble.training.train_all` writes under its work folder."""
-        return cls(Path(workdir) / "workflow", Path(workdir) / "models")
+        return cls(Path(workdir) / "workflow", Path(workdir) / "models", Path(workdir) / "train_report.json")
 
     def source(self, component: Component, name: str) -> Path:
         if component.model is Model.FEATURES:
@@ -105,8 +106,13 @@ def export_repository(artifacts: TrainedArtifacts, repository: str | Path, keep:
     ranker_dir = repository / Model.RANKER.value
     versions = {m.value: int(folder.name) for m, folder in written.items()}
 
+    release_info: dict = {"versions": versions}
+    if artifacts.report is not None and artifacts.report.is_file():
+        # held-out metrics of these models (`ensemble deploy` compares the blend's AUC)
+        release_info["test"] = json.loads(artifacts.report.read_text()).get("test", {})
+
     def fill_release(staging: Path) -> None:
-        (staging / RELEASE_FILE).write_text(json.dumps({"versions": versions}, indent=1, sort_keys=True))
+        (staging / RELEASE_FILE).write_text(json.dumps(release_info, indent=1, sort_keys=True))
         shutil.copy2(MODEL_PY, staging / "model.py")
         manifest.write(staging, Model.RANKER)
 

@@ -54,6 +54,9 @@ class ServerOptions:
         startup_timeout: seconds to wait for readiness.
         cpu_list: run under ``taskset -c <cpu_list>`` (e.g. "1") to keep a load generator off
             the server's cores.
+        admin_key: when set, Triton's model-repository API (load/unload: what ``ensemble
+            deploy`` and the supervisor use) answers only requests carrying it in the
+            ``ensemble-admin-key`` header. Required to bind a non-loopback address.
     """
 
     repository: Path
@@ -65,6 +68,16 @@ class ServerOptions:
     log_file: Path | None = None
     startup_timeout: float = 300.0
     cpu_list: str | None = None
+    admin_key: str | None = None
+
+    @property
+    def loopback(self) -> bool:
+        import ipaddress
+
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return self.host == "localhost"
 
 
 def _pytriton_dir() -> Path | None:
@@ -152,6 +165,9 @@ class TritonServer:
         if name:
             cmd.append(f"--model-config-name={name}")
         cmd += ["--model-control-mode=explicit", f"--load-model={Model.RANKER.value}"]
+        if o.admin_key:  # the header name is deploy.ADMIN_HEADER
+            cmd += [f"--http-restricted-api=model-repository:ensemble-admin-key={o.admin_key}",
+                    f"--grpc-restricted-protocol=model-repository:ensemble-admin-key={o.admin_key}"]
         if o.cpu_list:
             cmd = ["taskset", "-c", o.cpu_list, *cmd]
         return cmd
@@ -168,6 +184,10 @@ class TritonServer:
         return env
 
     def start(self) -> "TritonServer":
+        if not self.options.loopback and not self.options.admin_key:
+            raise ServerError(f"binding {self.options.host} would open Triton's model control (load/unload) to "
+                              "anyone who reaches the port: set ENSEMBLE_ADMIN_KEY (the clients' inference API "
+                              "stays open; deploy and the supervisor send the key)")
         busy = [port for port in (self.options.http_port, self.options.grpc_port, self.options.metrics_port)
                 if not port_free(self.options.host, port)]
         if busy:  # else the readiness probe could reach whatever holds the port and report ready

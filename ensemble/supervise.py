@@ -69,6 +69,7 @@ class Supervisor:
         self._body = _probe_body()
         self._base = f"http://{server.http_url}"
         self._model = schema.Model.RANKER.value
+        self.release: int | None = None  # the release last seen serving: restored after a restart
 
     def probe(self) -> str | None:
         """None when a 1-row request is scored, else why not."""
@@ -83,17 +84,35 @@ class Supervisor:
         except (urllib.error.URLError, OSError) as exc:
             return f"{type(exc).__name__}: {exc}"
 
-    def reload_ranker(self) -> None:
-        """Load the ranker again with its served config and a new generation number."""
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.server.options.admin_key:
+            headers["ensemble-admin-key"] = self.server.options.admin_key  # deploy.ADMIN_HEADER
+        return headers
+
+    def _post(self, path: str, body: dict, timeout: float):
+        request = urllib.request.Request(f"{self._base}{path}", json.dumps(body).encode(), self._headers(),
+                                         method="POST")
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            text = reply.read()
+        return json.loads(text) if text else None
+
+    def serving_release(self) -> int | None:
+        ready = [int(m["version"]) for m in self._post("/v2/repository/index", {}, 5)
+                 if m.get("name") == self._model and m.get("state") == "READY" and m.get("version")]
+        return max(ready, default=None)
+
+    def reload_ranker(self, release: int | None = None) -> None:
+        """Load the ranker again with its served config (pinned to ``release`` when given) and a
+        new generation number."""
         with urllib.request.urlopen(f"{self._base}/v2/models/{self._model}/config", timeout=10) as reply:
             config = json.loads(reply.read())
         self.heals += 1
         config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": str(self.heals)}
-        body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
-        request = urllib.request.Request(f"{self._base}/v2/repository/models/{self._model}/load", body,
-                                         {"Content-Type": "application/json"}, method="POST")
-        with urllib.request.urlopen(request, timeout=self.policy.load_timeout) as reply:
-            reply.read()
+        if release is not None:
+            config["version_policy"] = {"specific": {"versions": [release]}}
+        self._post(f"/v2/repository/models/{self._model}/load", {"parameters": {"config": json.dumps(config)}},
+                   self.policy.load_timeout)
 
     def restart(self) -> None:
         """Clear away the dead server's processes and start a new one (after the backoff)."""
@@ -109,6 +128,13 @@ class Supervisor:
         time.sleep(pause)
         self.server.start()
         self.log("tritonserver ready again")
+        if self.release is not None:
+            try:
+                if self.serving_release() != self.release:
+                    self.reload_ranker(self.release)  # a deployed or rolled-back release, not just the newest
+                    self.log(f"release {self.release} restored")
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                self.log(f"could not restore release {self.release}: {exc}")
 
     def check(self) -> None:
         """One supervision step: restart a dead server, heal a ranker that stopped answering."""
@@ -121,6 +147,10 @@ class Supervisor:
         problem = self.probe()
         if problem is None:
             self._failures = 0
+            try:
+                self.release = self.serving_release()
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
             return
         self._failures += 1
         if self._failures < self.policy.failures_to_heal or not self.server.alive():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ensemble import data
@@ -53,3 +55,42 @@ def modules_loaded(code: str, watched: tuple[str, ...]) -> list[str]:
     probe = f"{code}\nimport sys\nprint(','.join(m for m in {watched!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     return [m for m in out.stdout.strip().split(",") if m]
+
+
+class Load:
+    """Four threads sending 1-row requests (HTTP, with the client's retries) until stopped;
+    counts what was sent and what failed after the retries."""
+
+    def __init__(self, url: str, rows, attempts: int = 12):
+        self.url, self.dense, self.cats, self.attempts = url, *rows, attempts
+        self.sent = self.failed = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(k,), daemon=True) for k in range(4)]
+
+    def _run(self, k: int) -> None:
+        from clients.triton import RankerClient, Retry
+
+        client = RankerClient(self.url, "http", timeout=5.0, retry=Retry(attempts=self.attempts, backoff=0.25,
+                                                                                 max_sleep=2.0))
+        i = k
+        while not self._stop.is_set():
+            row = i % len(self.dense)
+            try:
+                got = client.score(self.dense[row:row + 1], self.cats[row:row + 1])
+                assert got.shape == (1,) and np.isfinite(got).all()
+            except Exception as exc:  # noqa: BLE001 - counted and reported
+                self.failed += 1
+                self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+            self.sent += 1
+            i += 4
+
+    def __enter__(self) -> "Load":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)

@@ -10,13 +10,11 @@ import socket
 import threading
 import time
 
-import numpy as np
 import pytest
 
-from clients.triton import RankerClient, Retry
 from ensemble.serve import ServerError, ServerOptions, TritonServer, free_port
 from ensemble.supervise import Supervisor, SupervisorPolicy
-from tests.helpers import fresh_rows
+from tests.helpers import Load, fresh_rows
 
 RECOVERY_BOUND_S = 30.0  # the test's failure bound; the issue's target (10 s) is reported, not asserted
 
@@ -36,41 +34,6 @@ def supervised(trained, tmp_path):
     stop.set()
     thread.join(60)
     server.stop()
-
-
-class Load:
-    """Four threads sending 1-row requests with the client's retries until stopped."""
-
-    def __init__(self, url: str, rows):
-        self.url, self.dense, self.cats = url, *rows
-        self.sent = self.failed = 0
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(k,), daemon=True) for k in range(4)]
-
-    def _run(self, k: int) -> None:
-        client = RankerClient(self.url, "http", timeout=5.0, retry=Retry(attempts=12, backoff=0.25, max_sleep=2.0))
-        i = k
-        while not self._stop.is_set():
-            row = i % len(self.dense)
-            try:
-                got = client.score(self.dense[row:row + 1], self.cats[row:row + 1])
-                assert got.shape == (1,) and np.isfinite(got).all()
-            except Exception as exc:  # noqa: BLE001 - counted and reported
-                self.failed += 1
-                self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
-            self.sent += 1
-            i += 4
-
-    def __enter__(self) -> "Load":
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(60)
 
 
 def _stub_pid(server: TritonServer) -> int:

@@ -1,0 +1,211 @@
+"""Switch a running server to another release of the ranker: ``ensemble deploy`` / ``rollback``.
+
+A release is a version of the ``ranker`` folder (``ranker/<r>/release.json`` names the step
+versions exported together). In the fused layout the ranker is one Triton model whose version
+is the release, so a switch is one model load: Triton loads the new version while the old one
+keeps answering, then routes new requests to it and unloads the old one once its requests are
+done. Every request is scored by one release's models and blender, never a mix, and none is
+refused during the switch. The per-model layouts (ensemble, gpu) cannot switch all steps in
+one step, so deploy refuses them.
+
+Before the switch a release must pass, in this process: its manifests (every file's checksum),
+loading it, finite scores in [0, 1] on fresh rows, and held-out AUC not worse than the serving
+release's by more than :data:`AUC_TOLERANCE` (measured on ``--holdout`` when given, else the
+test AUC each release recorded at export). After the switch the served scores must equal the
+in-process ones (<= 1e-5) or the previous release is put back.
+
+The switch goes through Triton's model-repository API. ``ensemble serve`` keeps it on loopback,
+and requires :data:`ADMIN_KEY_ENV` (sent as the :data:`ADMIN_HEADER` header; Triton's
+restricted-API option) before it binds any other address.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ensemble import data, features, manifest, schema
+from ensemble.registry import ORDER
+from ensemble.runtime import RELEASE_FILE, Pipeline, release_versions
+from ensemble.schema import Model
+
+ADMIN_HEADER = "ensemble-admin-key"
+ADMIN_KEY_ENV = "ENSEMBLE_ADMIN_KEY"
+AUC_TOLERANCE = 0.005  # AUC points a new release may lose against the serving one (noise on ~30k rows)
+PARITY_ATOL = 1e-5
+
+
+class DeployError(RuntimeError):
+    """The release was refused or the switch failed; the message says why and what serves."""
+
+
+@dataclass(frozen=True)
+class Control:
+    """Triton's model-repository and config API over HTTP (``http://host:port``)."""
+
+    url: str
+    key: str | None = None
+
+    def _request(self, path: str, body: dict | None = None, timeout: float = 10.0):
+        headers = {"Content-Type": "application/json"}
+        if self.key:
+            headers[ADMIN_HEADER] = self.key
+        request = urllib.request.Request(f"{self.url}{path}", None if body is None else json.dumps(body).encode(),
+                                         headers, method="GET" if body is None else "POST")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as reply:
+                text = reply.read()
+        except urllib.error.HTTPError as exc:
+            raise DeployError(f"{path}: HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise DeployError(f"no server at {self.url}: {exc}") from exc
+        return json.loads(text) if text else None
+
+    def serving_release(self) -> int | None:
+        """The ranker version Triton reports READY (the newest, if several are)."""
+        ready = [int(m["version"]) for m in self._request("/v2/repository/index", {})
+                 if m.get("name") == Model.RANKER.value and m.get("state") == "READY" and m.get("version")]
+        return max(ready, default=None)
+
+    def config(self) -> dict:
+        return self._request(f"/v2/models/{Model.RANKER.value}/config")
+
+    def load_release(self, release: int, timeout: float = 300.0) -> None:
+        config = self.config()
+        config["version_policy"] = {"specific": {"versions": [int(release)]}}
+        self._request(f"/v2/repository/models/{Model.RANKER.value}/load",
+                      {"parameters": {"config": json.dumps(config)}}, timeout=timeout)
+
+
+def control_for(url: str) -> Control:
+    """A :class:`Control` for ``url`` (``host:port`` or ``http://host:port``), keyed from the environment."""
+    base = url if "://" in url else f"http://{url}"
+    return Control(base.rstrip("/"), os.environ.get(ADMIN_KEY_ENV) or None)
+
+
+def available_releases(repository: str | Path) -> list[int]:
+    folder = Path(repository) / Model.RANKER.value
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / RELEASE_FILE).is_file()) \
+        if folder.is_dir() else []
+
+
+def recorded_auc(repository: str | Path, release: int) -> float | None:
+    info = json.loads((Path(repository) / Model.RANKER.value / str(release) / RELEASE_FILE).read_text())
+    return info.get("test", {}).get("blend", {}).get("auc")
+
+
+def _fresh_rows(n: int = 256, seed: int = 20261122) -> tuple[np.ndarray, np.ndarray]:
+    frame = data.synthesize(data.SynthConfig(rows=n, scale=0.01, seed=seed)).frame
+    return features.dense_array(frame), features.encode_categorical(frame)
+
+
+def _holdout_auc(pipeline: Pipeline, holdout: str | Path) -> float:
+    from ensemble.metrics import auc
+
+    frame = data.read_criteo([holdout])
+    scores = pipeline.score(features.dense_array(frame), features.encode_categorical(frame))[schema.SCORE.name]
+    return auc(frame[schema.LABEL].to_numpy(), scores.ravel())
+
+
+def check_release(repository: str | Path, release: int, serving: int | None,
+                  holdout: str | Path | None = None, log=print, compare_auc: bool = True) -> Pipeline:
+    """Run the pre-switch checks; return the release's in-process pipeline, or raise DeployError.
+    ``compare_auc=False`` (a rollback: the operator chose the older release) skips the AUC check."""
+    repository = Path(repository)
+    try:
+        versions = release_versions(repository, release)
+        manifest.verify(repository / Model.RANKER.value / str(release), Model.RANKER)
+        for model in ORDER:
+            manifest.verify(versions[model], model)
+    except (FileNotFoundError, manifest.ManifestError, KeyError) as exc:
+        raise DeployError(f"release {release} refused: {exc}") from exc
+    log(f"release {release}: manifests OK")
+    try:
+        pipeline = Pipeline.from_repository(repository, threads=1, release=release)
+    except Exception as exc:  # noqa: BLE001 - any load failure refuses the release
+        raise DeployError(f"release {release} refused: it does not load: {type(exc).__name__}: {exc}") from exc
+    scores = pipeline.score(*_fresh_rows())
+    bad = [name for name, value in scores.items() if not (np.isfinite(value).all() and (0 <= value).all()
+                                                          and (value <= 1).all())]
+    if bad:
+        raise DeployError(f"release {release} refused: scores outside [0, 1] or not finite in {bad}")
+    log(f"release {release}: loads, scores fresh rows")
+    if compare_auc and serving is not None and serving != release:
+        if holdout is not None:
+            new = _holdout_auc(pipeline, holdout)
+            old = _holdout_auc(Pipeline.from_repository(repository, threads=1, release=serving), holdout)
+            source = f"on {holdout}"
+        else:
+            new, old = recorded_auc(repository, release), recorded_auc(repository, serving)
+            source = "as recorded at export (each release's own test split)"
+        if new is not None and old is not None:
+            if new < old - AUC_TOLERANCE:
+                raise DeployError(f"release {release} refused: held-out AUC {new:.4f} < serving release {serving}'s "
+                                  f"{old:.4f} - {AUC_TOLERANCE} ({source})")
+            log(f"release {release}: AUC {new:.4f} vs serving {old:.4f} ({source})")
+        else:
+            log(f"release {release}: no AUC to compare ({source}: not recorded); check skipped")
+    return pipeline
+
+
+def _served_parity(url: str, pipeline: Pipeline) -> float:
+    from clients.triton import RankerClient
+
+    dense, cats = _fresh_rows(seed=7)
+    served = RankerClient(url, "http").score(dense, cats, all_scores=True)
+    local = pipeline.score(dense, cats)
+    return max(float(np.max(np.abs(served[k] - local[k].ravel()))) for k in served)
+
+
+def switch_to(url: str, repository: str | Path, release: int, holdout: str | Path | None = None, log=print,
+              compare_auc: bool = True) -> int:
+    """Check ``release``, switch the server at ``url`` to it, verify; return the serving release."""
+    control = control_for(url)
+    config = control.config()
+    layout = config.get("parameters", {}).get("layout", {}).get("string_value")
+    if config.get("platform") == "ensemble" or layout != "fused":
+        raise DeployError("the server does not run the fused layout: only there is a release one model that "
+                          "switches at once (restart the server on the new export instead)")
+    serving = control.serving_release()
+    if serving == release:
+        log(f"release {release} already serves")
+        return release
+    pipeline = check_release(repository, release, serving, holdout, log, compare_auc)
+    log(f"switching {control.url} from release {serving} to {release}")
+    control.load_release(release)
+    now = control.serving_release()
+    if now != release:
+        raise DeployError(f"the server reports release {now} after loading {release}")
+    diff = _served_parity(url, pipeline)
+    if diff > PARITY_ATOL:
+        if serving is not None:
+            control.load_release(serving)
+        raise DeployError(f"release {release}: served scores differ from in-process by {diff:.2e}; "
+                          f"release {serving} put back")
+    log(f"release {release} serves (served == in-process within {diff:.1e})")
+    return release
+
+
+def deploy(url: str, repository: str | Path, release: int | None = None, holdout: str | Path | None = None,
+           log=print) -> int:
+    """Publish the newest exported release (or ``release``) to the running server."""
+    releases = available_releases(repository)
+    if not releases:
+        raise DeployError(f"no release in {Path(repository) / Model.RANKER.value}: run `ensemble export` first")
+    return switch_to(url, repository, releases[-1] if release is None else release, holdout, log)
+
+
+def rollback(url: str, repository: str | Path, holdout: str | Path | None = None, log=print) -> int:
+    """Switch back to the newest release older than the serving one (all checks but the AUC one)."""
+    serving = control_for(url).serving_release()
+    older = [r for r in available_releases(repository) if serving is None or r < serving]
+    if not older:
+        raise DeployError(f"no release older than {serving} in {Path(repository) / Model.RANKER.value} "
+                          "(export keeps the newest --keep versions)")
+    return switch_to(url, repository, older[-1], holdout, log, compare_auc=False)

@@ -1,0 +1,98 @@
+"""Live releases against a real server under concurrent load: `deploy` switches every model of
+the ranker at once with no failed request, `rollback` goes back, and a release that fails its
+checks is refused while the serving one stays."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from ensemble import cli
+from ensemble.deploy import DeployError, control_for, deploy
+from ensemble.export import TrainedArtifacts, export_repository
+from ensemble.schema import Model
+from ensemble.serve import ServerOptions, TritonServer, free_port
+from tests.helpers import Load, fresh_rows
+
+
+@pytest.fixture()
+def served_copy(trained, tmp_path):
+    """A private copy of the trained repository (this test exports into it) and its server."""
+    repository = tmp_path / "repo"
+    shutil.copytree(trained.repository, repository)
+    server = TritonServer(ServerOptions(repository, http_port=free_port(), grpc_port=free_port(),
+                                        metrics_port=free_port(), log_file=tmp_path / "tritonserver.log"))
+    server.start()
+    yield repository, server
+    server.stop()
+
+
+def test_deploy_and_rollback_under_load_fail_no_request(trained, served_copy, capsys):
+    repository, server = served_copy
+    control = control_for(server.http_url)
+    first = control.serving_release()
+    new = int(export_repository(TrainedArtifacts.under(trained.workdir), repository)[Model.RANKER].name)
+    assert new > first and control.serving_release() == first  # exporting alone changes nothing served
+    with Load(server.http_url, fresh_rows(64, seed=43), attempts=1) as load:  # no retries: every failure counts
+        assert cli.main(["deploy", "--url", server.http_url, "--repository", str(repository)]) == 0
+        assert control.serving_release() == new
+        assert cli.main(["rollback", "--url", server.http_url, "--repository", str(repository)]) == 0
+        assert control.serving_release() == first
+    out = capsys.readouterr().out
+    print(f"\nlive releases: {load.sent} requests during deploy + rollback, {load.failed} failed")
+    assert f"serving release {new}" in out and f"serving release {first}" in out
+    assert load.sent > 50 and load.failed == 0, load.errors[:3]
+
+
+def test_a_release_with_a_damaged_file_is_refused_and_the_serving_one_stays(trained, served_copy):
+    repository, server = served_copy
+    serving = control_for(server.http_url).serving_release()
+    written = export_repository(TrainedArtifacts.under(trained.workdir), repository)
+    (written[Model.XGB] / "xgboost.json").write_text("{}")
+    with pytest.raises(DeployError, match="refused"):
+        deploy(server.http_url, repository, log=lambda _: None)
+    assert control_for(server.http_url).serving_release() == serving
+
+
+def test_a_release_with_worse_held_out_auc_is_refused(trained, served_copy, tmp_path):
+    repository, server = served_copy
+    report = json.loads((trained.workdir / "train_report.json").read_text())
+    worse = json.loads(json.dumps(report))
+    worse["test"]["blend"]["auc"] = report["test"]["blend"]["auc"] - 0.05
+    for name, content in (("good.json", report), ("worse.json", worse)):
+        (tmp_path / name).write_text(json.dumps(content))
+    artifacts = TrainedArtifacts.under(trained.workdir)
+    good = export_repository(TrainedArtifacts(artifacts.workflow_dir, artifacts.models_dir, tmp_path / "good.json"),
+                             repository)[Model.RANKER]
+    deploy(server.http_url, repository, log=lambda _: None)
+    assert control_for(server.http_url).serving_release() == int(good.name)
+    export_repository(TrainedArtifacts(artifacts.workflow_dir, artifacts.models_dir, tmp_path / "worse.json"), repository)
+    with pytest.raises(DeployError, match="held-out AUC"):
+        deploy(server.http_url, repository, log=lambda _: None)
+    assert control_for(server.http_url).serving_release() == int(good.name)
+
+
+def test_model_control_needs_the_key_when_one_is_set(trained, tmp_path, monkeypatch):
+    server = TritonServer(ServerOptions(trained.repository, http_port=free_port(), grpc_port=free_port(),
+                                        metrics_port=free_port(), log_file=tmp_path / "log", admin_key="k3y"))
+    server.start()
+    try:
+        monkeypatch.delenv("ENSEMBLE_ADMIN_KEY", raising=False)
+        with pytest.raises(DeployError, match="403"):
+            control_for(server.http_url).serving_release()
+        monkeypatch.setenv("ENSEMBLE_ADMIN_KEY", "k3y")
+        assert control_for(server.http_url).serving_release() is not None
+    finally:
+        server.stop()
+
+
+def test_a_public_address_without_a_key_is_refused(trained, tmp_path):
+    from ensemble.serve import ServerError
+
+    server = TritonServer(ServerOptions(trained.repository, host="0.0.0.0", http_port=free_port(),
+                                        grpc_port=free_port(), metrics_port=free_port(), log_file=tmp_path / "log"))
+    with pytest.raises(ServerError, match="ENSEMBLE_ADMIN_KEY"):
+        server.start()
+    assert server.process is None
