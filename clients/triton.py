@@ -171,9 +171,12 @@ class _Settings:
         return {}
 
     def _infer_kwargs(self) -> dict:
+        # `timeout` (microseconds) travels with the request: the server drops it from its queue
+        # once the client would have given up (Triton may only shorten its default with it).
+        deadline = {"timeout": int(self.timeout * 1e6)}
         if self.protocol is Protocol.GRPC:
-            return {"client_timeout": self.timeout, "compression_algorithm": self.compression}
-        return {}
+            return {**deadline, "client_timeout": self.timeout, "compression_algorithm": self.compression}
+        return deadline
 
 
 @dataclass
