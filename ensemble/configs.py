@@ -72,13 +72,14 @@ class QueuePolicy:
     """
 
     max_queue_size: int = 64
-    timeout_us: int = 1_000_000
+    timeout_us: int = 5_000_000
     allow_override: bool = True
 
 
 # CPU serving: 64 queued requests are ~5 ms of 1-row work or ~30 ms of 100-row work on one core
 # here, far more than the load test's 16 users or batch scoring's 4 requests in flight per
 # process ever queue; beyond that the server refuses fast instead of queueing without bound.
+# 5 s: a few 4,096-row batch-scoring requests (~150 ms each here) may queue behind each other.
 CPU_QUEUE = QueuePolicy()
 
 
