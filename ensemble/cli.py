@@ -36,7 +36,7 @@ def _server_options(args):
 
     import os
 
-    from ensemble.deploy import ADMIN_KEY_ENV
+    from ensemble.control import ADMIN_KEY_ENV
 
     return ServerOptions(Path(args.repository), host=args.host, http_port=args.http_port,
                          grpc_port=args.grpc_port, metrics_port=args.metrics_port,
@@ -131,14 +131,15 @@ def cmd_score(args) -> int:
 
 
 def cmd_deploy(args) -> int:
-    from ensemble.deploy import DeployError, deploy, rollback
+    from ensemble.control import ControlError
+    from ensemble.deploy import deploy, rollback
 
     try:
         if args.command == "deploy":
             release = deploy(args.url, args.repository, args.release, args.holdout)
         else:
             release = rollback(args.url, args.repository)
-    except DeployError as exc:
+    except ControlError as exc:  # a refused release (DeployError) or a server that said no
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"serving release {release} at {args.url}")

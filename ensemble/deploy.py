@@ -14,79 +14,29 @@ release's by more than :data:`AUC_TOLERANCE` (measured on ``--holdout`` when giv
 test AUC each release recorded at export). After the switch the served scores must equal the
 in-process ones (<= 1e-5) or the previous release is put back.
 
-The switch goes through Triton's model-repository API. ``ensemble serve`` keeps it on loopback,
-and requires :data:`ADMIN_KEY_ENV` (sent as the :data:`ADMIN_HEADER` header; Triton's
-restricted-API option) before it binds any other address.
+The switch goes through Triton's model-repository API (:mod:`ensemble.control`, which says who
+may call it).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ensemble import data, features, manifest, schema
+from ensemble.control import Control, ControlError
 from ensemble.registry import ORDER
 from ensemble.runtime import RELEASE_FILE, Pipeline, release_versions
 from ensemble.schema import Model
 
-ADMIN_HEADER = "ensemble-admin-key"
-ADMIN_KEY_ENV = "ENSEMBLE_ADMIN_KEY"
 AUC_TOLERANCE = 0.005  # AUC points a new release may lose against the serving one (noise on ~30k rows)
 PARITY_ATOL = 1e-5
 
 
-class DeployError(RuntimeError):
+class DeployError(ControlError):
     """The release was refused or the switch failed; the message says why and what serves."""
-
-
-@dataclass(frozen=True)
-class Control:
-    """Triton's model-repository and config API over HTTP (``http://host:port``)."""
-
-    url: str
-    key: str | None = None
-
-    def _request(self, path: str, body: dict | None = None, timeout: float = 10.0):
-        headers = {"Content-Type": "application/json"}
-        if self.key:
-            headers[ADMIN_HEADER] = self.key
-        request = urllib.request.Request(f"{self.url}{path}", None if body is None else json.dumps(body).encode(),
-                                         headers, method="GET" if body is None else "POST")
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as reply:
-                text = reply.read()
-        except urllib.error.HTTPError as exc:
-            raise DeployError(f"{path}: HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}") from exc
-        except (urllib.error.URLError, OSError) as exc:
-            raise DeployError(f"no server at {self.url}: {exc}") from exc
-        return json.loads(text) if text else None
-
-    def serving_release(self) -> int | None:
-        """The ranker version Triton reports READY (the newest, if several are)."""
-        ready = [int(m["version"]) for m in self._request("/v2/repository/index", {})
-                 if m.get("name") == Model.RANKER.value and m.get("state") == "READY" and m.get("version")]
-        return max(ready, default=None)
-
-    def config(self) -> dict:
-        return self._request(f"/v2/models/{Model.RANKER.value}/config")
-
-    def load_release(self, release: int, timeout: float = 300.0) -> None:
-        config = self.config()
-        config["version_policy"] = {"specific": {"versions": [int(release)]}}
-        self._request(f"/v2/repository/models/{Model.RANKER.value}/load",
-                      {"parameters": {"config": json.dumps(config)}}, timeout=timeout)
-
-
-def control_for(url: str) -> Control:
-    """A :class:`Control` for ``url`` (``host:port`` or ``http://host:port``), keyed from the environment."""
-    base = url if "://" in url else f"http://{url}"
-    return Control(base.rstrip("/"), os.environ.get(ADMIN_KEY_ENV) or None)
 
 
 def available_releases(repository: str | Path) -> list[int]:
@@ -166,7 +116,7 @@ def _served_parity(url: str, pipeline: Pipeline) -> float:
 def switch_to(url: str, repository: str | Path, release: int, holdout: str | Path | None = None, log=print,
               compare_auc: bool = True) -> int:
     """Check ``release``, switch the server at ``url`` to it, verify; return the serving release."""
-    control = control_for(url)
+    control = Control.of(url)
     config = control.config()
     layout = config.get("parameters", {}).get("layout", {}).get("string_value")
     if config.get("platform") == "ensemble" or layout != "fused":
@@ -203,7 +153,7 @@ def deploy(url: str, repository: str | Path, release: int | None = None, holdout
 
 def rollback(url: str, repository: str | Path, holdout: str | Path | None = None, log=print) -> int:
     """Switch back to the newest release older than the serving one (all checks but the AUC one)."""
-    serving = control_for(url).serving_release()
+    serving = Control.of(url).serving_release()
     older = [r for r in available_releases(repository) if serving is None or r < serving]
     if not older:
         raise DeployError(f"no release older than {serving} in {Path(repository) / Model.RANKER.value} "

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ensemble.configs import config_name
+from ensemble.control import ADMIN_HEADER
 from ensemble.registry import Layout
 from ensemble.schema import Model
 
@@ -56,7 +57,8 @@ class ServerOptions:
             the server's cores.
         admin_key: when set, Triton's model-repository API (load/unload: what ``ensemble
             deploy`` and the supervisor use) answers only requests carrying it in the
-            ``ensemble-admin-key`` header. Required to bind a non-loopback address.
+            ``ensemble-admin-key`` header (:mod:`ensemble.control`). Required to bind a
+            non-loopback address.
     """
 
     repository: Path
@@ -165,9 +167,9 @@ class TritonServer:
         if name:
             cmd.append(f"--model-config-name={name}")
         cmd += ["--model-control-mode=explicit", f"--load-model={Model.RANKER.value}"]
-        if o.admin_key:  # the header name is deploy.ADMIN_HEADER
-            cmd += [f"--http-restricted-api=model-repository:ensemble-admin-key={o.admin_key}",
-                    f"--grpc-restricted-protocol=model-repository:ensemble-admin-key={o.admin_key}"]
+        if o.admin_key:
+            cmd += [f"--http-restricted-api=model-repository:{ADMIN_HEADER}={o.admin_key}",
+                    f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={o.admin_key}"]
         if o.cpu_list:
             cmd = ["taskset", "-c", o.cpu_list, *cmd]
         return cmd

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ensemble import schema
+from ensemble.control import Control, ControlError
 from ensemble.serve import ServerError, TritonServer
 
 RELOAD_PARAMETER = "reload_generation"
@@ -69,6 +70,7 @@ class Supervisor:
         self._body = _probe_body()
         self._base = f"http://{server.http_url}"
         self._model = schema.Model.RANKER.value
+        self.control = Control.of(server.http_url, key=server.options.admin_key or "")
         self.release: int | None = None  # the release last seen serving: restored after a restart
 
     def probe(self) -> str | None:
@@ -84,35 +86,18 @@ class Supervisor:
         except (urllib.error.URLError, OSError) as exc:
             return f"{type(exc).__name__}: {exc}"
 
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        if self.server.options.admin_key:
-            headers["ensemble-admin-key"] = self.server.options.admin_key  # deploy.ADMIN_HEADER
-        return headers
-
-    def _post(self, path: str, body: dict, timeout: float):
-        request = urllib.request.Request(f"{self._base}{path}", json.dumps(body).encode(), self._headers(),
-                                         method="POST")
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
-            text = reply.read()
-        return json.loads(text) if text else None
-
     def serving_release(self) -> int | None:
-        ready = [int(m["version"]) for m in self._post("/v2/repository/index", {}, 5)
-                 if m.get("name") == self._model and m.get("state") == "READY" and m.get("version")]
-        return max(ready, default=None)
+        return self.control.serving_release()
 
     def reload_ranker(self, release: int | None = None) -> None:
         """Load the ranker again with its served config (pinned to ``release`` when given) and a
-        new generation number."""
-        with urllib.request.urlopen(f"{self._base}/v2/models/{self._model}/config", timeout=10) as reply:
-            config = json.loads(reply.read())
+        new generation number (Triton skips a load whose config is unchanged)."""
+        config = self.control.config()
         self.heals += 1
         config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": str(self.heals)}
         if release is not None:
             config["version_policy"] = {"specific": {"versions": [release]}}
-        self._post(f"/v2/repository/models/{self._model}/load", {"parameters": {"config": json.dumps(config)}},
-                   self.policy.load_timeout)
+        self.control.load(config, self.policy.load_timeout)
 
     def restart(self) -> None:
         """Clear away the dead server's processes and start a new one (after the backoff)."""
@@ -133,7 +118,7 @@ class Supervisor:
                 if self.serving_release() != self.release:
                     self.reload_ranker(self.release)  # a deployed or rolled-back release, not just the newest
                     self.log(f"release {self.release} restored")
-            except (urllib.error.URLError, OSError, ValueError) as exc:
+            except ControlError as exc:
                 self.log(f"could not restore release {self.release}: {exc}")
 
     def check(self) -> None:
@@ -149,7 +134,7 @@ class Supervisor:
             self._failures = 0
             try:
                 self.release = self.serving_release()
-            except (urllib.error.URLError, OSError, ValueError):
+            except ControlError:
                 pass
             return
         self._failures += 1
@@ -159,7 +144,7 @@ class Supervisor:
         started = self.clock()
         try:
             self.reload_ranker()
-        except (urllib.error.URLError, OSError) as exc:
+        except ControlError as exc:
             self.log(f"reload failed: {exc}")
             return
         self._failures = 0

@@ -10,7 +10,8 @@ import shutil
 import pytest
 
 from ensemble import cli
-from ensemble.deploy import DeployError, control_for, deploy
+from ensemble.control import Control, ControlError
+from ensemble.deploy import DeployError, deploy
 from ensemble.export import TrainedArtifacts, export_repository
 from ensemble.schema import Model
 from ensemble.serve import ServerOptions, TritonServer, free_port
@@ -31,7 +32,7 @@ def served_copy(trained, tmp_path):
 
 def test_deploy_and_rollback_under_load_fail_no_request(trained, served_copy, capsys):
     repository, server = served_copy
-    control = control_for(server.http_url)
+    control = Control.of(server.http_url)
     first = control.serving_release()
     new = int(export_repository(TrainedArtifacts.under(trained.workdir), repository)[Model.RANKER].name)
     assert new > first and control.serving_release() == first  # exporting alone changes nothing served
@@ -48,12 +49,12 @@ def test_deploy_and_rollback_under_load_fail_no_request(trained, served_copy, ca
 
 def test_a_release_with_a_damaged_file_is_refused_and_the_serving_one_stays(trained, served_copy):
     repository, server = served_copy
-    serving = control_for(server.http_url).serving_release()
+    serving = Control.of(server.http_url).serving_release()
     written = export_repository(TrainedArtifacts.under(trained.workdir), repository)
     (written[Model.XGB] / "xgboost.json").write_text("{}")
     with pytest.raises(DeployError, match="refused"):
         deploy(server.http_url, repository, log=lambda _: None)
-    assert control_for(server.http_url).serving_release() == serving
+    assert Control.of(server.http_url).serving_release() == serving
 
 
 def test_a_release_with_worse_held_out_auc_is_refused(trained, served_copy, tmp_path):
@@ -67,11 +68,11 @@ def test_a_release_with_worse_held_out_auc_is_refused(trained, served_copy, tmp_
     good = export_repository(TrainedArtifacts(artifacts.workflow_dir, artifacts.models_dir, tmp_path / "good.json"),
                              repository)[Model.RANKER]
     deploy(server.http_url, repository, log=lambda _: None)
-    assert control_for(server.http_url).serving_release() == int(good.name)
+    assert Control.of(server.http_url).serving_release() == int(good.name)
     export_repository(TrainedArtifacts(artifacts.workflow_dir, artifacts.models_dir, tmp_path / "worse.json"), repository)
     with pytest.raises(DeployError, match="held-out AUC"):
         deploy(server.http_url, repository, log=lambda _: None)
-    assert control_for(server.http_url).serving_release() == int(good.name)
+    assert Control.of(server.http_url).serving_release() == int(good.name)
 
 
 def test_model_control_needs_the_key_when_one_is_set(trained, tmp_path, monkeypatch):
@@ -80,10 +81,10 @@ def test_model_control_needs_the_key_when_one_is_set(trained, tmp_path, monkeypa
     server.start()
     try:
         monkeypatch.delenv("ENSEMBLE_ADMIN_KEY", raising=False)
-        with pytest.raises(DeployError, match="403"):
-            control_for(server.http_url).serving_release()
+        with pytest.raises(ControlError, match="403"):
+            Control.of(server.http_url).serving_release()
         monkeypatch.setenv("ENSEMBLE_ADMIN_KEY", "k3y")
-        assert control_for(server.http_url).serving_release() is not None
+        assert Control.of(server.http_url).serving_release() is not None
     finally:
         server.stop()
 

@@ -1,0 +1,75 @@
+"""Triton's model-repository and config API over HTTP, for ``ensemble deploy`` / ``rollback`` and
+the supervisor (urllib only: ``ensemble serve`` imports this).
+
+Whoever can call the load API changes what serves. ``ensemble serve`` keeps it on loopback, and
+before it binds any other address requires :data:`ADMIN_KEY_ENV`: Triton then answers that API
+only for requests carrying the key in the :data:`ADMIN_HEADER` header (its restricted-API option).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from ensemble.schema import Model
+
+ADMIN_HEADER = "ensemble-admin-key"
+ADMIN_KEY_ENV = "ENSEMBLE_ADMIN_KEY"
+
+
+class ControlError(RuntimeError):
+    """The server refused or did not answer; the message has its reply."""
+
+
+@dataclass(frozen=True)
+class Control:
+    """``url``: ``http://host:port``; ``key``: the admin key, when the server has one."""
+
+    url: str
+    key: str | None = None
+    model: str = Model.RANKER.value
+
+    @classmethod
+    def of(cls, address: str, key: str | None = None) -> "Control":
+        """From ``host:port`` or ``http://host:port``; the key defaults to :data:`ADMIN_KEY_ENV`."""
+        base = address if "://" in address else f"http://{address}"
+        return cls(base.rstrip("/"), key if key is not None else (os.environ.get(ADMIN_KEY_ENV) or None))
+
+    def _request(self, path: str, body: dict | None = None, timeout: float = 10.0):
+        headers = {"Content-Type": "application/json"}
+        if self.key:
+            headers[ADMIN_HEADER] = self.key
+        request = urllib.request.Request(f"{self.url}{path}", None if body is None else json.dumps(body).encode(),
+                                         headers, method="GET" if body is None else "POST")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as reply:
+                text = reply.read()
+        except urllib.error.HTTPError as exc:
+            raise ControlError(f"{path}: HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise ControlError(f"no answer from {self.url}: {exc}") from exc
+        return json.loads(text) if text else None
+
+    def serving_release(self) -> int | None:
+        """The ranker version Triton reports READY (the newest, if several are)."""
+        ready = [int(m["version"]) for m in self._request("/v2/repository/index", {})
+                 if m.get("name") == self.model and m.get("state") == "READY" and m.get("version")]
+        return max(ready, default=None)
+
+    def config(self) -> dict:
+        return self._request(f"/v2/models/{self.model}/config")
+
+    def load(self, config: dict, timeout: float = 300.0) -> None:
+        """Load the model with ``config`` as an override (Triton skips a load whose config and
+        versions are unchanged, so an override is how to force or pin one)."""
+        self._request(f"/v2/repository/models/{self.model}/load", {"parameters": {"config": json.dumps(config)}},
+                      timeout=timeout)
+
+    def load_release(self, release: int, timeout: float = 300.0) -> None:
+        """Serve version ``release`` (and only it) of the ranker."""
+        config = self.config()
+        config["version_policy"] = {"specific": {"versions": [int(release)]}}
+        self.load(config, timeout)
