@@ -421,6 +421,7 @@ class Summary:
     output: str = ""
     parts: int = 0
     lines: LineReport = field(default_factory=LineReport)
+    load_seconds: float = 0.0  # --local: loading the models, before the scoring clock starts
     _labels: list = field(default_factory=list, repr=False)
     _scores: list = field(default_factory=list, repr=False)
 
@@ -446,6 +447,8 @@ class Summary:
 
     def line(self) -> str:
         text = f"{self.rows} rows in {self.seconds:.1f}s ({self.rows_per_second:,.0f} rows/s) -> {self.output}"
+        if self.load_seconds:
+            text += f" (after {self.load_seconds:.1f}s loading the models)"
         if self.auc is not None:
             text += f"; AUC {self.auc:.4f}, log loss {self.logloss:.4f}"
         if self.lines.skipped:

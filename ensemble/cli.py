@@ -9,12 +9,33 @@ import signal
 import sys
 from pathlib import Path
 
-from ensemble import data, schema
+from ensemble import schema
 from ensemble.registry import Layout
 from ensemble.serve import DEFAULT_LAYOUT
 
+# `ensemble.data` imports pandas (~0.4 s): imported inside the commands that use it, so that
+# `--help` and argument errors answer at once.
 
-def _synth_config(args) -> data.SynthConfig:
+
+class _Help(argparse.HelpFormatter):
+    """An option's help line ends with its default, where it has one worth showing."""
+
+    def _get_help_string(self, action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        if isinstance(action.default, (list, tuple)):  # as it would be typed: values separated by spaces
+            return f"{text} (default: {' '.join(map(str, action.default))})".replace("%", "%%")
+        return f"{text} (default: %(default)s)"
+
+
+def _command(sub, name: str, text: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=text, description=text, formatter_class=_Help)
+
+
+def _synth_config(args):
+    from ensemble import data
+
     return data.SynthConfig(rows=args.rows, scale=args.scale, seed=args.seed)
 
 
@@ -46,6 +67,8 @@ def _server_options(args):
 
 
 def cmd_synth(args) -> int:
+    from ensemble import data
+
     synth = data.synthesize(_synth_config(args))
     from ensemble.metrics import auc
 
@@ -56,6 +79,8 @@ def cmd_synth(args) -> int:
 
 
 def cmd_train(args) -> int:
+    from ensemble import data
+
     from ensemble import training
 
     frame = data.read_criteo(args.input, nrows=args.nrows)
@@ -105,6 +130,14 @@ def cmd_score(args) -> int:
 
     if not args.local and not args.url:
         print("error: give --url (one or more) or --local", file=sys.stderr)
+        return 2
+    if args.local and args.url:
+        print("error: --local scores in this process; it does not use --url (give one of the two)", file=sys.stderr)
+        return 2
+    suffix = Path(args.output).suffix.lower()
+    if not (args.dask_scheduler or args.dask_local) and suffix not in (".parquet", ".pq", ".csv"):
+        print(f"error: --output {args.output}: the output is Parquet (.parquet) or CSV (.csv), not {suffix or 'no suffix'}",
+              file=sys.stderr)
         return 2
     settings = ScoreSettings(urls=tuple(args.url or ()), protocol=args.protocol, local=args.local,
                              repository=args.repository, batch_size=args.batch_size,
@@ -196,7 +229,7 @@ def _add_synth(p: argparse.ArgumentParser, rows: int) -> None:
     p.add_argument("--rows", type=int, default=rows, help="rows to generate")
     p.add_argument("--scale", type=float, default=0.01,
                    help="category cardinalities as a fraction of Criteo's (1.0 = millions of values)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed of the generator")
 
 
 def _add_train(p: argparse.ArgumentParser) -> None:
@@ -204,17 +237,18 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--freq-threshold", type=int, default=3, help="Categorify frequency threshold")
     p.add_argument("--xgb-rounds", type=int, default=400, help="most boosting rounds (early stopping)")
     p.add_argument("--epochs", type=int, default=2, help="DLRM epochs")
-    p.add_argument("--embedding-dim", type=int, default=16)
+    p.add_argument("--embedding-dim", type=int, default=16, help="DLRM embedding width")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu",
                    help="gpu: mixed precision and GPU trees (written for GPUs, not run on this project's machines)")
 
 
 def _add_server(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repository", default="model_repository")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--repository", default="model_repository", help="the Triton model repository")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (another than loopback needs ENSEMBLE_ADMIN_KEY, see README Reliability)")
+    p.add_argument("--http-port", type=int, default=8000, help="HTTP/REST port (v2 protocol)")
+    p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port")
+    p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port")
     p.add_argument("--layout", choices=[layout.value for layout in Layout], default=DEFAULT_LAYOUT.value,
                    help="fused: the ranker as one python-backend model (the CPU default); ensemble: a Triton "
                         "ensemble of one python-backend model per step; gpu: the NGC container's native backends")
@@ -222,35 +256,36 @@ def _add_server(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ensemble", description="Criteo ranking ensemble on Triton")
+    parser = argparse.ArgumentParser(prog="ensemble", description="Criteo ranking ensemble on Triton",
+                                     formatter_class=_Help)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("synth", help="write a synthetic Criteo-format TSV")
+    p = _command(sub, "synth", "write a synthetic Criteo-format TSV")
     _add_synth(p, 300_000)
     p.add_argument("--output", default="build/data/synthetic.tsv", help=".gz suffix compresses")
     p.set_defaults(func=cmd_synth)
 
-    p = sub.add_parser("train", help="fit features and train xgb, dlrm_torch, dlrm_tf and the blend")
+    p = _command(sub, "train", "fit features and train xgb, dlrm_torch, dlrm_tf and the blend")
     p.add_argument("input", nargs="+", help="Criteo TSV day files (.gz too), in time order")
-    p.add_argument("--nrows", type=int, default=None)
-    p.add_argument("--valid-fraction", type=float, default=0.1)
-    p.add_argument("--test-fraction", type=float, default=0.1)
+    p.add_argument("--nrows", type=int, default=None, help="read at most this many rows (all when unset)")
+    p.add_argument("--valid-fraction", type=float, default=0.1, help="share of rows for validation (file order)")
+    p.add_argument("--test-fraction", type=float, default=0.1, help="share of rows held out for test (the last)")
     _add_train(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("export", help="write a new version of every model into the repository")
-    p.add_argument("--workdir", default="build")
-    p.add_argument("--repository", default="model_repository")
-    p.add_argument("--keep", type=int, default=2, help="versions to keep per model")
+    p = _command(sub, "export", "write a new version of every model into the repository")
+    p.add_argument("--workdir", default="build", help="where `train` left the artifacts")
+    p.add_argument("--repository", default="model_repository", help="the Triton model repository to write")
+    p.add_argument("--keep", type=int, default=2, help="versions to keep per model (2 keeps one to roll back to)")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("serve", help="run tritonserver on the repository until SIGINT/SIGTERM")
+    p = _command(sub, "serve", "run tritonserver on the repository until SIGINT/SIGTERM")
     _add_server(p)
     p.set_defaults(func=cmd_serve)
 
     for name, text in (("deploy", "switch a running fused-layout server to the newest exported release, after checks"),
                        ("rollback", "switch a running fused-layout server back to the previous release")):
-        p = sub.add_parser(name, help=text, description=text)
+        p = _command(sub, name, text)
         p.add_argument("--url", default="127.0.0.1:8000", help="the server's HTTP address (model control)")
         p.add_argument("--repository", default="model_repository", help="the repository that server serves")
         if name == "deploy":
@@ -260,13 +295,14 @@ def build_parser() -> argparse.ArgumentParser:
                                 "release recorded at export)")
         p.set_defaults(func=cmd_deploy)
 
-    p = sub.add_parser("score", help="score files (TSV/.gz/Parquet) through Triton, in-process, or on Dask")
+    p = _command(sub, "score", "score files (TSV/.gz/Parquet) through Triton, in-process, or on Dask")
     p.add_argument("input", nargs="+", help="Criteo TSV (.gz too; label optional) or Parquet files")
     p.add_argument("--output", required=True, help="Parquet, or CSV by suffix; a folder with --dask-*")
     p.add_argument("--url", action="append", help="Triton endpoint host:port or http://, grpc:// (repeatable)")
-    p.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    p.add_argument("--protocol", choices=["http", "grpc"], default="http",
+                   help="for --url values without a scheme")
     p.add_argument("--local", action="store_true", help="score in-process from --repository, no server")
-    p.add_argument("--repository", default="model_repository")
+    p.add_argument("--repository", default="model_repository", help="what --local loads")
     p.add_argument("--batch-size", type=int, default=4096, help="rows per request")
     p.add_argument("--concurrency", type=int, default=4, help="requests in flight per process")
     p.add_argument("--all-scores", action="store_true", help="also write score_xgb, score_dlrm_torch, score_dlrm_tf")
@@ -279,38 +315,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-bad-lines", action="store_true",
                    help="skip malformed TSV lines and count them in the summary (default: stop at the first, "
                         "naming file and line)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_score)
 
-    p = sub.add_parser("baseline-serve", help="a CPU baseline server (FastAPI) with the ranker's HTTP contract")
-    p.add_argument("--kind", choices=["naive", "inproc"], required=True)
-    p.add_argument("--repository", default="model_repository")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8010)
+    p = _command(sub, "baseline-serve", "a CPU baseline server (FastAPI) with the ranker's HTTP contract")
+    p.add_argument("--kind", choices=["naive", "inproc"], required=True,
+                   help="naive: pandas + NVTabular + the frameworks per request; inproc: the ensemble's own pipeline")
+    p.add_argument("--repository", default="model_repository", help="the Triton model repository")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind")
+    p.add_argument("--port", type=int, default=8010, help="HTTP port")
     p.add_argument("--threads", type=int, default=1, help="framework threads (same budget as the Triton models)")
     p.set_defaults(func=cmd_baseline_serve)
 
-    p = sub.add_parser("loadtest", help="locust scenario matrix: Triton vs CPU baselines -> report folder")
+    p = _command(sub, "loadtest", "locust scenario matrix: Triton vs CPU baselines -> report folder")
     from loadtest.runner import add_arguments
 
     add_arguments(p)
     p.set_defaults(func=cmd_loadtest)
 
-    p = sub.add_parser("cost", help="dollars per million predictions from a loadtest results.json")
+    p = _command(sub, "cost", "dollars per million predictions from a loadtest results.json")
     p.add_argument("results", help="results.json of a loadtest report")
-    p.add_argument("--prices", default=str(Path(__file__).resolve().parent.parent / "loadtest" / "prices.yaml"))
+    p.add_argument("--prices", default=str(Path(__file__).resolve().parent.parent / "loadtest" / "prices.yaml"),
+                   help="instance prices (YAML)")
     p.set_defaults(func=cmd_cost)
 
-    p = sub.add_parser("demo", help="synthesize, train, export, serve, check parity, measure")
+    p = _command(sub, "demo", "synthesize, train, export, serve, check parity, measure")
     _add_synth(p, 300_000)
     _add_train(p)
     _add_server(p)
     p.add_argument("--keep-serving", action="store_true", help="keep the server up after the demo")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("check", help="verify the repository against the pinned NGC Triton release (no GPU needed)")
-    p.add_argument("--repository", default="model_repository")
-    p.add_argument("--target", choices=["gpu", "cpu"], default="gpu")
+    p = _command(sub, "check", "verify the repository against the pinned NGC Triton release (no GPU needed)")
+    p.add_argument("--repository", default="model_repository", help="the Triton model repository")
+    p.add_argument("--target", choices=["gpu", "cpu"], default="gpu", help="which deployment's configs to check")
     from ensemble.releases import PINNED, RELEASES
 
     p.add_argument("--release", default=PINNED.tag, choices=sorted(RELEASES),

@@ -212,8 +212,9 @@ class TritonServer:
             if self.ready():
                 return self
             time.sleep(0.25)
+        tail = self.log_tail()
         self.stop()
-        raise ServerError(f"tritonserver not ready after {self.options.startup_timeout:.0f}s\n{self.log_tail()}")
+        raise ServerError(f"tritonserver not ready after {self.options.startup_timeout:.0f}s\n{tail}")
 
     def ready(self) -> bool:
         try:
@@ -243,7 +244,8 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 pass
         self._kill_group()
-        self._cleanup()
+        # a clean shutdown leaves nothing in the temp folder; after a failure the log stays there
+        self._cleanup(keep_log=self.process is None or self.process.returncode != 0)
         return None if self.process is None else self.process.returncode
 
     def kill(self) -> None:
@@ -261,12 +263,15 @@ class TritonServer:
             pass
         self.process.wait()
 
-    def _cleanup(self) -> None:
-        if self._scratch is not None:
-            # keep the log when it lives in the scratch folder and the server failed
-            for item in self._scratch.iterdir():
-                if item.is_dir():
-                    shutil.rmtree(item, ignore_errors=True)
+    def _cleanup(self, keep_log: bool = True) -> None:
+        if self._scratch is None or not self._scratch.is_dir():
+            return
+        if not keep_log:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            return
+        for item in self._scratch.iterdir():  # the backends copy; the log (when it lives here) stays
+            if item.is_dir():
+                shutil.rmtree(item, ignore_errors=True)
 
     def resident_memory_bytes(self) -> int:
         """Resident memory of the server and every process it started (the backend stubs)."""

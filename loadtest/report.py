@@ -134,6 +134,17 @@ def _fmt(value, spec: str = ",.0f") -> str:
     return format(value, spec)
 
 
+def _json_safe(value):
+    """NaN and infinities (a scenario without that figure) as null: strict JSON parsers reject them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def write_report(out: Path, results: list[dict], options, pinning, seconds: float) -> Path:
     sla = options.sla_ms
     head = headline(results, sla)
@@ -143,7 +154,7 @@ def write_report(out: Path, results: list[dict], options, pinning, seconds: floa
                "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()},
                "seconds": seconds, "scenarios": results, "headline": head, "ratios": ratios(head)}
     payload["peaks"] = [{k: p[k] for k in ("target", "rows", "users", "rows_per_s", "p99_ms")} for p in peaks(results)]
-    (out / "results.json").write_text(json.dumps(payload, indent=1, default=str))
+    (out / "results.json").write_text(json.dumps(_json_safe(payload), indent=1, default=str, allow_nan=False))
     plot(results, sla, out)
     costs = cost_table(payload, load_prices(PRICES))
     m = payload["machine"]

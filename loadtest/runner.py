@@ -22,7 +22,6 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ensemble import data
 from ensemble.registry import Layout
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -83,9 +82,9 @@ class RunnerOptions:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--repository", default="model_repository")
+    p.add_argument("--repository", default="model_repository", help="the Triton model repository")
     p.add_argument("--out", default="build/loadtest/report", help="report folder")
-    p.add_argument("--targets", nargs="+", choices=TARGETS, default=list(DEFAULT_TARGETS))
+    p.add_argument("--targets", nargs="+", choices=TARGETS, default=list(DEFAULT_TARGETS), help="servers to measure")
     p.add_argument("--rows", nargs="+", type=int, default=[1, 100], help="rows per request")
     p.add_argument("--users", nargs="+", type=int, default=[1, 4, 8, 16], help="concurrent locust users")
     p.add_argument("--duration", type=float, default=12.0, help="measured seconds per scenario")
@@ -98,8 +97,8 @@ def add_arguments(p) -> None:
     p.add_argument("--triton-grpc-url", default=None, help="use a running server (grpc://host:port)")
     p.add_argument("--triton-ensemble-http-url", default=None,
                    help="use a running server of the ensemble layout (http://host:port)")
-    p.add_argument("--inproc-url", default=None)
-    p.add_argument("--naive-url", default=None)
+    p.add_argument("--inproc-url", default=None, help="use a running inproc baseline (http://host:port)")
+    p.add_argument("--naive-url", default=None, help="use a running naive baseline (http://host:port)")
 
 
 @dataclass(frozen=True)
@@ -327,6 +326,8 @@ def holdout_file(options: RunnerOptions) -> Path:
         return options.data_file
     path = options.out / "holdout.tsv"
     if not path.exists():
+        from ensemble import data  # pandas: only when a run needs data
+
         data.write_criteo(data.synthesize(data.SynthConfig(rows=5000, seed=99_991)).frame, path)
     return path
 

@@ -46,6 +46,20 @@ def test_report_folder_is_complete(tmp_path):
         assert (tmp_path / name).stat().st_size > 0
 
 
+def test_results_json_is_strict_json_even_with_missing_figures(tmp_path):
+    import json
+
+    results = [dict(r) for r in RESULTS]
+    results[0]["p99_ms"] = float("nan")  # e.g. a scenario locust could not measure
+    write_report(tmp_path, results, RunnerOptions(out=tmp_path), Pinning("1", "0"), 42.0)
+
+    def refuse(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    payload = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
+    assert payload["scenarios"][0]["p99_ms"] is None
+
+
 def test_locust_csv_and_triton_stats_parsing(tmp_path):
     header = ("Type,Name,Request Count,Failure Count,Median Response Time,Average Response Time,Min Response Time,"
               "Max Response Time,Average Content Size,Requests/s,Failures/s,50%,66%,75%,80%,90%,95%,98%,99%,99.9%,"
