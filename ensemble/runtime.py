@@ -130,8 +130,9 @@ class Pipeline:
         self.steps = dict(steps)
         self._levels = _levels([self.steps[m] for m in ORDER])
         self._pool = None
-        if parallel is None:
-            parallel = len(os.sched_getaffinity(0)) > 1
+        if parallel is None:  # the cores this process may run on (Linux), else the machine's
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            parallel = cores > 1
         self._parallel = parallel and any(len(level) > 1 for level in self._levels)
 
     @classmethod
