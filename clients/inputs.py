@@ -45,7 +45,8 @@ def from_tsv_lines(lines: Iterable[str | bytes]) -> tuple[np.ndarray, np.ndarray
 
 
 def to_tensors(rows, categorical: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Dispatch on the input's kind; ``rows, categorical`` may also be the two arrays."""
+    """Dispatch on the input's kind: the two arrays (``rows, categorical``), a DataFrame or pyarrow
+    Table with Criteo columns, Criteo TSV lines, or one TSV line as a string."""
     if categorical is not None:
         dense = np.asarray(rows, dtype=np.float32)
         cats = np.asarray(categorical, dtype=object)
@@ -56,6 +57,8 @@ def to_tensors(rows, categorical: np.ndarray | None = None) -> tuple[np.ndarray,
         return from_arrow(rows)
     if hasattr(rows, "columns") and hasattr(rows, "iloc"):
         return from_frame(rows)
+    if isinstance(rows, (str, bytes)):  # one Criteo TSV line
+        return from_tsv_lines([rows])
     if isinstance(rows, (list, tuple)) and (not rows or isinstance(rows[0], (str, bytes))):
         return from_tsv_lines(rows)
     raise TypeError(f"cannot score a {type(rows).__name__}: pass (dense, categorical) arrays, "

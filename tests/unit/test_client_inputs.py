@@ -64,3 +64,14 @@ def test_client_library_imports_no_heavy_framework():
 
     heavy = ("pandas", "pyarrow", "torch", "tensorflow", "nvtabular", "xgboost", "tl2cgen", "ai_edge_litert")
     assert modules_loaded("import clients.triton", heavy) == []
+
+
+def test_one_tsv_line_is_accepted_as_a_string():
+    from clients.inputs import to_tensors
+
+    line = "1\t" + "\t".join(["3"] * 13) + "\t" + "\t".join(["68fd1e64"] * 25 + [""])
+    one_dense, one_cats = to_tensors(line)
+    many_dense, many_cats = to_tensors([line])
+    assert one_dense.shape == (1, 13) and one_cats.shape == (1, 26)
+    assert (one_dense == many_dense).all() and (one_cats == many_cats).all()
+    assert one_cats[0, -1] == b""
