@@ -55,12 +55,13 @@ def _fresh_rows(n: int = 256, seed: int = 20261122) -> tuple[np.ndarray, np.ndar
     return features.dense_array(frame), features.encode_categorical(frame)
 
 
-def _holdout_auc(pipeline: Pipeline, holdout: str | Path) -> float:
+def _holdout_aucs(holdout: str | Path, *pipelines: Pipeline) -> list[float]:
+    """Each pipeline's AUC on one labelled file (read and encoded once)."""
     from ensemble.metrics import auc
 
     frame = data.read_criteo([holdout])
-    scores = pipeline.score(features.dense_array(frame), features.encode_categorical(frame))[schema.SCORE.name]
-    return auc(frame[schema.LABEL].to_numpy(), scores.ravel())
+    dense, cats, labels = features.dense_array(frame), features.encode_categorical(frame), frame[schema.LABEL].to_numpy()
+    return [auc(labels, p.score(dense, cats)[schema.SCORE.name].ravel()) for p in pipelines]
 
 
 def check_release(repository: str | Path, release: int, serving: int | None,
@@ -88,8 +89,7 @@ def check_release(repository: str | Path, release: int, serving: int | None,
     log(f"release {release}: loads, scores fresh rows")
     if compare_auc and serving is not None and serving != release:
         if holdout is not None:
-            new = _holdout_auc(pipeline, holdout)
-            old = _holdout_auc(Pipeline.from_repository(repository, threads=1, release=serving), holdout)
+            new, old = _holdout_aucs(holdout, pipeline, Pipeline.from_repository(repository, threads=1, release=serving))
             source = f"on {holdout}"
         else:
             new, old = recorded_auc(repository, release), recorded_auc(repository, serving)

@@ -68,14 +68,12 @@ class Supervisor:
         self.heals = 0
         self._failures = 0
         self._body = _probe_body()
-        self._base = f"http://{server.http_url}"
-        self._model = schema.Model.RANKER.value
         self.control = Control.of(server.http_url, key=server.options.admin_key or "")
         self.release: int | None = None  # the release last seen serving: restored after a restart
 
     def probe(self) -> str | None:
         """None when a 1-row request is scored, else why not."""
-        request = urllib.request.Request(f"{self._base}/v2/models/{self._model}/infer", self._body,
+        request = urllib.request.Request(f"{self.control.url}/v2/models/{self.control.model}/infer", self._body,
                                          {"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=self.policy.probe_timeout) as reply:
