@@ -12,6 +12,7 @@ from pathlib import Path
 from ensemble import schema
 from ensemble.registry import Layout
 from ensemble.serve import DEFAULT_LAYOUT
+from ensemble.serving import monitoring
 
 # `ensemble.data` imports pandas (~0.4 s): imported inside the commands that use it, so that
 # `--help` and argument errors answer at once.
@@ -59,11 +60,14 @@ def _server_options(args):
 
     from ensemble.control import ADMIN_KEY_ENV
 
+    from ensemble.serving.monitoring import LatencySummaries
+
     return ServerOptions(Path(args.repository), host=args.host, http_port=args.http_port,
                          grpc_port=args.grpc_port, metrics_port=args.metrics_port,
                          layout=Layout(args.layout),
                          log_file=Path(args.log_file) if args.log_file else None,
-                         admin_key=os.environ.get(ADMIN_KEY_ENV) or None)
+                         admin_key=os.environ.get(ADMIN_KEY_ENV) or None,
+                         latency_summaries=LatencySummaries(not args.no_latency_summaries, args.latency_quantiles))
 
 
 def cmd_synth(args) -> int:
@@ -242,6 +246,13 @@ def _add_train(p: argparse.ArgumentParser) -> None:
                    help="gpu: mixed precision and GPU trees (written for GPUs, not run on this project's machines)")
 
 
+def _quantiles(text: str) -> tuple[tuple[float, float], ...]:
+    try:
+        return monitoring.parse_quantiles(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _add_server(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repository", default="model_repository", help="the Triton model repository")
     p.add_argument("--host", default="127.0.0.1",
@@ -253,6 +264,11 @@ def _add_server(p: argparse.ArgumentParser) -> None:
                    help="fused: the ranker as one python-backend model (the CPU default); ensemble: a Triton "
                         "ensemble of one python-backend model per step; gpu: the NGC container's native backends")
     p.add_argument("--log-file", default=None, help="server log (default: a temp file)")
+    p.add_argument("--latency-quantiles", type=_quantiles, metavar="Q:ERR,...",
+                   default=monitoring.format_quantiles(monitoring.DEFAULT_QUANTILES),
+                   help="quantiles (with allowed rank error) of the latency summaries on the metrics port")
+    p.add_argument("--no-latency-summaries", action="store_true",
+                   help="export only Triton's cumulative latency counters (no *_summary_us quantiles)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,6 +24,7 @@ from ensemble.configs import config_name
 from ensemble.control import ADMIN_HEADER
 from ensemble.registry import Layout
 from ensemble.schema import Model
+from ensemble.serving.monitoring import LatencySummaries
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # What `ensemble serve` serves on CPU unless told otherwise: the layout that won the load test
@@ -59,6 +60,8 @@ class ServerOptions:
             deploy`` and the supervisor use) answers only requests carrying it in the
             ``ensemble-admin-key`` header (:mod:`ensemble.control`). Required to bind a
             non-loopback address.
+        latency_summaries: Prometheus latency summaries on the metrics port (on by default; see
+            :mod:`ensemble.serving.monitoring`).
     """
 
     repository: Path
@@ -71,6 +74,7 @@ class ServerOptions:
     startup_timeout: float = 300.0
     cpu_list: str | None = None
     admin_key: str | None = None
+    latency_summaries: LatencySummaries = LatencySummaries()
 
     @property
     def loopback(self) -> bool:
@@ -162,7 +166,8 @@ class TritonServer:
                f"--http-address={o.host}", f"--http-port={o.http_port}",
                f"--grpc-address={o.host}", f"--grpc-port={o.grpc_port}",
                f"--metrics-address={o.host}", f"--metrics-port={o.metrics_port}",
-               "--allow-gpu-metrics=false", "--exit-on-error=true", "--log-verbose=0"]
+               "--allow-gpu-metrics=false", "--exit-on-error=true", "--log-verbose=0",
+               *o.latency_summaries.server_args()]
         name = config_name(Layout(o.layout))
         if name:
             cmd.append(f"--model-config-name={name}")

@@ -50,7 +50,7 @@ def test_services_and_profiles(compose):
     services = compose["services"]
     profiles = {name: tuple(s.get("profiles", ())) for name, s in services.items()}
     assert profiles == {"trainer": ("gpu",), "triton": ("gpu",), "trainer-cpu": ("cpu",), "triton-cpu": ("cpu",),
-                        "naive": (), "locust-master": (), "locust-worker": ()}
+                        "naive": (), "locust-master": (), "locust-worker": (), "prometheus": (), "grafana": ()}
 
 
 def _gpu_reserved(service: dict) -> bool:
