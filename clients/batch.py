@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from clients.inputs import from_frame
+from clients.progress import INPUT_BYTES
 from clients.triton import Protocol, RankerClient, Retry, ScoringError
 from ensemble import data, schema
 
@@ -137,7 +138,8 @@ def _tsv_has_label(path: str) -> bool:
 
 
 def read_partition(part: Partition, chunk_rows: int, report: LineReport | None = None) -> Iterator[pd.DataFrame]:
-    """Frames of at most ``chunk_rows`` rows, in file order.
+    """Frames of at most ``chunk_rows`` rows, in file order; each frame's ``attrs["input_bytes"]``
+    says how many input bytes it was read from (for the progress bar).
 
     TSV lines are checked: a wrong field count, or a label or integer feature that is not a
     number, raises :class:`BadInput` with the file and line number or, when ``report`` is given,
@@ -146,19 +148,28 @@ def read_partition(part: Partition, chunk_rows: int, report: LineReport | None =
     if part.kind == "parquet":
         import pyarrow.parquet as pq
 
-        for batch in pq.ParquetFile(part.path).iter_batches(batch_size=chunk_rows,
-                                                            row_groups=range(part.start, part.stop)):
-            yield batch.to_pandas()
+        from clients.progress import partition_bytes
+
+        parquet = pq.ParquetFile(part.path)
+        rows = sum(parquet.metadata.row_group(g).num_rows for g in range(part.start, part.stop))
+        share = partition_bytes(part)
+        for batch in parquet.iter_batches(batch_size=chunk_rows, row_groups=range(part.start, part.stop)):
+            frame = batch.to_pandas()
+            frame.attrs[INPUT_BYTES] = share * len(frame) // max(rows, 1)
+            yield frame
         return
     with_label, header = tsv_layout(part.path)
     fields = len(data.criteo_columns(with_label))
+    position = max(part.start, 0)
     for block in _line_blocks(part.path, part.start, part.stop, chunk_rows, skip_header=header):
+        read, position = block.end - position, block.end
         block.drop({i: f"{n} tab-separated fields, expected {fields}" for i, line in enumerate(block.lines)
                     if (n := line.count(b"\t") + 1) != fields}, report)
         if not block.lines:
             continue
         try:
-            yield data.parse_criteo(io.BytesIO(b"".join(block.lines)), with_label=with_label, compression=None)
+            yield _with_bytes(data.parse_criteo(io.BytesIO(b"".join(block.lines)), with_label=with_label,
+                                                compression=None), read)
             continue
         except ValueError:
             problems = {i: why for i, line in enumerate(block.lines) if (why := _numeric_problem(line, with_label))}
@@ -166,7 +177,13 @@ def read_partition(part: Partition, chunk_rows: int, report: LineReport | None =
                 raise
         block.drop(problems, report)
         if block.lines:
-            yield data.parse_criteo(io.BytesIO(b"".join(block.lines)), with_label=with_label, compression=None)
+            yield _with_bytes(data.parse_criteo(io.BytesIO(b"".join(block.lines)), with_label=with_label,
+                                                compression=None), read)
+
+
+def _with_bytes(frame: pd.DataFrame, input_bytes: int) -> pd.DataFrame:
+    frame.attrs[INPUT_BYTES] = input_bytes
+    return frame
 
 
 def _numeric_problem(line: bytes, with_label: bool) -> str | None:
@@ -196,6 +213,7 @@ class _Lines:
     first_line_offset: int  # byte offset of the partition's first line in the (uncompressed) file
     lines: list[bytes]
     index: list[int]  # line index within the partition, per line
+    end: int = 0  # read position in the file on disk after the block (compressed bytes for .gz)
 
     def line_number(self, i: int) -> int:
         """1-based line number in the file (counts the lines before the partition: error path only)."""
@@ -236,6 +254,7 @@ def _line_blocks(path: str, start: int, stop: int, lines_per_block: int, skip_he
             if handle.read(1) != b"\n":
                 handle.readline()  # the line in progress belongs to the previous range
         first_offset = 0 if compressed else handle.tell()
+        on_disk = handle.fileobj if compressed else handle  # where the bytes read so far are counted
         header_pending = skip_header and first_offset == 0
         block, index, n = [], [], 0
         while compressed or stop < 0 or handle.tell() < stop:
@@ -250,10 +269,10 @@ def _line_blocks(path: str, start: int, stop: int, lines_per_block: int, skip_he
                     index.append(n)
             n += 1
             if len(block) >= lines_per_block:
-                yield _Lines(path, first_offset, block, index)
+                yield _Lines(path, first_offset, block, index, on_disk.tell())
                 block, index = [], []
         if block:
-            yield _Lines(path, first_offset, block, index)
+            yield _Lines(path, first_offset, block, index, on_disk.tell())
 
 
 @dataclass(frozen=True)
@@ -304,10 +323,19 @@ class ScoreSettings:
 
 @lru_cache(maxsize=2)
 def local_pipeline(repository: str):
-    """The in-process pipeline of ``--local`` (loaded once per process and repository)."""
+    """The in-process pipeline of ``--local`` (loaded once per process and repository), warmed
+    up on one row: the frameworks' start-up lines come now, not through the progress bar."""
+    import os
+
+    from clients.progress import native_info_quieted
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # read when TensorFlow is imported (if it is)
     from ensemble.runtime import Pipeline
 
-    return Pipeline.from_repository(repository)
+    with native_info_quieted():
+        pipeline = Pipeline.from_repository(repository)
+        pipeline.score(np.zeros((1, schema.N_DENSE), np.float32), np.full((1, schema.N_CATEGORICAL), b"", object))
+    return pipeline
 
 
 def score_chunks(part: Partition, settings: ScoreSettings, on_rows: Callable[[int], None] = lambda n: None,
@@ -331,6 +359,7 @@ def score_chunks(part: Partition, settings: ScoreSettings, on_rows: Callable[[in
         out = frame[[c for c in frame.columns if c not in FEATURE_COLUMNS]].reset_index(drop=True)
         for name in SCORE_COLUMNS if settings.all_scores else (schema.SCORE.name,):
             out[name] = scores[name]
+        out.attrs[INPUT_BYTES] = frame.attrs.get(INPUT_BYTES, 0)
         on_rows(len(out))
         return out
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -18,16 +17,10 @@ import pandas as pd
 
 from clients.batch import (BadInput, ChunkFailed, LineReport, OutputWriter, Partition, ScoreSettings, Summary,
                            local_pipeline, output_schema, plan_partitions, score_chunks)
+from clients.progress import INPUT_BYTES, Progress
 from ensemble import schema
 
 MANIFEST = "manifest.json"
-
-
-def _progress(enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(unit=" rows", unit_scale=True, disable=not enabled, file=sys.stderr, smoothing=0.1,
-                dynamic_ncols=True)
 
 
 def score_files(paths: list[str], output: str, settings: ScoreSettings, progress: bool = True,
@@ -44,12 +37,14 @@ def score_files(paths: list[str], output: str, settings: ScoreSettings, progress
     summary = Summary(output=str(output), load_seconds=time.perf_counter() - loading if settings.local else 0.0)
     started = time.perf_counter()
     writer = OutputWriter(output, output_schema(parts, settings.all_scores))
-    bar = _progress(progress)
+    bar = Progress(parts, progress)
     try:
         for part in parts:
-            for frame in score_chunks(part, settings, bar.update, summary.lines):
+            for frame in score_chunks(part, settings, report=summary.lines):
                 writer.write(frame)
                 summary.observe(frame)
+                bar.chunk(part, len(frame), frame.attrs.get(INPUT_BYTES, 0))
+            bar.part_done(part)
             summary.parts += 1
         summary.rows = writer.rows
         writer.commit()
@@ -97,15 +92,15 @@ def score_files_dask(paths: list[str], output: str, settings: ScoreSettings, sch
     cluster = None if scheduler else LocalCluster(n_workers=max(1, local_workers), threads_per_worker=1,
                                                   processes=True, dashboard_address=None)
     client = Client(scheduler or cluster)
-    bar = _progress(progress)
+    bar = Progress(parts, progress)
     try:
-        futures = [client.submit(score_partition_to_file, p, str(staging), settings, arrow_schema, key=f"score-{p.index}",
-                                 pure=False, retries=1) for p in parts]
+        futures = {client.submit(score_partition_to_file, p, str(staging), settings, arrow_schema, key=f"score-{p.index}",
+                                 pure=False, retries=1): p for p in parts}
         results = []
         for future in as_completed(futures):
             result = future.result()  # re-raises ChunkFailed from the worker
             results.append(result)
-            bar.update(result["rows"])
+            bar.part_done(futures[future], result["rows"])
         results.sort(key=lambda r: r["part"])
         manifest = {"parts": results, "rows": sum(r["rows"] for r in results), "inputs": list(map(str, paths)),
                     "settings": {k: v for k, v in asdict(settings).items() if k != "retry"},
