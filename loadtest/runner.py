@@ -167,11 +167,14 @@ class Servers:
     def _start_triton(self, layout: Layout) -> None:
         from ensemble.serve import ServerOptions, TritonServer, free_port
 
-        print(f"starting tritonserver ({layout.value} layout) ...", flush=True)
+        log = self.log_dir / f"tritonserver-{layout.value}.log"
+        print(f"starting tritonserver ({layout.value} layout; loading the models takes ~10-20 s, log {log}) ...",
+              flush=True)
+        started = time.monotonic()
         options = ServerOptions(self.options.repository, http_port=free_port(), grpc_port=free_port(),
-                                metrics_port=free_port(), log_file=self.log_dir / f"tritonserver-{layout.value}.log",
-                                cpu_list=self.pinning.server, layout=layout)
+                                metrics_port=free_port(), log_file=log, cpu_list=self.pinning.server, layout=layout)
         server = TritonServer(options).start()
+        print(f"tritonserver ({layout.value}) ready after {time.monotonic() - started:.1f} s", flush=True)
         self.triton[layout] = server
         self.stack.callback(server.stop)
         for target in Target:
@@ -190,7 +193,10 @@ class Servers:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.stack.callback(_terminate, process)
         url = f"http://127.0.0.1:{port}"
+        print(f"starting the {kind} baseline (log {self.log_dir / f'{kind}.log'}) ...", flush=True)
+        started = time.monotonic()
         _wait_ready(url, process)
+        print(f"{kind} baseline ready after {time.monotonic() - started:.1f} s", flush=True)
         self.urls[kind] = url
         self.baselines[kind] = process
 
@@ -328,8 +334,13 @@ def holdout_file(options: RunnerOptions) -> Path:
     if not path.exists():
         from ensemble import data  # pandas: only when a run needs data
 
+        print(f"writing 5,000 synthetic held-out rows to {path} (no --data-file given)", flush=True)
         data.write_criteo(data.synthesize(data.SynthConfig(rows=5000, seed=99_991)).frame, path)
     return path
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def run(options: RunnerOptions) -> Path:
@@ -346,12 +357,17 @@ def run(options: RunnerOptions) -> Path:
     previous = signal.signal(signal.SIGTERM, _raise_exit)  # SIGTERM still stops the servers
     with contextlib.ExitStack() as restore, Servers(options, pinning, out) as servers:
         restore.callback(signal.signal, signal.SIGTERM, previous)
-        for target in options.targets:
-            for rows in options.rows:
-                for users in options.users:
-                    result = run_scenario(servers, target, rows, users, options, data_file, pinning, raw)
-                    results.append(result)
-                    print(f"{target:<12} rows {rows:>4} users {users:>3}: {result['requests_per_s']:>8.1f} req/s "
-                          f"{result['rows_per_s']:>9.0f} rows/s  p50 {result['p50_ms']:.0f} ms  "
-                          f"p99 {result['p99_ms']:.0f} ms  failures {result['failures']:.0f}", flush=True)
+        matrix = [(t, r, u) for t in options.targets for r in options.rows for u in options.users]
+        each = options.warmup + options.duration + 2  # + locust's start and stop
+        print(f"{len(matrix)} scenarios of {options.warmup:g} s warm-up + {options.duration:g} s measured: "
+              f"about {_minutes(len(matrix) * each)}, plus server starts", flush=True)
+        for number, (target, rows, users) in enumerate(matrix, 1):
+            servers.url(target)  # starts its server first (with its own progress lines)
+            print(f"[{number}/{len(matrix)}] {target} rows {rows} users {users} "
+                  f"({_minutes((len(matrix) - number + 1) * each)} left) ...", end=" ", flush=True)
+            result = run_scenario(servers, target, rows, users, options, data_file, pinning, raw)
+            results.append(result)
+            print(f"{result['requests_per_s']:,.1f} req/s, {result['rows_per_s']:,.0f} rows/s, "
+                  f"p50 {result['p50_ms']:.0f} ms, p99 {result['p99_ms']:.0f} ms, failures {result['failures']:.0f}",
+                  flush=True)
     return write_report(out, results, options, pinning, time.time() - started)

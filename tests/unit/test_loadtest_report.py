@@ -83,3 +83,50 @@ def test_cpu_per_request_divides_the_window_by_the_requests():
     after = {"tritonserver": 12.0, "xgb": 7.0, "blend": 0.5}  # blend appeared: counted from 0
     assert cpu_per_request(before, after, 1000) == {"tritonserver": 2.0, "xgb": 3.0, "blend": 0.5}
     assert cpu_per_request(None, after, 1000) == {} and cpu_per_request(before, after, 0) == {}
+
+
+def _tables(text: str) -> list[list[str]]:
+    """Markdown tables of a report: header, separator, rows."""
+    tables, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            tables.append(current)
+            current = []
+    return tables
+
+
+def test_a_run_without_baselines_is_not_titled_against_them_and_has_no_empty_table(tmp_path):
+    triton_only = [r for r in RESULTS if r["target"] == "triton-http"]
+    for r in triton_only:
+        r.setdefault("server_cpu_ms", {})
+    text = write_report(tmp_path, triton_only, RunnerOptions(out=tmp_path, targets=("triton-http",)),
+                        Pinning(None, None), 42.0).read_text()
+    assert text.startswith("# Load test: Triton ensemble\n") and "baseline" not in text.splitlines()[0]
+    assert "vs baseline" not in text  # the ratio table has no rows without baselines
+    for table in _tables(text):
+        assert len(table) > 2, f"table without rows: {table[0]}"
+
+
+def test_sections_without_rows_are_left_out(tmp_path):
+    bare = [{**r, "stages": {}, "server_cpu_ms": {}} for r in RESULTS]
+    text = write_report(tmp_path, bare, RunnerOptions(out=tmp_path), Pinning("1", "0"), 42.0).read_text()
+    assert text.startswith("# Load test: Triton ensemble vs CPU baselines\n")
+    assert "Inside the ensemble" not in text and "Server CPU per request" not in text
+    assert all(len(table) > 2 for table in _tables(text))
+    baselines_only = [r for r in bare if r["target"] in ("inproc", "naive")]
+    text = write_report(tmp_path, baselines_only, RunnerOptions(out=tmp_path), Pinning("1", "0"), 1.0).read_text()
+    assert text.startswith("# Load test: CPU baselines\n") and all(len(t) > 2 for t in _tables(text))
+
+
+def test_plots_redraw_from_a_results_file_even_with_missing_figures(tmp_path):
+    from loadtest.report import replot
+
+    results = [dict(r) for r in RESULTS]
+    results[1]["p99_ms"] = float("inf")  # a scenario that timed out: no point, no crash
+    write_report(tmp_path, results, RunnerOptions(out=tmp_path), Pinning("1", "0"), 42.0)
+    for name in ("throughput_vs_p99.png", "latency_percentiles.png"):
+        (tmp_path / name).unlink()
+    assert replot(tmp_path) == ["throughput_vs_p99.png", "latency_percentiles.png"]
+    assert all((tmp_path / name).stat().st_size > 10_000 for name in replot(tmp_path))
