@@ -33,7 +33,17 @@ class ScoringError(RuntimeError):
     def __init__(self, start: int, stop: int, cause: BaseException, attempts: int):
         self.start, self.stop, self.cause, self.attempts = start, stop, cause, attempts
         super().__init__(f"rows {start}..{stop - 1} failed after {attempts} attempt(s): "
-                         f"{type(cause).__name__}: {cause}")
+                         f"{type(cause).__name__}: {cause}{_wrong_port_hint(cause)}")
+
+
+def _wrong_port_hint(cause: BaseException) -> str:
+    """What a protocol/port mix-up looks like from each client, said in words."""
+    text = str(cause)
+    if type(cause).__name__ == "HTTPParseError" or "Expected HTTP/" in text:  # geventhttpclient on a gRPC port
+        return " (the server did not answer in HTTP: is this Triton's gRPC port? give grpc://host:port)"
+    if "StatusCode.UNAVAILABLE" in text and "Socket closed" in text:  # gRPC on the HTTP (or metrics) port
+        return " (is this Triton's HTTP port? gRPC is on its own port, 8001 by default; or give http://host:port)"
+    return ""
 
 
 # Status strings tritonclient puts on InferenceServerException for failures worth retrying.

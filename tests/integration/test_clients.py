@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -45,6 +46,15 @@ def test_url_scheme_picks_the_protocol(server, frame):
     client = RankerClient(f"grpc://{server.grpc_url}")
     assert client.protocol.value == "grpc"
     assert client.score(frame.iloc[:5]).shape == (5,)
+
+
+@pytest.mark.parametrize("port, protocol, hint", [("grpc_url", "http", "gRPC port? give grpc://"),
+                                                  ("http_url", "grpc", "HTTP port? gRPC is on its own port")])
+def test_a_port_of_the_other_protocol_is_named_as_the_likely_cause(server, frame, port, protocol, hint):
+    client = RankerClient(getattr(server, port), protocol, retry=Retry(attempts=2, backoff=0.01), timeout=5)
+    client.sleep = lambda _: None
+    with pytest.raises(ScoringError, match=re.escape(hint)):
+        client.score(frame.iloc[:2])
 
 
 def test_async_client_matches_sync(server, http_client, frame):
