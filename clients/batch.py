@@ -23,7 +23,8 @@ import pandas as pd
 
 from clients.inputs import from_frame
 from clients.triton import Protocol, RankerClient, Retry, ScoringError
-from ensemble import data, schema
+from ensemble import schema
+from ensemble.data import criteo
 
 FEATURE_COLUMNS = (*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS)
 SCORE_COLUMNS = tuple(t.name for t in schema.RANKER_OUTPUTS)
@@ -125,7 +126,7 @@ def _tsv_layout(path: str, _mtime_ns: int, _size: int) -> tuple[bool, bool]:
     fields = first.decode(errors="replace").rstrip("\r\n").split("\t")
     names = [f.strip().lower() for f in fields]
     for with_label in (True, False):
-        if names == [c.lower() for c in data.criteo_columns(with_label)]:
+        if names == [c.lower() for c in criteo.criteo_columns(with_label)]:
             return with_label, True
     if len(fields) not in (39, 40):
         raise BadInput(path, 1, f"{len(fields)} tab-separated fields; a Criteo line has 40 (39 without label)")
@@ -151,14 +152,14 @@ def read_partition(part: Partition, chunk_rows: int, report: LineReport | None =
             yield batch.to_pandas()
         return
     with_label, header = tsv_layout(part.path)
-    fields = len(data.criteo_columns(with_label))
+    fields = len(criteo.criteo_columns(with_label))
     for block in _line_blocks(part.path, part.start, part.stop, chunk_rows, skip_header=header):
         block.drop({i: f"{n} tab-separated fields, expected {fields}" for i, line in enumerate(block.lines)
                     if (n := line.count(b"\t") + 1) != fields}, report)
         if not block.lines:
             continue
         try:
-            yield data.parse_criteo(io.BytesIO(b"".join(block.lines)), with_label=with_label, compression=None)
+            yield criteo.parse_criteo(io.BytesIO(b"".join(block.lines)), with_label=with_label, compression=None)
             continue
         except ValueError:
             problems = {i: why for i, line in enumerate(block.lines) if (why := _numeric_problem(line, with_label))}
@@ -166,13 +167,13 @@ def read_partition(part: Partition, chunk_rows: int, report: LineReport | None =
                 raise
         block.drop(problems, report)
         if block.lines:
-            yield data.parse_criteo(io.BytesIO(b"".join(block.lines)), with_label=with_label, compression=None)
+            yield criteo.parse_criteo(io.BytesIO(b"".join(block.lines)), with_label=with_label, compression=None)
 
 
 def _numeric_problem(line: bytes, with_label: bool) -> str | None:
     """Why a Criteo line's label or integer features do not parse, or None."""
     values = line.rstrip(b"\r\n").split(b"\t")
-    names = data.criteo_columns(with_label)
+    names = criteo.criteo_columns(with_label)
     if with_label:
         try:
             int(values[0])
@@ -305,7 +306,7 @@ class ScoreSettings:
 @lru_cache(maxsize=2)
 def local_pipeline(repository: str):
     """The in-process pipeline of ``--local`` (loaded once per process and repository)."""
-    from ensemble.runtime import Pipeline
+    from ensemble.serving.runtime import Pipeline
 
     return Pipeline.from_repository(repository)
 
@@ -436,7 +437,7 @@ class Summary:
             self._scores.append(frame[schema.SCORE.name].to_numpy(np.float32)[known])
 
     def finish(self, seconds: float) -> "Summary":
-        from ensemble import metrics
+        from ensemble.models import metrics
 
         self.seconds = seconds
         if self._labels:
