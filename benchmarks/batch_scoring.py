@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from clients.batch import ScoreSettings, local_pipeline
+from clients.partitions import ScoreSettings, local_pipeline
 from clients.scoring import score_files
 from ensemble.data import criteo
 from ensemble.machine import summary

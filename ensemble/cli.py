@@ -126,7 +126,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_score(args) -> int:
-    from clients.batch import BadInput, ChunkFailed, ScoreSettings
+    from clients.partitions import BadInput, ChunkFailed, ScoreSettings
     from clients.scoring import score_files, score_files_dask
     from clients.triton import Retry
 

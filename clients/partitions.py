@@ -1,4 +1,5 @@
-"""Batch scoring: files in, predictions out, through Triton or in-process, on one machine or Dask.
+"""Batch scoring, one partition at a time: plan partitions, read and check lines, score chunks
+through Triton or in-process, write outputs (the runs over all partitions: :mod:`clients.scoring`).
 
 Inputs are Criteo TSV (plain or .gz, label optional) or Parquet with the Criteo column names.
 They are cut into partitions (byte ranges of plain TSV, whole .gz files, Parquet row groups),
