@@ -1,6 +1,6 @@
 # Two commands: `make demo` and `make test`. Both set up .venv first (idempotent: the stamp file
 # is newer than requirements.txt, pyproject.toml, setup.py and the C extension, so a second run
-# installs nothing; pip also compiles ensemble/_native.c).
+# installs nothing; pip also compiles ensemble/serving/_native.c).
 #
 # The venv is built on Debian's /usr/bin/python3.11 when it exists: the python-backend stub that
 # ships in the nvidia-pytriton wheel embeds the system libpython3.11, and stdlib extension
@@ -15,7 +15,7 @@ ARGS ?=
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml setup.py ensemble/_native.c
+$(STAMP): requirements.txt pyproject.toml setup.py ensemble/serving/_native.c
 	test -x $(BIN)/python || $(PYTHON_BASE) -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check -q -r requirements.txt
 	$(BIN)/python -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e .
@@ -26,7 +26,7 @@ demo: setup
 
 # pytest exit code 5 means no test was collected: report it as the failure it is.
 test: setup
-	$(BIN)/ruff check ensemble clients loadtest tests
+	$(BIN)/ruff check ensemble clients loadtest benchmarks tests
 	@$(BIN)/python -m pytest tests -q -rs $(ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 

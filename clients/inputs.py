@@ -19,12 +19,12 @@ from ensemble import schema
 
 def from_frame(frame) -> tuple[np.ndarray, np.ndarray]:
     """pandas DataFrame with Criteo columns -> ([B x 13] float32, [B x 26] bytes objects)."""
-    from ensemble import features
+    from ensemble.features import transforms
 
     missing = [c for c in (*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS) if c not in frame.columns]
     if missing:
         raise ValueError(f"input lacks Criteo columns {missing[:5]}{'...' if len(missing) > 5 else ''}")
-    return features.dense_array(frame), features.encode_categorical(frame)
+    return transforms.dense_array(frame), transforms.encode_categorical(frame)
 
 
 def from_arrow(table) -> tuple[np.ndarray, np.ndarray]:
@@ -35,13 +35,13 @@ def from_arrow(table) -> tuple[np.ndarray, np.ndarray]:
 
 def from_tsv_lines(lines: Iterable[str | bytes]) -> tuple[np.ndarray, np.ndarray]:
     """Raw Criteo TSV lines (label optional, decided from the first line) -> request tensors."""
-    from ensemble import data
+    from ensemble.data import criteo
 
     blob = b"".join((line.encode() if isinstance(line, str) else line).rstrip(b"\r\n") + b"\n" for line in lines)
     if not blob:
         return np.empty((0, schema.N_DENSE), np.float32), np.empty((0, schema.N_CATEGORICAL), object)
-    with_label = data.has_label(blob.split(b"\n", 1)[0])
-    return from_frame(data.parse_criteo(io.BytesIO(blob), with_label=with_label, compression=None))
+    with_label = criteo.has_label(blob.split(b"\n", 1)[0])
+    return from_frame(criteo.parse_criteo(io.BytesIO(blob), with_label=with_label, compression=None))
 
 
 def to_tensors(rows, categorical: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,5 @@
-"""`ensemble score`: run batch scoring in this process or across a Dask cluster.
+"""`ensemble score`: a batch-scoring run over every partition (:mod:`clients.partitions`), in this
+process or across a Dask cluster.
 
 Single process: one output file (Parquet or CSV). Dask: an output folder with one Parquet part
 per input partition and ``manifest.json``; the folder is built as ``<output>.partial`` and
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from clients.batch import (BadInput, ChunkFailed, LineReport, OutputWriter, Partition, ScoreSettings, Summary,
+from clients.partitions import (BadInput, ChunkFailed, LineReport, OutputWriter, Partition, ScoreSettings, Summary,
                            local_pipeline, output_schema, plan_partitions, score_chunks)
 from clients.progress import INPUT_BYTES, Progress
 from ensemble import schema

@@ -3,7 +3,7 @@
 tritonclient serializes a BYTES tensor element by element in Python (~30 ms for a 4096 x 26
 request on the build machine), which is most of the client's CPU in batch scoring. This
 builds the same wire format (per element: 4-byte little-endian length, then the bytes) in C
-(:func:`ensemble.native.join_wire`, a Python loop when the extension was not built). It writes
+(:func:`ensemble.serving.native.join_wire`, a Python loop when the extension was not built). It writes
 the fields tritonclient's ``set_data_from_numpy`` writes, which are private: tritonclient is
 pinned in requirements.txt and a unit test compares the bytes with tritonclient's own serializer.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ensemble.native import join_wire
+from ensemble.serving.native import join_wire
 
 
 def serialize_bytes(array: np.ndarray) -> bytes:

@@ -29,6 +29,6 @@ ENV PYTHONPATH=/opt/ensemble
 # The gpu extra (pyproject.toml) on top of the same pins; then the Treelite of the pinned FIL
 # backend for `ensemble check`, so the check runs offline in the container.
 RUN python -m pip install --no-cache-dir -r /tmp/requirements-gpu.txt ".[gpu]" \
-    && python -c "from ensemble.check_artifacts import ensure_treelite; from ensemble.releases import PINNED; ensure_treelite(PINNED.treelite)"
+    && python -c "from ensemble.check.loading import ensure_treelite; from ensemble.repository.releases import PINNED; ensure_treelite(PINNED.treelite)"
 
 ENTRYPOINT ["ensemble"]

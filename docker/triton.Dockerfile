@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # Triton for the GPU configuration: the pinned NGC release plus this package, installed into the
 # Python that the python backend stub runs (for the features and blend steps).
-# The release must equal ensemble/releases.py PINNED (tests/unit/test_compose.py checks it).
+# The release must equal ensemble/repository/releases.py PINNED (tests/unit/test_compose.py checks it).
 ARG TRITON_RELEASE=25.02
 FROM nvcr.io/nvidia/tritonserver:${TRITON_RELEASE}-py3
 
@@ -20,6 +20,6 @@ COPY clients ./clients
 RUN grep -E '^(numpy|pyarrow)==' requirements.txt > /tmp/serving-requirements.txt \
     && python3 -m pip install --no-cache-dir -r /tmp/serving-requirements.txt \
     && python3 -m pip install --no-cache-dir --no-deps --ignore-requires-python . \
-    && python3 -c "import ensemble.runtime, ensemble.features, ensemble.models.blend, ensemble.models.xgb, pyarrow.parquet"
+    && python3 -c "import ensemble.serving.runtime, ensemble.features.transforms, ensemble.models.blend, ensemble.models.xgb, pyarrow.parquet"
 
 WORKDIR /opt/tritonserver

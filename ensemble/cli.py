@@ -5,16 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 from pathlib import Path
 
 from ensemble import schema
-from ensemble.registry import Layout
-from ensemble.serve import DEFAULT_LAYOUT
+from ensemble.models.registry import Layout
 from ensemble.serving import monitoring
+from ensemble.serving.server import DEFAULT_LAYOUT
 
-# `ensemble.data` imports pandas (~0.4 s): imported inside the commands that use it, so that
+# `ensemble.data.criteo` imports pandas (~0.4 s): imported inside the commands that use it, so that
 # `--help` and argument errors answer at once.
 
 
@@ -35,9 +34,9 @@ def _command(sub, name: str, text: str) -> argparse.ArgumentParser:
 
 
 def _synth_config(args):
-    from ensemble import data
+    from ensemble.data import criteo
 
-    return data.SynthConfig(rows=args.rows, scale=args.scale, seed=args.seed)
+    return criteo.SynthConfig(rows=args.rows, scale=args.scale, seed=args.seed)
 
 
 def _train_config(args):
@@ -54,11 +53,11 @@ def _train_config(args):
 
 
 def _server_options(args):
-    from ensemble.serve import ServerOptions
+    from ensemble.serving.server import ServerOptions
 
     import os
 
-    from ensemble.control import ADMIN_KEY_ENV
+    from ensemble.serving.control import ADMIN_KEY_ENV
 
     from ensemble.serving.monitoring import LatencySummaries
 
@@ -71,31 +70,31 @@ def _server_options(args):
 
 
 def cmd_synth(args) -> int:
-    from ensemble import data
+    from ensemble.data import criteo
 
-    synth = data.synthesize(_synth_config(args))
-    from ensemble.metrics import auc
+    synth = criteo.synthesize(_synth_config(args))
+    from ensemble.models.metrics import auc
 
-    path = data.write_criteo(synth.frame, args.output)
+    path = criteo.write_criteo(synth.frame, args.output)
     print(f"wrote {len(synth.frame)} rows to {path}; click rate {synth.frame[schema.LABEL].mean():.3f}; "
           f"best possible AUC (the generator's own probabilities) {auc(synth.frame[schema.LABEL], synth.probability):.4f}")
     return 0
 
 
 def cmd_train(args) -> int:
-    from ensemble import data
+    from ensemble.data import criteo
 
     from ensemble import training
 
-    frame = data.read_criteo(args.input, nrows=args.nrows)
-    train, valid, test = data.split(frame, args.valid_fraction, args.test_fraction)
+    frame = criteo.read_criteo(args.input, nrows=args.nrows)
+    train, valid, test = criteo.split(frame, args.valid_fraction, args.test_fraction)
     report = training.train_all(train, valid, test, args.workdir, _train_config(args))
     print(json.dumps(report["test"], indent=1))
     return 0
 
 
 def cmd_export(args) -> int:
-    from ensemble.export import TrainedArtifacts, export_repository
+    from ensemble.repository.export import TrainedArtifacts, export_repository
 
     workdir = Path(args.workdir)
     written = export_repository(TrainedArtifacts.under(workdir),
@@ -106,18 +105,21 @@ def cmd_export(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from ensemble.serve import ServerError, TritonServer
-    from ensemble.supervise import Supervisor
+    from ensemble.serving.server import ServerError, TritonServer
+    from ensemble.serving.lifecycle import run_until_signal
+    from ensemble.serving.supervise import Supervisor
 
     server = TritonServer(_server_options(args))
-    stop: list[int] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, _frame: stop.append(signum))
     try:
-        server.start()
-        print(f"ready: HTTP http://{server.http_url}  gRPC grpc://{server.grpc_url}  metrics {server.metrics_url}")
-        print(f"log: {server.log_file}", flush=True)
-        Supervisor(server, log=lambda line: print(line, flush=True)).run(lambda: bool(stop))
+        supervisor = Supervisor(server, log=lambda line: print(line, flush=True))
+
+        def supervise(stopped) -> None:
+            server.start()
+            print(f"ready: HTTP http://{server.http_url}  gRPC grpc://{server.grpc_url}  metrics {server.metrics_url}")
+            print(f"log: {server.log_file}", flush=True)
+            supervisor.run(stopped)
+
+        run_until_signal(on_tick=supervise)
     except ServerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         server.stop()
@@ -128,7 +130,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_score(args) -> int:
-    from clients.batch import BadInput, ChunkFailed, ScoreSettings
+    from clients.partitions import BadInput, ChunkFailed, ScoreSettings
     from clients.scoring import score_files, score_files_dask
     from clients.triton import Retry
 
@@ -168,8 +170,8 @@ def cmd_score(args) -> int:
 
 
 def cmd_deploy(args) -> int:
-    from ensemble.control import ControlError
-    from ensemble.deploy import deploy, rollback
+    from ensemble.serving.control import ControlError
+    from ensemble.serving.deploy import deploy, rollback
 
     try:
         if args.command == "deploy":
@@ -219,8 +221,8 @@ def cmd_demo(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from ensemble.check import CheckOptions, report, run_check
-    from ensemble.releases import RELEASES
+    from ensemble.check.compat import CheckOptions, report, run_check
+    from ensemble.repository.releases import RELEASES
 
     release = RELEASES[args.release]
     findings = run_check(CheckOptions(Path(args.repository), args.target, release,
@@ -365,10 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "check", "verify the repository against the pinned NGC Triton release (no GPU needed)")
     p.add_argument("--repository", default="model_repository", help="the Triton model repository")
     p.add_argument("--target", choices=["gpu", "cpu"], default="gpu", help="which deployment's configs to check")
-    from ensemble.releases import PINNED, RELEASES
+    from ensemble.repository.releases import PINNED, RELEASES
 
     p.add_argument("--release", default=PINNED.tag, choices=sorted(RELEASES),
-                   help="NGC container release (table in ensemble/releases.py)")
+                   help="NGC container release (table in ensemble/repository/releases.py)")
     p.add_argument("--treelite-dir", default=None,
                    help="folder with that release's Treelite (default: installed once into ~/.cache/ensemble)")
     p.set_defaults(func=cmd_check)

@@ -11,15 +11,19 @@ from typing import Callable
 
 import numpy as np
 
-from ensemble import data, features, machine, schema, training
-from ensemble.export import TrainedArtifacts, export_repository
-from ensemble.runtime import Pipeline
-from ensemble.serve import ServerOptions, TritonServer
+from ensemble import machine, schema, training
+from ensemble.data import criteo
+from ensemble.data.edge_cases import edge_case_rows
+from ensemble.features import transforms
+from ensemble.repository.export import TrainedArtifacts, export_repository
+from ensemble.serving.runtime import Pipeline
+from ensemble.serving.lifecycle import run_until_signal
+from ensemble.serving.server import ServerOptions, TritonServer
 
 
 @dataclass(frozen=True)
 class DemoOptions:
-    synth: data.SynthConfig = field(default_factory=data.SynthConfig)
+    synth: criteo.SynthConfig = field(default_factory=criteo.SynthConfig)
     train: training.TrainConfig = field(default_factory=training.TrainConfig)
     workdir: Path = Path("build")
     repository: Path = Path("model_repository")
@@ -27,20 +31,6 @@ class DemoOptions:
     keep_serving: bool = False
     parity_rows: int = 2000
     latency_requests: int = 300
-
-
-def edge_case_rows(rng: np.random.Generator, n: int = 8) -> tuple[np.ndarray, np.ndarray]:
-    """Rows a real client may send: everything missing, unseen/odd strings, negative, huge and
-    non-finite integers. Returns ([n x 13] float32, [n x 26] bytes objects)."""
-    dense = rng.integers(-5, 1000, (n, schema.N_DENSE)).astype(np.float32)
-    dense[0] = np.nan
-    dense[1, :4] = [np.inf, -np.inf, 3.0e38, -1e9]
-    dense[2] = 1e30
-    cats = np.array([[f"{v:08x}".encode() for v in row] for row in rng.integers(0, 2**32, (n, 26))], dtype=object)
-    cats[0] = b""
-    cats[3, :5] = [b"not-hex!", b"x" * 5000, "\u00e9\u00e8".encode(), b"\xff\xfe", b"  "]
-    cats[4, ::2] = b""
-    return dense, cats
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:
@@ -68,12 +58,12 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
                      "synth": asdict(options.synth)}
 
     log(f"1/6 synthesizing {options.synth.rows} rows (cardinality scale {options.synth.scale})")
-    synth = data.synthesize(options.synth)
-    path = data.write_criteo(synth.frame, workdir / "data" / "synthetic.tsv")
-    frame = data.read_criteo([path])
-    train, valid, test = data.split(frame)
+    synth = criteo.synthesize(options.synth)
+    path = criteo.write_criteo(synth.frame, workdir / "data" / "synthetic.tsv")
+    frame = criteo.read_criteo([path])
+    train, valid, test = criteo.split(frame)
     n_test = len(test)
-    from ensemble.metrics import auc
+    from ensemble.models.metrics import auc
     summary["best_possible_test_auc"] = auc(test[schema.LABEL], synth.probability[-n_test:])
     log(f"    click rate {frame[schema.LABEL].mean():.3f}; the generator's own (best possible) "
         f"test AUC {summary['best_possible_test_auc']:.4f}")
@@ -106,10 +96,10 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
         grpc = RankerClient(server.grpc_url, "grpc")
 
         log("5/6 parity: served scores vs the in-process pipeline on fresh random rows")
-        fresh = data.synthesize(data.SynthConfig(rows=options.parity_rows, scale=options.synth.scale,
+        fresh = criteo.synthesize(criteo.SynthConfig(rows=options.parity_rows, scale=options.synth.scale,
                                                  seed=options.synth.seed + 1000)).frame
-        dense = np.concatenate([features.dense_array(fresh), edge_case_rows(np.random.default_rng(7))[0]])
-        cats = np.concatenate([features.encode_categorical(fresh), edge_case_rows(np.random.default_rng(7))[1]])
+        dense = np.concatenate([transforms.dense_array(fresh), edge_case_rows(np.random.default_rng(7))[0]])
+        cats = np.concatenate([transforms.encode_categorical(fresh), edge_case_rows(np.random.default_rng(7))[1]])
         pipeline = Pipeline.from_repository(options.repository, threads=1)
         local = pipeline.score(dense, cats)
         served = http.score(dense, cats, all_scores=True)
@@ -146,7 +136,7 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
             raise SystemExit("served scores differ from the in-process pipeline")
         if options.keep_serving:
             log("serving until Ctrl-C")
-            _wait_for_interrupt(server)
+            run_until_signal(server.alive)
     finally:
         server.stop()
     return summary
@@ -167,24 +157,14 @@ def _step_timings(pipeline: Pipeline, dense: np.ndarray, cats: np.ndarray) -> di
 
 
 def _transform_timings(workflow_dir: Path, test) -> dict[str, float]:
-    from ensemble.features import LeanTransform, load_workflow, nvtabular_transform
+    from ensemble.features.transforms import LeanTransform, load_workflow, nvtabular_transform
 
     lean = LeanTransform.load(workflow_dir)
     # NVTabular fails when a categorical column is null in every row of a call: use a full row.
     full = test[test[list(schema.CATEGORICAL_COLUMNS)].notna().all(axis=1)].iloc[:1]
-    d, c = features.dense_array(full), features.encode_categorical(full)
+    d, c = transforms.dense_array(full), transforms.encode_categorical(full)
     lean_ms = statistics.median(_timed(lambda: lean(d, c), 2000)) * 1e3
     workflow = load_workflow(workflow_dir)
     nvtabular_transform(workflow, full)  # warm-up
     nvt_ms = statistics.median(_timed(lambda: nvtabular_transform(workflow, full), 20)) * 1e3
     return {"lean_1row_ms": lean_ms, "nvtabular_1row_ms": nvt_ms}
-
-
-def _wait_for_interrupt(server: TritonServer) -> None:
-    import signal
-
-    stop = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.append(1))
-    while not stop and server.alive():
-        time.sleep(0.5)

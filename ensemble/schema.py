@@ -120,3 +120,25 @@ GPU_STEPS: dict[Model, Step] = {
     Model.FEATURES: Step(Model.FEATURES, (DENSE, CATEGORICAL), (DENSE_FEATURES, CATEGORY_IDS, XGB_FEATURES)),
     Model.XGB: Step(Model.XGB, (XGB_FEATURES,), (PROB_XGB,)),
 }
+
+# Triton's v2 inference endpoint of the ranker (HTTP), as clients, probes and baselines call it.
+RANKER_INFER_PATH = f"/v2/models/{Model.RANKER.value}/infer"
+
+
+def v2_json_request(dense, categorical, outputs: tuple[str, ...] = (SCORE.name,)) -> bytes:
+    """The ranker's v2 JSON inference body.
+
+    Args:
+        dense: [B x 13] float array (NaN = missing; json.dumps writes bare NaN, which Triton's
+            parser takes).
+        categorical: [B x 26] array of bytes (b"" = missing; sent as UTF-8 text).
+        outputs: the output tensors to ask for.
+    """
+    import json
+
+    return json.dumps({
+        "inputs": [{"name": DENSE.name, "shape": list(dense.shape), "datatype": DENSE.dtype.wire,
+                    "data": dense.ravel().tolist()},
+                   {"name": CATEGORICAL.name, "shape": list(categorical.shape), "datatype": CATEGORICAL.dtype.wire,
+                    "data": [v.decode("utf-8", "replace") for v in categorical.ravel()]}],
+        "outputs": [{"name": name} for name in outputs]}).encode()

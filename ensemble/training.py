@@ -1,7 +1,7 @@
 """Fit the features and train the three models and the blender; report held-out accuracy.
 
 Artifacts land in a work folder (``<workdir>/workflow``, ``<workdir>/models/<model>/``) from
-which :mod:`ensemble.export` writes the model repository.
+which :mod:`ensemble.repository.export` writes the model repository.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from ensemble import features, metrics, schema
-from ensemble.export import TrainedArtifacts
+from ensemble import schema
+from ensemble.features import transforms
+from ensemble.models import metrics
+from ensemble.repository.export import TrainedArtifacts
 from ensemble.models import dlrm_tf, dlrm_torch, xgb
 from ensemble.models.blend import Blender
 from ensemble.models.dlrm import DLRMConfig
@@ -33,8 +35,8 @@ class TrainConfig:
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` -> ``gpu`` when an NVIDIA GPU is visible, else ``cpu`` (see :mod:`ensemble.gpu`)."""
-    from ensemble.gpu import resolve_device as resolve
+    """``auto`` -> ``gpu`` when an NVIDIA GPU is visible, else ``cpu`` (see :mod:`ensemble.device`)."""
+    from ensemble.device import resolve_device as resolve
 
     return resolve(device).value
 
@@ -47,7 +49,7 @@ class Tensors:
 
 
 def _to_tensors(workflow, frame: pd.DataFrame, device: str = "cpu") -> Tensors:
-    dense, ids = features.nvtabular_transform(workflow, frame, device)
+    dense, ids = transforms.nvtabular_transform(workflow, frame, device)
     return Tensors(dense.astype(np.float32), ids, frame[schema.LABEL].to_numpy(np.int8))
 
 
@@ -63,11 +65,11 @@ def train_all(train: pd.DataFrame, valid: pd.DataFrame, test: pd.DataFrame, work
     timings: dict[str, float] = {}
 
     start = time.perf_counter()
-    features.fit_workflow(train, artifacts.workflow_dir, config.freq_threshold, config.device)
-    workflow = features.load_workflow(artifacts.workflow_dir)
+    transforms.fit_workflow(train, artifacts.workflow_dir, config.freq_threshold, config.device)
+    workflow = transforms.load_workflow(artifacts.workflow_dir)
     splits = {name: _to_tensors(workflow, frame, config.device)
               for name, frame in (("train", train), ("valid", valid), ("test", test))}
-    cardinalities = features.LeanTransform.load(artifacts.workflow_dir).cardinalities
+    cardinalities = transforms.LeanTransform.load(artifacts.workflow_dir).cardinalities
     timings["features"] = time.perf_counter() - start
     log(f"features fitted in {timings['features']:.1f}s; vocabulary sizes {list(cardinalities)}")
 

@@ -24,9 +24,9 @@ import time  # noqa: E402
 import gevent  # noqa: E402
 from locust import FastHttpUser, User, constant, events, task  # noqa: E402
 
+from ensemble import schema  # noqa: E402
 from loadtest.payloads import Payloads  # noqa: E402
 
-INFER_PATH = "/v2/models/ranker/infer"
 
 
 @events.init_command_line_parser.add_listener
@@ -140,7 +140,7 @@ class JsonUser(FastHttpUser):
     @task
     def infer(self) -> None:
         body = random.choice(payloads(self.environment).json)
-        with self.client.post(INFER_PATH, data=body, headers={"Content-Type": "application/json"},
+        with self.client.post(schema.RANKER_INFER_PATH, data=body, headers={"Content-Type": "application/json"},
                               name=f"infer {self.environment.parsed_options.rows_per_request} rows",
                               catch_response=True) as response:
             error = getattr(response, "error", None)  # set only when no HTTP answer came back

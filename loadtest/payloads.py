@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from ensemble import schema
 
 POOL_SIZE = 256
-
-
-def v2_json(dense: np.ndarray, cats: np.ndarray, outputs: tuple[str, ...] = (schema.SCORE.name,)) -> bytes:
-    """Triton's v2 JSON inference body; json.dumps writes bare NaN, which Triton's parser takes."""
-    return json.dumps({
-        "inputs": [{"name": schema.DENSE.name, "shape": list(dense.shape), "datatype": schema.DENSE.dtype.wire,
-                    "data": dense.ravel().tolist()},
-                   {"name": schema.CATEGORICAL.name, "shape": list(cats.shape), "datatype": schema.CATEGORICAL.dtype.wire,
-                    "data": [v.decode("utf-8", "replace") for v in cats.ravel()]}],
-        "outputs": [{"name": name} for name in outputs]}).encode()
 
 
 class Payloads:
@@ -33,4 +21,4 @@ class Payloads:
         rng = np.random.default_rng(seed)
         picks = [rng.integers(0, len(dense), rows) for _ in range(POOL_SIZE)]
         self.arrays = [(dense[p], cats[p]) for p in picks]
-        self.json = [v2_json(d, c) for d, c in self.arrays]
+        self.json = [schema.v2_json_request(d, c) for d, c in self.arrays]

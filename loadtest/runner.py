@@ -22,7 +22,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ensemble.registry import Layout
+from ensemble.models.registry import Layout
+from ensemble.serving import lifecycle
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 
@@ -123,21 +124,6 @@ def _has_taskset() -> bool:
     return which("taskset") is not None
 
 
-def _wait_ready(url: str, process: subprocess.Popen | None, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"baseline exited with code {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} not ready after {timeout:.0f}s")
-
-
 class Servers:
     """Starts what the targets need (unless given URLs) and stops all of it on exit."""
 
@@ -165,7 +151,7 @@ class Servers:
         return self.urls[target]
 
     def _start_triton(self, layout: Layout) -> None:
-        from ensemble.serve import ServerOptions, TritonServer, free_port
+        from ensemble.serving.server import ServerOptions, TritonServer, free_port
 
         log = self.log_dir / f"tritonserver-{layout.value}.log"
         print(f"starting tritonserver ({layout.value} layout; loading the models takes ~10-20 s, log {log}) ...",
@@ -183,7 +169,7 @@ class Servers:
                 self.urls.setdefault(target.value, f"{scheme}://{server.grpc_url if target.grpc else server.http_url}")
 
     def _start_baseline(self, kind: str) -> None:
-        from ensemble.serve import free_port
+        from ensemble.serving.server import free_port
 
         port = free_port()
         cmd = [*self.pinning.prefix(self.pinning.server), sys.executable, "-m", "ensemble", "baseline-serve",
@@ -191,11 +177,11 @@ class Servers:
         log = open(self.log_dir / f"{kind}.log", "ab")
         self.stack.callback(log.close)
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.stack.callback(_terminate, process)
+        self.stack.callback(lifecycle.terminate, process)
         url = f"http://127.0.0.1:{port}"
         print(f"starting the {kind} baseline (log {self.log_dir / f'{kind}.log'}) ...", flush=True)
         started = time.monotonic()
-        _wait_ready(url, process)
+        lifecycle.wait_ready(url, process, what=f"baseline {kind}")
         print(f"{kind} baseline ready after {time.monotonic() - started:.1f} s", flush=True)
         self.urls[kind] = url
         self.baselines[kind] = process
@@ -208,9 +194,9 @@ class Servers:
             own = layout in self.triton and target not in self.options.urls
             return self.triton[layout].cpu_seconds() if own else None
         if target in self.baselines:
-            from ensemble.serve import process_cpu_seconds
+            from ensemble.serving import processes
 
-            return {target: process_cpu_seconds(self.baselines[target].pid)}
+            return {target: processes.cpu_seconds(self.baselines[target].pid)}
         return None
 
     def triton_stats_url(self, target: str) -> str | None:
@@ -221,16 +207,6 @@ class Servers:
         if http is None and layout in self.triton:
             http = f"http://{self.triton[layout].http_url}"
         return f"{http}/v2/models/stats" if http else None
-
-
-def _terminate(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _stats(url: str | None) -> dict | None:
@@ -332,10 +308,10 @@ def holdout_file(options: RunnerOptions) -> Path:
         return options.data_file
     path = options.out / "holdout.tsv"
     if not path.exists():
-        from ensemble import data  # pandas: only when a run needs data
+        from ensemble.data import criteo  # pandas: only when a run needs data
 
         print(f"writing 5,000 synthetic held-out rows to {path} (no --data-file given)", flush=True)
-        data.write_criteo(data.synthesize(data.SynthConfig(rows=5000, seed=99_991)).frame, path)
+        criteo.write_criteo(criteo.synthesize(criteo.SynthConfig(rows=5000, seed=99_991)).frame, path)
     return path
 
 

@@ -1,7 +1,7 @@
 """`python -m loadtest.sweep`: the fused ranker's dynamic-batching settings, measured.
 
 For each (queue delay, instance count) it writes the fused layout's ``ranker`` config from the
-typed builder (:func:`ensemble.configs.layout_specs`, with the two fields replaced) into a
+typed builder (:func:`ensemble.repository.configs.layout_specs`, with the two fields replaced) into a
 scratch copy of the repository, starts tritonserver on it pinned like ``ensemble loadtest``
 (server on the last core, locust on the others), and runs one locust scenario per rows/request.
 Prints a table and writes ``sweep.json`` and ``sweep.md``. A benchmark, not a test.
@@ -16,8 +16,8 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from ensemble import configs
-from ensemble.registry import Layout
+from ensemble.repository import configs
+from ensemble.models.registry import Layout
 from ensemble.schema import Model
 
 
@@ -33,7 +33,7 @@ def _repository_with(source: Path, into: Path, queue_delay_us: int, instances: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ensemble.serve import ServerOptions, TritonServer, free_port
+    from ensemble.serving.server import ServerOptions, TritonServer, free_port
     from loadtest.runner import Pinning, RunnerOptions, holdout_file, locust_command, read_locust_csv
 
     p = argparse.ArgumentParser(prog="python -m loadtest.sweep", description=__doc__.splitlines()[0])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ensemble import data
+from ensemble.data import criteo
 
 from tests.helpers import SYNTH
 
@@ -26,13 +26,13 @@ class Trained:
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory) -> Trained:
     from ensemble import training
-    from ensemble.export import TrainedArtifacts, export_repository
+    from ensemble.repository.export import TrainedArtifacts, export_repository
     from ensemble.models.dlrm import DLRMConfig
     from ensemble.models.xgb import XGBConfig
 
     root = tmp_path_factory.mktemp("trained")
-    path = data.write_criteo(data.synthesize(SYNTH).frame, root / "data.tsv")
-    train, valid, test = data.split(data.read_criteo([path]))
+    path = criteo.write_criteo(criteo.synthesize(SYNTH).frame, root / "criteo.tsv")
+    train, valid, test = criteo.split(criteo.read_criteo([path]))
     config = training.TrainConfig(xgb=XGBConfig(rounds=40, max_depth=6),
                                   dlrm=DLRMConfig(epochs=1, embedding_dim=8, bottom_mlp=(32,), top_mlp=(32,)))
     report = training.train_all(train, valid, test, root / "work", config, log=lambda _: None)
@@ -43,6 +43,6 @@ def trained(tmp_path_factory) -> Trained:
 
 @pytest.fixture(scope="session")
 def pipeline(trained):
-    from ensemble.runtime import Pipeline
+    from ensemble.serving.runtime import Pipeline
 
     return Pipeline.from_repository(trained.repository)

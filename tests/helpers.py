@@ -6,30 +6,31 @@ import threading
 
 import numpy as np
 
-from ensemble import data
+from ensemble import schema
+from ensemble.data import criteo
 
 # Small enough for CI on 2 cores, big enough that every step trains for real.
-SYNTH = data.SynthConfig(rows=24_000, scale=0.002, seed=11)
+SYNTH = criteo.SynthConfig(rows=24_000, scale=0.002, seed=11)
 
 
 def fresh_rows(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """New random rows (a different seed from training: unseen values included) plus edge cases."""
-    from ensemble import features
-    from ensemble.demo import edge_case_rows
+    from ensemble.features import transforms
+    from ensemble.data.edge_cases import edge_case_rows
 
-    frame = data.synthesize(data.SynthConfig(rows=n, scale=SYNTH.scale, seed=seed)).frame
+    frame = criteo.synthesize(criteo.SynthConfig(rows=n, scale=SYNTH.scale, seed=seed)).frame
     edge_dense, edge_cats = edge_case_rows(np.random.default_rng(seed))
-    return (np.concatenate([features.dense_array(frame), edge_dense]),
-            np.concatenate([features.encode_categorical(frame), edge_cats]))
+    return (np.concatenate([transforms.dense_array(frame), edge_dense]),
+            np.concatenate([transforms.encode_categorical(frame), edge_cats]))
 
 
 def post_infer(base_url: str, body: bytes) -> tuple[int, dict]:
-    """POST a v2 JSON inference body to ``<base_url>/v2/models/ranker/infer``: (status, reply)."""
+    """POST a v2 JSON inference body to the ranker's infer endpoint under ``base_url``: (status, reply)."""
     import json
     import urllib.error
     import urllib.request
 
-    request = urllib.request.Request(f"{base_url}/v2/models/ranker/infer", data=body, method="POST",
+    request = urllib.request.Request(f"{base_url}{schema.RANKER_INFER_PATH}", data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=60) as reply:

@@ -1,2 +1,4 @@
-"""The three scorers and the blender. Each module trains, saves in its native format, and loads
-a scorer for serving; heavy frameworks are imported inside functions only."""
+"""The three scorers and the blender, one module each (train, save in the native format, load a
+scorer; heavy frameworks imported inside functions only), plus ``registry`` (one Component per
+model: artifacts, loader, export hook, GPU serving; the step order), ``artifacts`` (file names),
+``metrics`` (AUC, log loss) and ``xgb_gpu`` (in-process GPU trees)."""

@@ -8,7 +8,8 @@ from typing import Callable
 
 import numpy as np
 
-from ensemble import metrics, schema
+from ensemble import schema
+from ensemble.models import metrics
 from ensemble.models.artifacts import SAVEDMODEL, SAVEDMODEL_OUTPUT, TFLITE
 from ensemble.models.dlrm import DLRMConfig, minibatches, table_offsets
 

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ensemble import metrics, schema
+from ensemble import schema
+from ensemble.models import metrics
 from ensemble.models.artifacts import TORCHSCRIPT
 from ensemble.models.dlrm import DLRMConfig, minibatches, table_offsets
 

@@ -69,7 +69,7 @@ def build_scorer(kind: Kind, repository: str | Path, threads: int = 1):
         from loadtest.baselines.naive import NaiveScorer
 
         return NaiveScorer(repository, threads)
-    from ensemble.runtime import Pipeline
+    from ensemble.serving.runtime import Pipeline
 
     return Pipeline.from_repository(repository, threads=threads).score
 
@@ -85,7 +85,7 @@ def create_app(kind: Kind, repository: str | Path, threads: int = 1):
     def ready():
         return Response(status_code=200)
 
-    @app.post(f"/v2/models/{schema.Model.RANKER.value}/infer")
+    @app.post(schema.RANKER_INFER_PATH)
     async def infer(request: Request):
         try:
             dense, categorical, requested = parse_request(await request.body())

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ensemble import schema
 from ensemble.models import blend, dlrm_tf, dlrm_torch, xgb
-from ensemble.runtime import latest_version
+from ensemble.serving.runtime import latest_version
 from ensemble.schema import Model
 
 
@@ -26,7 +26,7 @@ class NaiveScorer:
         import torch
         import xgboost
 
-        from ensemble.features import load_workflow
+        from ensemble.features.transforms import load_workflow
 
         repo = Path(repository)
         features_dir = latest_version(repo / Model.FEATURES.value)

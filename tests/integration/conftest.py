@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ensemble.registry import Layout
-from ensemble.serve import DEFAULT_LAYOUT, ServerOptions, TritonServer, free_port
+from ensemble.models.registry import Layout
+from ensemble.serving.server import DEFAULT_LAYOUT, ServerOptions, TritonServer, free_port
 
 CPU_LAYOUTS = (Layout.FUSED, Layout.ENSEMBLE)
 

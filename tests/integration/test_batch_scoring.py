@@ -14,17 +14,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from clients.scoring import read_parts
-from ensemble import cli, data, schema
-from ensemble.serve import ServerOptions, TritonServer, free_port
+from ensemble import cli, schema
+from ensemble.data import criteo
+from ensemble.serving.server import ServerOptions, TritonServer, free_port
 from tests.helpers import SYNTH
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("batch")
-    frame = data.synthesize(data.SynthConfig(rows=50_000, scale=SYNTH.scale, seed=501)).frame
-    tsv = data.write_criteo(frame, root / "day.tsv")
-    gz = data.write_criteo(frame.iloc[:7000], root / "small.tsv.gz")
+    frame = criteo.synthesize(criteo.SynthConfig(rows=50_000, scale=SYNTH.scale, seed=501)).frame
+    tsv = criteo.write_criteo(frame, root / "day.tsv")
+    gz = criteo.write_criteo(frame.iloc[:7000], root / "small.tsv.gz")
     table = frame.iloc[:9000].copy()
     table.insert(0, "request_id", np.arange(9000) + 10**6)
     for col in schema.DENSE_COLUMNS:

@@ -10,13 +10,14 @@ import pyarrow as pa
 import pytest
 
 from clients.triton import AsyncRankerClient, RankerClient, Retry, ScoringError
-from ensemble import data, schema
+from ensemble import schema
+from ensemble.data import criteo
 from tests.helpers import SYNTH
 
 
 @pytest.fixture(scope="module")
 def frame():
-    return data.synthesize(data.SynthConfig(rows=10_000, scale=SYNTH.scale, seed=71)).frame
+    return criteo.synthesize(criteo.SynthConfig(rows=10_000, scale=SYNTH.scale, seed=71)).frame
 
 
 def test_http_and_grpc_give_identical_scores(http_client, grpc_client, frame):
@@ -81,7 +82,7 @@ def test_bad_request_is_not_retried_and_names_its_rows(server):
 
 
 def test_unavailable_server_is_retried_then_reported():
-    from ensemble.serve import free_port
+    from ensemble.serving.server import free_port
 
     pauses = []
     client = RankerClient(f"grpc://127.0.0.1:{free_port()}", retry=Retry(attempts=3, backoff=0.01), timeout=5)
@@ -94,7 +95,7 @@ def test_unavailable_server_is_retried_then_reported():
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_server_down_from_the_first_call_is_retried_and_raised_as_scoring_error(protocol):
-    from ensemble.serve import free_port
+    from ensemble.serving.server import free_port
 
     pauses = []
     client = RankerClient(f"{protocol}://127.0.0.1:{free_port()}", retry=Retry(attempts=3, backoff=0.01), timeout=5)

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from ensemble.serve import ServerError, ServerOptions, TritonServer, free_port
-from ensemble.supervise import Supervisor, SupervisorPolicy
+from ensemble.serving.server import ServerError, ServerOptions, TritonServer, free_port
+from ensemble.serving.supervise import Supervisor, SupervisorPolicy
 from tests.helpers import Load, fresh_rows
 
 RECOVERY_BOUND_S = 30.0  # the test's failure bound; the target (10 s) is reported, not asserted
@@ -37,7 +37,7 @@ def supervised(trained, tmp_path):
 
 
 def _stub_pid(server: TritonServer) -> int:
-    return server._stub_pids()["ranker"]
+    return server.stub_pids()["ranker"]
 
 
 def _wait_answering(supervisor: Supervisor, bound: float) -> float:

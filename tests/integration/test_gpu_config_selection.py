@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from ensemble import schema
-from ensemble.registry import Layout
-from ensemble.serve import ServerOptions, TritonServer, free_port
+from ensemble.models.registry import Layout
+from ensemble.serving.server import ServerOptions, TritonServer, free_port
 
 
 class _KeepGoing(TritonServer):

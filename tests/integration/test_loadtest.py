@@ -9,9 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from ensemble.serve import free_port
-from loadtest.payloads import v2_json
-from loadtest.runner import LOCUSTFILE, RunnerOptions, _terminate, _wait_ready, holdout_file, read_locust_csv, run
+from ensemble.serving.server import free_port
+from ensemble import schema
+from ensemble.serving.lifecycle import terminate, wait_ready
+from loadtest.runner import LOCUSTFILE, RunnerOptions, holdout_file, read_locust_csv, run
 from tests.helpers import decodes_as_utf8, fresh_rows, post_infer
 
 
@@ -28,11 +29,11 @@ def baselines(trained, tmp_path_factory):
         urls[kind] = f"http://127.0.0.1:{port}"
     try:
         for kind, proc in zip(urls, procs):
-            _wait_ready(urls[kind], proc)
+            wait_ready(urls[kind], proc)
         yield urls
     finally:
         for proc in procs:
-            _terminate(proc)
+            terminate(proc)
 
 
 def test_baselines_return_the_ensembles_scores(server, baselines):
@@ -40,7 +41,7 @@ def test_baselines_return_the_ensembles_scores(server, baselines):
     utf8 = np.array([all(decodes_as_utf8(v) for v in row) for row in cats])
     dense, cats = dense[utf8], cats[utf8]  # JSON carries text
     for rows in (1, 37, len(dense)):
-        body = v2_json(dense[:rows], cats[:rows])
+        body = schema.v2_json_request(dense[:rows], cats[:rows])
         status, triton = post_infer(f"http://{server.http_url}", body)
         assert status == 200, triton
         want = np.array(triton["outputs"][0]["data"])
@@ -53,7 +54,7 @@ def test_baselines_return_the_ensembles_scores(server, baselines):
 
 def test_baselines_reject_bad_requests_and_keep_serving(baselines):
     bad = json.dumps({"inputs": [{"name": "dense", "shape": [1, 12], "datatype": "FP32", "data": [1.0] * 12}]})
-    good = v2_json(np.ones((1, 13), np.float32), np.full((1, 26), b"68fd1e64", dtype=object))
+    good = schema.v2_json_request(np.ones((1, 13), np.float32), np.full((1, 26), b"68fd1e64", dtype=object))
     for url in baselines.values():
         status, reply = post_infer(url, bad.encode())
         assert status == 400 and "shape" in reply["error"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import urllib.request
 
-from ensemble.registry import Layout
+from ensemble.models.registry import Layout
 from ensemble.schema import Model
 from ensemble.serving.monitoring import DEFAULT_QUANTILES, dashboard_metric_names, parse_exposition
 from tests.helpers import fresh_rows

@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from clients.triton import AsyncRankerClient, Retry, ScoringError
-from ensemble.configs import CPU_QUEUE
+from ensemble.repository.configs import CPU_QUEUE
 from tests.helpers import fresh_rows
 
 # Requests of 4,096 rows: the dynamic batcher takes two per 8,192-row batch, so the queue really

@@ -10,11 +10,11 @@ import shutil
 import pytest
 
 from ensemble import cli
-from ensemble.control import Control, ControlError
-from ensemble.deploy import DeployError, deploy
-from ensemble.export import TrainedArtifacts, export_repository
+from ensemble.serving.control import Control, ControlError
+from ensemble.serving.deploy import DeployError, deploy
+from ensemble.repository.export import TrainedArtifacts, export_repository
 from ensemble.schema import Model
-from ensemble.serve import ServerOptions, TritonServer, free_port
+from ensemble.serving.server import ServerOptions, TritonServer, free_port
 from tests.helpers import Load, fresh_rows
 
 
@@ -90,7 +90,7 @@ def test_model_control_needs_the_key_when_one_is_set(trained, tmp_path, monkeypa
 
 
 def test_a_public_address_without_a_key_is_refused(trained, tmp_path):
-    from ensemble.serve import ServerError
+    from ensemble.serving.server import ServerError
 
     server = TritonServer(ServerOptions(trained.repository, host="0.0.0.0", http_port=free_port(),
                                         grpc_port=free_port(), metrics_port=free_port(), log_file=tmp_path / "log"))

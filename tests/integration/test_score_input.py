@@ -9,14 +9,15 @@ import gzip
 import pandas as pd
 import pytest
 
-from ensemble import cli, data, schema
+from ensemble import cli, schema
+from ensemble.data import criteo
 from tests.helpers import SYNTH
 
 
 @pytest.fixture(scope="module")
 def good_lines(tmp_path_factory) -> list[str]:
-    frame = data.synthesize(data.SynthConfig(rows=40, scale=SYNTH.scale, seed=77)).frame
-    path = data.write_criteo(frame, tmp_path_factory.mktemp("lines") / "good.tsv")
+    frame = criteo.synthesize(criteo.SynthConfig(rows=40, scale=SYNTH.scale, seed=77)).frame
+    path = criteo.write_criteo(frame, tmp_path_factory.mktemp("lines") / "good.tsv")
     return path.read_text().splitlines(keepends=True)
 
 

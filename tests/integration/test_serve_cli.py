@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from ensemble.serve import free_port
+from ensemble.serving.server import free_port
 
 
 def _serve(repository, *extra):

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ensemble import cli, configs, releases
-from ensemble.check import CheckOptions, run_check
+from ensemble import cli
+from ensemble.repository import configs
+from ensemble.repository import releases
+from ensemble.check.compat import CheckOptions, run_check
 
 
 @pytest.fixture()
@@ -90,7 +92,7 @@ def test_xgboost_file_the_pinned_treelite_cannot_read(repo):
 
 def test_unreadable_checkpoint(repo):
     """A checkpoint the pinned Treelite cannot read (manifest rewritten so only Treelite can object)."""
-    from ensemble import manifest
+    from ensemble.repository import manifest
     from ensemble.schema import Model
 
     version = repo / "xgb" / "1"

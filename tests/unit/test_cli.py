@@ -1,13 +1,14 @@
 import pytest
 
-from ensemble import cli, data, schema
+from ensemble import cli, schema
+from ensemble.data import criteo
 
 
 def test_synth_subcommand_writes_criteo(tmp_path, capsys):
     out = tmp_path / "s.tsv.gz"
     assert cli.main(["synth", "--rows", "2000", "--scale", "0.001", "--output", str(out)]) == 0
     assert "best possible AUC" in capsys.readouterr().out
-    frame = data.read_criteo([out])
+    frame = criteo.read_criteo([out])
     assert len(frame) == 2000 and list(frame.columns) == list(schema.CRITEO_COLUMNS)
 
 

@@ -6,18 +6,19 @@ import pytest
 
 from clients.inputs import to_tensors
 from clients.triton import Protocol, Retry, parse_url
-from ensemble import data, features
+from ensemble.data import criteo
+from ensemble.features import transforms
 
 
 @pytest.fixture(scope="module")
 def frame(tmp_path_factory):
-    out = data.synthesize(data.SynthConfig(rows=300, scale=0.001, seed=4)).frame
-    return data.read_criteo([data.write_criteo(out, tmp_path_factory.mktemp("in") / "x.tsv")])
+    out = criteo.synthesize(criteo.SynthConfig(rows=300, scale=0.001, seed=4)).frame
+    return criteo.read_criteo([criteo.write_criteo(out, tmp_path_factory.mktemp("in") / "x.tsv")])
 
 
 def test_frame_table_lines_and_arrays_agree(frame, tmp_path):
-    dense, cats = features.dense_array(frame), features.encode_categorical(frame)
-    path = data.write_criteo(frame, tmp_path / "x.tsv")
+    dense, cats = transforms.dense_array(frame), transforms.encode_categorical(frame)
+    path = criteo.write_criteo(frame, tmp_path / "x.tsv")
     lines = path.read_text().splitlines()
     unlabelled = ["\t".join(line.split("\t")[1:]) for line in lines]
     for got_dense, got_cats in (to_tensors(frame), to_tensors(pa.Table.from_pandas(frame)),

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ensemble import configs, releases
+from ensemble.repository import configs
+from ensemble.repository import releases
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -149,13 +150,13 @@ def test_triton_image_installs_into_the_stub_python():
     pinned = re.search(r"grep -E '\^\(([\w|]+)\)==' requirements.txt", text).group(1).split("|")
     requirements = (ROOT / "requirements.txt").read_text()
     assert all(re.search(rf"^{name}==", requirements, re.M) for name in pinned), pinned
-    assert "import ensemble.runtime" in runs  # what model.py imports, tried at build time
+    assert "import ensemble.serving.runtime" in runs  # what model.py imports, tried at build time
 
 
 def test_serving_steps_need_only_numpy_and_pyarrow(trained):
     """What the triton image installs for features and blend is enough (GPU step set included)."""
     code = (
-        "import sys; from ensemble.runtime import load_step, latest_version; from pathlib import Path;"
+        "import sys; from ensemble.serving.runtime import load_step, latest_version; from pathlib import Path;"
         f"repo = Path({str(trained.repository)!r});"
         "load_step('features', latest_version(repo / 'features'), layout='gpu');"
         "load_step('blend', latest_version(repo / 'blend'));"

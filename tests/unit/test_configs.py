@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from ensemble import configs, schema
-from ensemble.registry import Layout
+from ensemble import schema
+from ensemble.repository import configs
+from ensemble.models.registry import Layout
 from ensemble.schema import Model
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
@@ -20,7 +21,7 @@ def test_committed_configs_are_generated(tmp_path, relative):
     for name in configs.all_configs():
         committed = REPO / name / relative
         assert committed.read_text() == (tmp_path / name / relative).read_text(), (
-            f"{committed} differs from ensemble/configs.py: run `ensemble export` or regenerate")
+            f"{committed} differs from ensemble/repository/configs.py: run `ensemble export` or regenerate")
 
 
 @pytest.mark.parametrize("relative", [configs.CONFIG_FILE, configs.GPU_CONFIG_FILE])

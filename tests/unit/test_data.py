@@ -4,21 +4,23 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ensemble import data, metrics, schema
+from ensemble import schema
+from ensemble.data import criteo
+from ensemble.models import metrics
 
 
 @pytest.fixture(scope="module")
 def synth():
-    return data.synthesize(data.SynthConfig(rows=40_000, scale=0.002, seed=3))
+    return criteo.synthesize(criteo.SynthConfig(rows=40_000, scale=0.002, seed=3))
 
 
 def test_reader_round_trip_plain_gz_and_several_files(tmp_path, synth):
     frame = synth.frame.iloc[:500]
-    plain = data.write_criteo(frame.iloc[:300], tmp_path / "day_0.tsv")
-    packed = data.write_criteo(frame.iloc[300:], tmp_path / "day_1.tsv.gz")
+    plain = criteo.write_criteo(frame.iloc[:300], tmp_path / "day_0.tsv")
+    packed = criteo.write_criteo(frame.iloc[300:], tmp_path / "day_1.tsv.gz")
     with gzip.open(packed, "rt") as handle:
         assert len(handle.readline().rstrip("\n").split("\t")) == 40
-    back = data.read_criteo([plain, packed])
+    back = criteo.read_criteo([plain, packed])
     assert list(back.columns) == list(schema.CRITEO_COLUMNS)
     assert len(back) == 500
     np.testing.assert_array_equal(back[schema.LABEL].to_numpy(), frame[schema.LABEL].to_numpy())
@@ -26,14 +28,14 @@ def test_reader_round_trip_plain_gz_and_several_files(tmp_path, synth):
                                   frame[list(schema.DENSE_COLUMNS)].to_numpy(np.float64, na_value=np.nan))
     for col in schema.CATEGORICAL_COLUMNS:
         assert back[col].tolist() == frame[col].tolist()
-    assert len(data.read_criteo([plain, packed], nrows=350)) == 350
+    assert len(criteo.read_criteo([plain, packed], nrows=350)) == 350
 
 
 def test_reader_empty_fields_are_missing(tmp_path):
     line = "\t".join(["1", "", "-2"] + [""] * 11 + ["68fd1e64", ""] + ["abc"] * 24)
     path = tmp_path / "one.tsv"
     path.write_text(line + "\n")
-    row = data.read_criteo([path]).iloc[0]
+    row = criteo.read_criteo([path]).iloc[0]
     assert np.isnan(row["I1"]) and row["I2"] == -2
     assert row["C1"] == "68fd1e64" and row["C2"] is None
 
@@ -57,21 +59,21 @@ def test_synthetic_labels_are_learnable_but_noisy(synth):
 
 
 def test_synthetic_is_seeded():
-    a = data.synthesize(data.SynthConfig(rows=1000, seed=5)).frame
-    b = data.synthesize(data.SynthConfig(rows=1000, seed=5)).frame
-    c = data.synthesize(data.SynthConfig(rows=1000, seed=6)).frame
+    a = criteo.synthesize(criteo.SynthConfig(rows=1000, seed=5)).frame
+    b = criteo.synthesize(criteo.SynthConfig(rows=1000, seed=5)).frame
+    c = criteo.synthesize(criteo.SynthConfig(rows=1000, seed=6)).frame
     pd.testing.assert_frame_equal(a, b)
     assert not a.equals(c)
 
 
 def test_full_scale_cardinalities_reach_millions():
-    cards = data.SynthConfig(scale=1.0).cardinalities()
+    cards = criteo.SynthConfig(scale=1.0).cardinalities()
     assert sum(c > 1_000_000 for c in cards) >= 3
-    assert data.SynthConfig(scale=0.01).cardinalities()[2] == 101_313
+    assert criteo.SynthConfig(scale=0.01).cardinalities()[2] == 101_313
 
 
 def test_split_keeps_order():
     frame = pd.DataFrame({"x": range(100)})
-    train, valid, test = data.split(frame, 0.1, 0.2)
+    train, valid, test = criteo.split(frame, 0.1, 0.2)
     assert (len(train), len(valid), len(test)) == (70, 10, 20)
     assert train.x.iloc[-1] == 69 and valid.x.iloc[0] == 70 and test.x.iloc[0] == 80

@@ -3,8 +3,10 @@
 import numpy as np
 import pytest
 
-from ensemble import data, features, schema
-from ensemble.features import NULL_ID, OOV_ID, LeanTransform
+from ensemble import schema
+from ensemble.data import criteo
+from ensemble.features import transforms
+from ensemble.features.transforms import NULL_ID, OOV_ID, LeanTransform
 
 
 @pytest.fixture(scope="module")
@@ -14,12 +16,12 @@ def lean(trained):
 
 @pytest.fixture(scope="module")
 def workflow(trained):
-    return features.load_workflow(trained.workdir / "workflow")
+    return transforms.load_workflow(trained.workdir / "workflow")
 
 
 def _fresh_frame(seed: int, rows: int = 3000):
     # A different seed: most values of big columns are unseen; missing values everywhere.
-    frame = data.synthesize(data.SynthConfig(rows=rows, scale=0.002, seed=seed)).frame
+    frame = criteo.synthesize(criteo.SynthConfig(rows=rows, scale=0.002, seed=seed)).frame
     # as the reader returns it: float32 integers with NaN for missing
     for col in schema.DENSE_COLUMNS:
         frame[col] = frame[col].to_numpy(np.float32, na_value=np.nan)
@@ -32,8 +34,8 @@ def _fresh_frame(seed: int, rows: int = 3000):
 @pytest.mark.parametrize("seed", [101, 202])
 def test_lean_equals_nvtabular_on_fresh_rows(lean, workflow, seed):
     frame = _fresh_frame(seed)
-    nvt_dense, nvt_ids = features.nvtabular_transform(workflow, frame)
-    dense, ids = lean(features.dense_array(frame), features.encode_categorical(frame))
+    nvt_dense, nvt_ids = transforms.nvtabular_transform(workflow, frame)
+    dense, ids = lean(transforms.dense_array(frame), transforms.encode_categorical(frame))
     assert dense.dtype == np.float32 and dense.shape == (len(frame), schema.N_DENSE)
     assert ids.dtype == np.int64 and ids.shape == (len(frame), schema.N_CATEGORICAL)
     # bit for bit: the trees were trained on NVTabular's values, and a value one ulp off a split
@@ -46,8 +48,8 @@ def test_lean_equals_nvtabular_on_fresh_rows(lean, workflow, seed):
 
 def test_lean_on_training_rows_matches_too(lean, workflow, trained):
     frame = trained.train.iloc[:2000]
-    nvt_dense, nvt_ids = features.nvtabular_transform(workflow, frame)
-    dense, ids = lean(features.dense_array(frame), features.encode_categorical(frame))
+    nvt_dense, nvt_ids = transforms.nvtabular_transform(workflow, frame)
+    dense, ids = lean(transforms.dense_array(frame), transforms.encode_categorical(frame))
     np.testing.assert_array_equal(dense, nvt_dense.astype(np.float32))
     np.testing.assert_array_equal(ids, nvt_ids)
 
@@ -67,7 +69,7 @@ def test_lean_handles_what_nvtabular_cannot(lean):
 
 def test_ids_stay_inside_embedding_tables(lean, trained):
     frame = _fresh_frame(303)
-    _, ids = lean(features.dense_array(frame), features.encode_categorical(frame))
+    _, ids = lean(transforms.dense_array(frame), transforms.encode_categorical(frame))
     assert (ids >= 1).all() and (ids < np.array(lean.cardinalities)).all()
 
 
@@ -75,5 +77,5 @@ def test_encode_categorical_maps_missing_to_empty_bytes():
     import pandas as pd
 
     frame = pd.DataFrame({c: ["ab", None] for c in schema.CATEGORICAL_COLUMNS})
-    out = features.encode_categorical(frame)
+    out = transforms.encode_categorical(frame)
     assert out[0, 0] == b"ab" and out[1, 5] == b""

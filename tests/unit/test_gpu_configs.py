@@ -5,7 +5,10 @@ ModelConfig, agreeing with the CPU configuration, and the python-side steps it r
 import numpy as np
 import pytest
 
-from ensemble import check, configs, releases, schema
+from ensemble import schema
+from ensemble.check import compat
+from ensemble.repository import configs
+from ensemble.repository import releases
 from ensemble.schema import Model
 
 
@@ -42,7 +45,7 @@ def test_backends_and_placement(gpu):
 
 
 def test_gpu_and_cpu_configs_agree(cpu, gpu):
-    findings = check._agreement(cpu, gpu)
+    findings = compat._agreement(cpu, gpu)
     assert findings and all(f.ok for f in findings), [f.line() for f in findings if not f.ok]
 
 
@@ -50,7 +53,7 @@ def test_agreement_catches_a_dtype_change(cpu, gpu):
     changed = dict(gpu)
     changed["dlrm_tf"] = configs.parse(configs.all_gpu_configs()["dlrm_tf"])
     changed["dlrm_tf"].input[0].data_type = configs._pb().DataType.Value("TYPE_FP16")
-    failed = [f for f in check._agreement(cpu, changed) if not f.ok]
+    failed = [f for f in compat._agreement(cpu, changed) if not f.ok]
     assert [f.subject for f in failed] == ["dlrm_tf"]
     assert "TYPE_FP16 [13], CPU is TYPE_FP32 [13]" in failed[0].message
 
@@ -68,7 +71,7 @@ def test_backend_names_map_to_schema_tensors(gpu):
 
 
 def test_fil_parameters_valid_for_pinned_release(gpu):
-    assert check._fil("xgb", gpu["xgb"], None, releases.PINNED) == []
+    assert compat._fil("xgb", gpu["xgb"], None, releases.PINNED) == []
     params = {k: v.string_value for k, v in gpu["xgb"].parameters.items()}
     assert params == {"model_type": "treelite_checkpoint", "output_class": "false", "predict_proba": "false"}
     assert list(gpu["xgb"].output[0].dims) == [1]
@@ -78,17 +81,17 @@ def test_fil_parameters_follow_the_release():
     """25.09 renamed output_class to is_classifier: configs generated for one release fail the other."""
     new = configs.parse(configs.all_gpu_configs(releases.RELEASES["25.09"])["xgb"])
     old = configs.parse(configs.all_gpu_configs(releases.PINNED)["xgb"])
-    assert check._fil("xgb", new, None, releases.RELEASES["25.09"]) == []
+    assert compat._fil("xgb", new, None, releases.RELEASES["25.09"]) == []
     assert any("'output_class' is not read by the FIL backend of 25.09 (removed in 25.09)" in p
-               for p in check._fil("xgb", old, None, releases.RELEASES["25.09"]))
+               for p in compat._fil("xgb", old, None, releases.RELEASES["25.09"]))
     assert any("required parameter 'output_class' is missing" in p
-               for p in check._fil("xgb", new, None, releases.PINNED))
+               for p in compat._fil("xgb", new, None, releases.PINNED))
 
 
 def test_gpu_step_set_matches_cpu_steps(trained):
     """features under layout="gpu" also emits the design matrix; xgb reading it scores the same."""
     from ensemble.models.xgb import design_matrix
-    from ensemble.runtime import latest_version, load_step
+    from ensemble.serving.runtime import latest_version, load_step
 
     from tests.helpers import fresh_rows
 
@@ -117,21 +120,21 @@ def test_export_writes_the_fil_checkpoint(trained):
 
 
 def test_device_resolution_without_a_gpu(monkeypatch):
-    from ensemble import gpu
+    from ensemble import device
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert gpu.gpu_visible() is False
-    assert gpu.resolve_device("auto") is gpu.Device.CPU
-    assert gpu.resolve_device("cpu") is gpu.Device.CPU
-    with pytest.raises(gpu.GpuUnavailable, match="no NVIDIA GPU is visible"):
-        gpu.resolve_device("gpu")
+    assert device.gpu_visible() is False
+    assert device.resolve_device("auto") is device.Device.CPU
+    assert device.resolve_device("cpu") is device.Device.CPU
+    with pytest.raises(device.GpuUnavailable, match="no NVIDIA GPU is visible"):
+        device.resolve_device("gpu")
     frame = object()
-    assert gpu.fit_frame(frame, "cpu") == (frame, False)
+    assert device.fit_frame(frame, "cpu") == (frame, False)
 
 
 def test_gpu_libraries_are_never_imported_on_the_cpu_path():
     from tests.helpers import modules_loaded
 
-    code = ("import ensemble.gpu, ensemble.runtime, ensemble.check, ensemble.configs, ensemble.cli\n"
-            "ensemble.configs.all_gpu_configs()")
+    code = ("import ensemble.device, ensemble.serving.runtime, ensemble.check.compat, ensemble.repository.configs, ensemble.cli\n"
+            "ensemble.repository.configs.all_gpu_configs()")
     assert modules_loaded(code, ("cudf", "cupy", "cuml", "nvforest", "dask_cudf", "rmm")) == []

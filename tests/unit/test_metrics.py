@@ -2,7 +2,7 @@ import itertools
 
 import numpy as np
 
-from ensemble import metrics
+from ensemble.models import metrics
 
 
 def test_auc_matches_pair_counting():

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ensemble import metrics
+from ensemble.models import metrics
 from ensemble.models import blend, dlrm_tf, dlrm_torch, xgb
 from ensemble.models.dlrm import DLRMConfig
 
@@ -74,13 +74,13 @@ def test_compiled_trees_equal_xgboost_on_every_batch_size(tmp_path):
 def test_compiled_trees_equal_xgboost_on_trained_rows(trained):
     """The exported model on real feature rows (integer ids sitting on split thresholds): the
     case where TL2cgen's quantized thresholds once disagreed with XGBoost on 1% of rows."""
-    from ensemble import features
-    from ensemble.runtime import release_versions
+    from ensemble.features import transforms
+    from ensemble.serving.runtime import release_versions
     from ensemble.schema import Model
 
     versions = release_versions(trained.repository)
-    transform = features.LeanTransform.load(versions[Model.FEATURES] / "workflow")
-    dense, ids = transform(features.dense_array(trained.test), features.encode_categorical(trained.test))
+    transform = transforms.LeanTransform.load(versions[Model.FEATURES] / "workflow")
+    dense, ids = transform(transforms.dense_array(trained.test), transforms.encode_categorical(trained.test))
     scorer = xgb.TreeScorer(versions[Model.XGB])
     assert scorer._compiled is not None and scorer._compiled.batched
     x = xgb.design_matrix(dense, ids)

@@ -8,16 +8,16 @@ import sys
 
 import pytest
 
-from clients.batch import plan_partitions, read_partition
+from clients.partitions import plan_partitions, read_partition
 from clients.progress import INPUT_BYTES, Progress, native_info_quieted, partition_bytes
-from ensemble import data
+from ensemble.data import criteo
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("progress")
-    frame = data.synthesize(data.SynthConfig(rows=3000, scale=0.002, seed=5)).frame
-    tsv = data.write_criteo(frame, root / "rows.tsv")
+    frame = criteo.synthesize(criteo.SynthConfig(rows=3000, scale=0.002, seed=5)).frame
+    tsv = criteo.write_criteo(frame, root / "rows.tsv")
     with open(tsv, "rb") as src, gzip.open(root / "rows.tsv.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
     frame.to_parquet(root / "rows.parquet", row_group_size=700)

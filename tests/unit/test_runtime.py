@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from clients.wire import serialize_bytes
-from ensemble import runtime
+from ensemble.serving import runtime
 from ensemble.schema import Model
 
 
 def _triton_utils():
     """Triton's own triton_python_backend_utils, as shipped in the nvidia-pytriton wheel."""
-    from ensemble.serve import find_tritonserver
+    from ensemble.serving.server import find_tritonserver
 
     path = find_tritonserver().parent.parent / "backends" / "python" / "triton_python_backend_utils.py"
     spec = importlib.util.spec_from_file_location("triton_python_backend_utils", path)
@@ -36,7 +36,7 @@ def test_deserialize_bytes_matches_tritons_own(values):
 
 
 def test_release_names_the_step_versions_exported_together(trained, tmp_path):
-    from ensemble.export import TrainedArtifacts, export_repository
+    from ensemble.repository.export import TrainedArtifacts, export_repository
 
     repo = tmp_path / "repo"
     shutil.copytree(trained.repository, repo)

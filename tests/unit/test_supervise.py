@@ -3,8 +3,8 @@ tests/integration/test_faults.py)."""
 
 import pytest
 
-from ensemble.serve import ServerOptions, TritonServer
-from ensemble.supervise import GaveUp, Supervisor, SupervisorPolicy
+from ensemble.serving.server import ServerOptions, TritonServer
+from ensemble.serving.supervise import GaveUp, Supervisor, SupervisorPolicy
 
 
 def _server(tmp_path) -> TritonServer:

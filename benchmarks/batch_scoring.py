@@ -5,7 +5,7 @@ configuration scores the same synthetic file; each is run ``--repeats`` times an
 rows/s is reported, with its ratio to ``--local`` at the same batch size (same run, same
 machine). Usage::
 
-    .venv/bin/python -m clients.benchmark --repository model_repository
+    .venv/bin/python -m benchmarks.batch_scoring --repository model_repository
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from clients.batch import ScoreSettings, local_pipeline
+from clients.partitions import ScoreSettings, local_pipeline
 from clients.scoring import score_files
-from ensemble import data
+from ensemble.data import criteo
 from ensemble.machine import summary
 
 
@@ -32,11 +32,11 @@ def _rows_per_second(path: Path, out: Path, settings: ScoreSettings, repeats: in
 
 
 def run(args) -> list[dict]:
-    from ensemble.serve import ServerOptions, TritonServer, free_port
+    from ensemble.serving.server import ServerOptions, TritonServer, free_port
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    source = data.write_criteo(data.synthesize(data.SynthConfig(rows=args.rows, scale=args.scale, seed=4242)).frame,
+    source = criteo.write_criteo(criteo.synthesize(criteo.SynthConfig(rows=args.rows, scale=args.scale, seed=4242)).frame,
                                out / "input.tsv")
     scratch = out / "scored.parquet"
     results: list[dict] = []

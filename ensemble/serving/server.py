@@ -15,14 +15,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from ensemble.configs import config_name
-from ensemble.control import ADMIN_HEADER
-from ensemble.registry import Layout
+from ensemble.repository.configs import config_name
+from ensemble.serving import lifecycle, processes
+from ensemble.serving.control import ADMIN_HEADER
+from ensemble.models.registry import Layout
 from ensemble.schema import Model
 from ensemble.serving.monitoring import LatencySummaries
 
@@ -30,11 +29,6 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # What `ensemble serve` serves on CPU unless told otherwise: the layout that won the load test
 # (docs/loadtest/report.md).
 DEFAULT_LAYOUT = Layout.FUSED
-
-
-# Shared objects whose presence in a process's memory map shows the framework was imported.
-HEAVY_LIBRARIES = {"torch": "libtorch_cpu", "tensorflow": "libtensorflow_framework",
-                   "xgboost": "libxgboost", "litert": "libLiteRt"}  # NVTabular imports torch and TensorFlow
 
 
 class ServerError(RuntimeError):
@@ -49,7 +43,7 @@ class ServerOptions:
         repository: the model repository folder.
         host: address HTTP, gRPC and metrics bind to (loopback unless told otherwise).
         http_port, grpc_port, metrics_port: ports (0 is not allowed; pick free ones).
-        layout: which layout of the repository to serve (see :mod:`ensemble.configs`); the server
+        layout: which layout of the repository to serve (see :mod:`ensemble.repository.configs`); the server
             reads that layout's config files and loads ``ranker`` and what it runs, nothing else
             (explicit model control).
         log_file: where the server's output goes (a temp file if None).
@@ -58,7 +52,7 @@ class ServerOptions:
             the server's cores.
         admin_key: when set, Triton's model-repository API (load/unload: what ``ensemble
             deploy`` and the supervisor use) answers only requests carrying it in the
-            ``ensemble-admin-key`` header (:mod:`ensemble.control`). Required to bind a
+            ``ensemble-admin-key`` header (:mod:`ensemble.serving.control`). Required to bind a
             non-loopback address.
         latency_summaries: Prometheus latency summaries on the metrics port (on by default; see
             :mod:`ensemble.serving.monitoring`).
@@ -222,11 +216,7 @@ class TritonServer:
         raise ServerError(f"tritonserver not ready after {self.options.startup_timeout:.0f}s\n{tail}")
 
     def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as reply:
-                return reply.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return lifecycle.http_ready(f"http://{self.http_url}")
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -282,88 +272,31 @@ class TritonServer:
         """Resident memory of the server and every process it started (the backend stubs)."""
         if not self.alive():
             return 0
-        return sum(_rss(pid) for pid in _process_tree(self.process.pid))
+        return sum(processes.rss(pid) for pid in processes.tree(self.process.pid))
 
-    def _stub_pids(self) -> dict[str, int]:
+    def stub_pids(self) -> dict[str, int]:
         """Model name -> pid of the python-backend stub serving it."""
-        found = {}
-        for pid in _process_tree(self.process.pid)[1:]:
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            model_py = next((a.decode() for a in cmdline if a.endswith(b"model.py")), None)
-            if model_py is not None:
-                found[Path(model_py).parent.parent.name] = pid
-        return found
+        return processes.stub_pids(self.process.pid) if self.alive() else {}
 
     def backend_processes(self) -> dict[str, dict]:
         """Per python-backend stub process: the model it serves, its resident memory, and which
-        heavy frameworks it has loaded (read from /proc/<pid>/maps)."""
+        heavy frameworks it has loaded."""
         if not self.alive():
             return {}
-        found = {}
-        for model, pid in self._stub_pids().items():
-            try:
-                maps = Path(f"/proc/{pid}/maps").read_text(errors="replace")
-            except OSError:
-                continue
-            found[model] = {"pid": pid, "rss_mib": _rss(pid) / 2**20,
-                            "frameworks": sorted(name for name, marker in HEAVY_LIBRARIES.items()
-                                                 if marker in maps)}
-        return found
+        return {model: {"pid": pid, "rss_mib": processes.rss(pid) / 2**20,
+                        "frameworks": processes.frameworks_loaded(pid)}
+                for model, pid in processes.stub_pids(self.process.pid).items()}
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU time (user + system) used so far by the server process and by each model's stub,
         keyed "tritonserver" and the model name."""
         if not self.alive():
             return {}
-        pids = {"tritonserver": self.process.pid, **self._stub_pids()}
-        return {name: process_cpu_seconds(pid) for name, pid in pids.items()}
+        pids = {"tritonserver": self.process.pid, **processes.stub_pids(self.process.pid)}
+        return {name: processes.cpu_seconds(pid) for name, pid in pids.items()}
 
     def __enter__(self) -> "TritonServer":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _process_tree(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            children.setdefault(int(_stat_fields(int(entry.name))[1]), []).append(int(entry.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    tree, stack = [], [root]
-    while stack:
-        pid = stack.pop()
-        tree.append(pid)
-        stack.extend(children.get(pid, []))
-    return tree
-
-
-def _stat_fields(pid: int) -> list[str]:
-    """The fields of /proc/<pid>/stat after the command name (state is [0], ppid [1])."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """utime + stime of one process (all its threads), from /proc/<pid>/stat; 0.0 if it is gone."""
-    try:
-        fields = _stat_fields(pid)
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _rss(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0

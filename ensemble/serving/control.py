@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
+from ensemble import schema
 from ensemble.schema import Model
 
 ADMIN_HEADER = "ensemble-admin-key"
@@ -38,12 +39,12 @@ class Control:
         base = address if "://" in address else f"http://{address}"
         return cls(base.rstrip("/"), key if key is not None else (os.environ.get(ADMIN_KEY_ENV) or None))
 
-    def _request(self, path: str, body: dict | None = None, timeout: float = 10.0):
+    def _request(self, path: str, body: dict | bytes | None = None, timeout: float = 10.0):
         headers = {"Content-Type": "application/json"}
         if self.key:
             headers[ADMIN_HEADER] = self.key
-        request = urllib.request.Request(f"{self.url}{path}", None if body is None else json.dumps(body).encode(),
-                                         headers, method="GET" if body is None else "POST")
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.url}{path}", data, headers, method="GET" if body is None else "POST")
         try:
             with urllib.request.urlopen(request, timeout=timeout) as reply:
                 text = reply.read()
@@ -73,3 +74,14 @@ class Control:
         config = self.config()
         config["version_policy"] = {"specific": {"versions": [int(release)]}}
         self.load(config, timeout)
+
+    def infer(self, dense, categorical, outputs: tuple[str, ...] = tuple(t.name for t in schema.RANKER_OUTPUTS),
+              timeout: float = 60.0) -> dict:
+        """Score rows through the ranker's v2 JSON endpoint: output name -> [B] float array.
+
+        For checks (deploy's served == in-process); the clients (``clients.triton``) are the fast path.
+        """
+        import numpy as np
+
+        reply = self._request(schema.RANKER_INFER_PATH, schema.v2_json_request(dense, categorical, outputs), timeout)
+        return {out["name"]: np.asarray(out["data"], dtype=np.float32) for out in reply["outputs"]}

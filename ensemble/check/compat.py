@@ -1,5 +1,5 @@
 """``ensemble check --target gpu``: verify, without a GPU, what can be verified of a model
-repository against the pinned NGC Triton release (:data:`ensemble.releases.PINNED`).
+repository against the pinned NGC Triton release (:data:`ensemble.repository.releases.PINNED`).
 
 Checks, each reported PASS/FAIL with the file and the reason:
 
@@ -22,8 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ensemble import configs, manifest, releases, schema
-from ensemble.check_artifacts import IO, ensure_treelite, savedmodel_problems, torchscript_problems, tree_problems
+from ensemble import schema
+from ensemble.repository import configs
+from ensemble.repository import manifest
+from ensemble.repository import releases
+from ensemble.check.loading import IO, ensure_treelite, savedmodel_problems, torchscript_problems, tree_problems
 from ensemble.schema import Model
 
 NOT_VERIFIED = (
@@ -193,7 +196,7 @@ def _fil(name: str, config, version_dir: Path | None, release: releases.TritonRe
 
 
 def _latest(repository: Path, name: str) -> Path | None:
-    from ensemble.runtime import latest_version
+    from ensemble.serving.runtime import latest_version
 
     try:
         return latest_version(repository / name)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ensemble import native, schema
+from ensemble import schema
+from ensemble.serving import native
 
 NULL_ID = 1
 OOV_ID = 2
@@ -30,10 +31,10 @@ def fit_workflow(train, out_dir: str | Path, freq_threshold: int = 3, device: st
     """Fit the NVTabular workflow on a training frame and save it.
 
     Args:
-        train: frame from :func:`ensemble.data.read_criteo` (``I*`` float, ``C*`` str/None).
+        train: frame from :func:`ensemble.data.criteo.read_criteo` (``I*`` float, ``C*`` str/None).
         out_dir: the saved workflow directory (NVTabular's format; categories inside).
         freq_threshold: values seen fewer times than this map to the out-of-vocabulary id.
-        device: "gpu" fits on cuDF when cuDF is installed (see :func:`ensemble.gpu.fit_frame`).
+        device: "gpu" fits on cuDF when cuDF is installed (see :func:`ensemble.device.fit_frame`).
 
     Returns:
         ``out_dir``.
@@ -41,7 +42,7 @@ def fit_workflow(train, out_dir: str | Path, freq_threshold: int = 3, device: st
     import nvtabular as nvt
     from nvtabular import ops
 
-    from ensemble import gpu
+    from ensemble.device import fit_frame
 
     out_dir = Path(out_dir)
     dense = (list(schema.DENSE_COLUMNS) >> ops.FillMissing(fill_val=0) >> ops.Clip(min_value=0)
@@ -51,7 +52,7 @@ def fit_workflow(train, out_dir: str | Path, freq_threshold: int = 3, device: st
         freq_threshold=freq_threshold, out_path=str(out_dir.parent / f".{out_dir.name}-fit"))
     workflow = nvt.Workflow(dense + categorical)
     columns = [*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS]
-    frame, on_gpu = gpu.fit_frame(train[columns].reset_index(drop=True), device)
+    frame, on_gpu = fit_frame(train[columns].reset_index(drop=True), device)
     workflow.fit(nvt.Dataset(frame, cpu=not on_gpu))
     workflow.save(str(out_dir))
     _write_lean_stats(workflow, out_dir)
@@ -77,15 +78,15 @@ def nvtabular_transform(workflow, frame, device: str = "cpu"):
     Returns:
         (dense [B x 13] float64, ids [B x 26] int64)
     """
-    from ensemble import gpu
+    from ensemble.device import fit_frame, to_host
 
     if isinstance(workflow, (str, Path)):
         workflow = load_workflow(workflow)
     columns = [*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS]
-    frame, _ = gpu.fit_frame(frame[columns].reset_index(drop=True), device)
+    frame, _ = fit_frame(frame[columns].reset_index(drop=True), device)
     out = workflow.transform(frame)
-    return (gpu.to_host(out[list(schema.DENSE_COLUMNS)].values).astype(np.float64),
-            gpu.to_host(out[list(schema.CATEGORICAL_COLUMNS)].values).astype(np.int64))
+    return (to_host(out[list(schema.DENSE_COLUMNS)].values).astype(np.float64),
+            to_host(out[list(schema.CATEGORICAL_COLUMNS)].values).astype(np.int64))
 
 
 def _ops_of(workflow) -> list:
@@ -178,7 +179,7 @@ class LeanTransform:
         categorical = np.asarray(categorical, dtype=object)
         batch = categorical.shape[0]
         # One pass over the row-major values, each looked up in its column's dictionary, in C
-        # when it was built (ensemble.native): no per-column or per-value Python overhead.
+        # when it was built (ensemble.serving.native): no per-column or per-value Python overhead.
         ids = native.lookup(categorical.reshape(-1).tolist(), self.lookups, OOV_ID)
         return ids.reshape(batch, schema.N_CATEGORICAL)
 

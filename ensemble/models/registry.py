@@ -1,7 +1,7 @@
 """One object per composing model: its tensors, artifacts, loader and GPU serving.
 
 Everything that differs between the five steps of the ranker lives here; the config builder
-(:mod:`ensemble.configs`), export, the in-process pipeline and the serving ``model.py`` iterate
+(:mod:`ensemble.repository.configs`), export, the in-process pipeline and the serving ``model.py`` iterate
 over :data:`COMPONENTS` in order (features first, blend last). Adding a model is one module
 under ``ensemble/models`` (train, save, a scorer) plus one entry below.
 """
@@ -16,9 +16,9 @@ from typing import Callable
 import numpy as np
 
 from ensemble import schema
-from ensemble.gpu import Device
+from ensemble.device import Device
 from ensemble.models import artifacts
-from ensemble.releases import TritonRelease
+from ensemble.repository.releases import TritonRelease
 from ensemble.schema import Model
 
 # A loader takes (version folder, threads, device) and returns the step's function:
@@ -102,14 +102,14 @@ class Component:
 
 # Loaders import their framework lazily: each python-backend process loads only its own.
 def _load_features(version_dir: Path, threads: int, device: Device):
-    from ensemble.features import LeanTransform
+    from ensemble.features.transforms import LeanTransform
 
     return LeanTransform.load(version_dir / artifacts.WORKFLOW)
 
 
 def _load_xgb(version_dir: Path, threads: int, device: Device):
     if device is Device.GPU:
-        from ensemble.gpu import GpuTreeScorer
+        from ensemble.models.xgb_gpu import GpuTreeScorer
 
         return GpuTreeScorer(version_dir)
     from ensemble.models.xgb import TreeScorer

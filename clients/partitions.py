@@ -1,4 +1,5 @@
-"""Batch scoring: files in, predictions out, through Triton or in-process, on one machine or Dask.
+"""Batch scoring, one partition at a time: plan partitions, read and check lines, score chunks
+through Triton or in-process, write outputs (the runs over all partitions: :mod:`clients.scoring`).
 
 Inputs are Criteo TSV (plain or .gz, label optional) or Parquet with the Criteo column names.
 They are cut into partitions (byte ranges of plain TSV, whole .gz files, Parquet row groups),
@@ -24,7 +25,8 @@ import pandas as pd
 from clients.inputs import from_frame
 from clients.progress import INPUT_BYTES
 from clients.triton import Protocol, RankerClient, Retry, ScoringError
-from ensemble import data, schema
+from ensemble import schema
+from ensemble.data import criteo
 
 FEATURE_COLUMNS = (*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS)
 SCORE_COLUMNS = tuple(t.name for t in schema.RANKER_OUTPUTS)
@@ -126,7 +128,7 @@ def _tsv_layout(path: str, _mtime_ns: int, _size: int) -> tuple[bool, bool]:
     fields = first.decode(errors="replace").rstrip("\r\n").split("\t")
     names = [f.strip().lower() for f in fields]
     for with_label in (True, False):
-        if names == [c.lower() for c in data.criteo_columns(with_label)]:
+        if names == [c.lower() for c in criteo.criteo_columns(with_label)]:
             return with_label, True
     if len(fields) not in (39, 40):
         raise BadInput(path, 1, f"{len(fields)} tab-separated fields; a Criteo line has 40 (39 without label)")
@@ -159,7 +161,7 @@ def read_partition(part: Partition, chunk_rows: int, report: LineReport | None =
             yield frame
         return
     with_label, header = tsv_layout(part.path)
-    fields = len(data.criteo_columns(with_label))
+    fields = len(criteo.criteo_columns(with_label))
     position = max(part.start, 0)
     for block in _line_blocks(part.path, part.start, part.stop, chunk_rows, skip_header=header):
         read, position = block.end - position, block.end
@@ -168,8 +170,8 @@ def read_partition(part: Partition, chunk_rows: int, report: LineReport | None =
         if not block.lines:
             continue
         try:
-            yield _with_bytes(data.parse_criteo(io.BytesIO(b"".join(block.lines)), with_label=with_label,
-                                                compression=None), read)
+            yield _with_bytes(criteo.parse_criteo(io.BytesIO(b"".join(block.lines)), with_label=with_label,
+                                                  compression=None), read)
             continue
         except ValueError:
             problems = {i: why for i, line in enumerate(block.lines) if (why := _numeric_problem(line, with_label))}
@@ -177,8 +179,8 @@ def read_partition(part: Partition, chunk_rows: int, report: LineReport | None =
                 raise
         block.drop(problems, report)
         if block.lines:
-            yield _with_bytes(data.parse_criteo(io.BytesIO(b"".join(block.lines)), with_label=with_label,
-                                                compression=None), read)
+            yield _with_bytes(criteo.parse_criteo(io.BytesIO(b"".join(block.lines)), with_label=with_label,
+                                                  compression=None), read)
 
 
 def _with_bytes(frame: pd.DataFrame, input_bytes: int) -> pd.DataFrame:
@@ -189,7 +191,7 @@ def _with_bytes(frame: pd.DataFrame, input_bytes: int) -> pd.DataFrame:
 def _numeric_problem(line: bytes, with_label: bool) -> str | None:
     """Why a Criteo line's label or integer features do not parse, or None."""
     values = line.rstrip(b"\r\n").split(b"\t")
-    names = data.criteo_columns(with_label)
+    names = criteo.criteo_columns(with_label)
     if with_label:
         try:
             int(values[0])
@@ -330,7 +332,7 @@ def local_pipeline(repository: str):
     from clients.progress import native_info_quieted
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # read when TensorFlow is imported (if it is)
-    from ensemble.runtime import Pipeline
+    from ensemble.serving.runtime import Pipeline
 
     with native_info_quieted():
         pipeline = Pipeline.from_repository(repository)
@@ -465,7 +467,7 @@ class Summary:
             self._scores.append(frame[schema.SCORE.name].to_numpy(np.float32)[known])
 
     def finish(self, seconds: float) -> "Summary":
-        from ensemble import metrics
+        from ensemble.models import metrics
 
         self.seconds = seconds
         if self._labels:

@@ -1,4 +1,4 @@
-"""The request path's per-string loops: C when ``ensemble._native`` was built (``pip install``
+"""The request path's per-string loops: C when ``ensemble.serving._native`` was built (``pip install``
 compiles it), Python otherwise. Both produce the same objects; tests compare them.
 
 - :func:`split_wire`: Triton's BYTES wire format (per element a uint32 little-endian length,
@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 try:
-    from ensemble import _native
+    from ensemble.serving import _native
 except ImportError:  # built without a C compiler: the Python loops below
     _native = None
 

@@ -1,4 +1,4 @@
-"""Device selection and the GPU code paths (written for NVIDIA GPUs; none has run on one here).
+"""Device selection and the GPU code paths' shared helpers (written for NVIDIA GPUs; none has run on one here).
 
 ``--device auto|cpu|gpu``: ``auto`` is the GPU when one is visible. Every GPU library (cudf,
 cupy, cuml, nvforest, xgboost's CUDA build) is imported inside a function, only on the GPU path,
@@ -10,8 +10,9 @@ so the CPU install never needs CUDA packages. What runs where:
   cannot bring it; where it is absent the features are fitted on CPU and the log says so.
 - DLRM training: torch autocast(float16) + GradScaler + TF32, Keras ``mixed_float16`` (in
   ensemble.models.dlrm_torch / dlrm_tf); XGBoost ``device=cuda``.
-- In-process tree inference (:class:`GpuTreeScorer`, the ``--local`` path): FIL through
-  ``nvforest`` (FIL's successor) or ``cuml.fil`` when importable, else XGBoost's own CUDA predictor.
+- In-process tree inference (:class:`ensemble.models.xgb_gpu.GpuTreeScorer`, the ``--local``
+  path): FIL through ``nvforest`` (FIL's successor) or ``cuml.fil`` when importable, else
+  XGBoost's own CUDA predictor.
 - The features step in serving stays on CPU: its inputs are strings in host memory and the
   work is a dictionary lookup per value (0.034 ms per row measured on CPU), so a GPU hop costs
   more than it saves; the dense arithmetic is 13 floats per row.
@@ -22,7 +23,6 @@ from __future__ import annotations
 import enum
 import importlib
 import importlib.util
-import inspect
 import logging
 import os
 import shutil
@@ -112,49 +112,3 @@ def to_host(array) -> np.ndarray:
     if hasattr(array, "get") and type(array).__module__.startswith("cupy"):
         return array.get()
     return np.asarray(array)
-
-
-def _positive_class(scores) -> np.ndarray:
-    """[B] or [B x 1] probabilities, or [B x 2] class probabilities -> [B x 1] P(class 1)."""
-    scores = to_host(scores).astype(np.float32)
-    if scores.ndim == 2 and scores.shape[1] == 2:
-        scores = scores[:, 1]
-    return scores.reshape(-1, 1)
-
-
-def _load_fil(model_file: Path):
-    """FIL from nvforest (FIL's successor) or cuML, whichever is installed; None if neither."""
-    if has_module("nvforest"):
-        nvforest = importlib.import_module("nvforest")
-        return nvforest.load_model(str(model_file), model_type="xgboost_json", device="gpu")
-    if has_module("cuml"):
-        forest = importlib.import_module("cuml.fil").ForestInference
-        accepted = inspect.signature(forest.load).parameters
-        # cuML renamed output_class to is_classifier when FIL was rewritten (25.x).
-        flag = "is_classifier" if "is_classifier" in accepted else "output_class"
-        return forest.load(str(model_file), model_type="xgboost_json", **{flag: True})
-    return None
-
-
-class GpuTreeScorer:
-    """In-process GPU tree inference for ``--local`` scoring; ``(dense [B x 13], ids [B x 26]) -> [B x 1]``."""
-
-    def __init__(self, version_dir: str | Path):
-        from ensemble.models import xgb
-
-        model_file = Path(version_dir) / xgb.MODEL_FILE
-        self._design_matrix = xgb.design_matrix
-        self._fil = _load_fil(model_file)
-        self._cupy = require("cupy", "GPU tree inference")
-        if self._fil is None:
-            xgboost = require("xgboost", "GPU tree inference")
-            LOG.info("xgb: neither nvforest nor cuML is installed; predicting with XGBoost device=cuda")
-            self._booster = xgboost.Booster(model_file=str(model_file))
-            self._booster.set_param({"device": "cuda"})
-
-    def __call__(self, dense_features: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
-        x = self._cupy.asarray(self._design_matrix(dense_features, category_ids))
-        if self._fil is not None:
-            predict = getattr(self._fil, "predict_proba", None) or self._fil.predict
-            return _positive_class(predict(x))
-        return _positive_class(self._booster.inplace_predict(x))

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from ensemble import runtime
+from ensemble.serving import runtime
 
 
 class TritonPythonModel:

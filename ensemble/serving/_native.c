@@ -5,7 +5,7 @@
  * joining them back into the wire format cost about 0.4-0.5 ms each on the build machine: a third
  * of the fused ranker's time per 100-row request. These three functions do the same work with
  * the same objects (Python bytes, the vocabularies' own dicts), so results are identical by
- * construction; ensemble/native.py falls back to the Python loops when this module was not built.
+ * construction; ensemble/serving/native.py falls back to the Python loops when this module was not built.
  *
  * Wire format (Triton BYTES tensor): per element a uint32 little-endian length, then the bytes.
  */

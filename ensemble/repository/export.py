@@ -1,6 +1,6 @@
 """Write the Triton model repository from trained artifacts.
 
-Layout: each layout's config file per model (see :mod:`ensemble.configs`), and
+Layout: each layout's config file per model (see :mod:`ensemble.repository.configs`), and
 ``<repository>/<model>/<version>/`` holding the native artifacts under the file names
 both configurations' backends expect (``xgboost.json`` + ``checkpoint.tl`` for FIL, ``model.pt``
 for libtorch, ``model.savedmodel/`` for TensorFlow), the shared ``model.py`` and ``manifest.json``. A new version is written
@@ -15,12 +15,14 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ensemble import configs, manifest
-from ensemble.registry import COMPONENTS, Component
-from ensemble.runtime import RELEASE_FILE
+from ensemble.repository import configs
+from ensemble.repository import manifest
+from ensemble.models.registry import COMPONENTS, Component
+from ensemble.serving.runtime import RELEASE_FILE
 from ensemble.schema import Model
 
-MODEL_PY = Path(__file__).with_name("triton_model.py")
+# The one model.py of every python-backend model (it only delegates to ensemble.serving.runtime).
+MODEL_PY = Path(__file__).resolve().parents[1] / "serving" / "model.py"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Serving-time objects: one step per Triton model, and the whole chain in-process.
 
-The Triton ``model.py`` (see :mod:`ensemble.triton_model`) and the in-process
+The Triton ``model.py`` (see :mod:`ensemble.serving.model`) and the in-process
 :class:`Pipeline` load steps through :func:`load_step`, so the served ensemble and the
 reference pipeline run the same code on the same artifacts.
 """
@@ -16,9 +16,11 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ensemble import manifest, native, schema
-from ensemble.gpu import Device
-from ensemble.registry import BY_MODEL, ORDER, Layout
+from ensemble import schema
+from ensemble.repository import manifest
+from ensemble.serving import native
+from ensemble.device import Device
+from ensemble.models.registry import BY_MODEL, ORDER, Layout
 from ensemble.schema import Model
 
 RELEASE_FILE = "release.json"
@@ -71,7 +73,7 @@ def load_step(model: Model | str, version_dir: str | Path, threads: int = 1,
     Args:
         layout: which tensors the step reads and writes (``Layout.GPU``: ``schema.GPU_STEPS``;
             set by the ``layout`` parameter of the model's config).
-        device: where the step computes (see :mod:`ensemble.gpu`).
+        device: where the step computes (see :mod:`ensemble.device`).
     """
     component = BY_MODEL[Model(model)]
     layout, version_dir = Layout(layout), Path(version_dir)
@@ -139,7 +141,7 @@ class Pipeline:
     def from_repository(cls, repository: str | Path, threads: int = 2,
                         device: Device | str = Device.CPU, release: int | None = None) -> "Pipeline":
         """Load every step of a release (default: the newest); ``device="gpu"`` runs the trees
-        (FIL or XGBoost CUDA) and the torch DLRM on the GPU (``ensemble.gpu.resolve_device``
+        (FIL or XGBoost CUDA) and the torch DLRM on the GPU (``ensemble.device.resolve_device``
         maps ``auto``)."""
         return cls({m: load_step(m, folder, threads, device=device)
                     for m, folder in release_versions(repository, release).items()})
@@ -214,7 +216,7 @@ def deserialize_bytes(buffer) -> np.ndarray:
     The python backend turns every BYTES input into numpy through
     ``triton_python_backend_utils.deserialize_bytes_tensor``, a loop that formats a struct
     string per element: 1.2 ms for the 2,600 strings of a 100-row request here, the largest
-    single cost of such a request in the fused model. :func:`ensemble.native.split_wire` does
+    single cost of such a request in the fused model. :func:`ensemble.serving.native.split_wire` does
     the same in C (or a leaner Python loop); ``model.py`` installs this in place of the original.
     """
     values = native.split_wire(buffer)

@@ -19,16 +19,17 @@ Two faults seen here, and what the supervisor does about them:
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from ensemble import schema
-from ensemble.control import Control, ControlError
-from ensemble.serve import ServerError, TritonServer
+from ensemble.serving.control import Control, ControlError
+from ensemble.serving.server import ServerError, TritonServer
 
 RELOAD_PARAMETER = "reload_generation"
 
@@ -51,11 +52,8 @@ class GaveUp(ServerError):
 
 def _probe_body() -> bytes:
     """One valid row: zeros for the dense features, every categorical missing."""
-    return json.dumps({"inputs": [
-        {"name": schema.DENSE.name, "shape": [1, schema.N_DENSE], "datatype": "FP32", "data": [0.0] * schema.N_DENSE},
-        {"name": schema.CATEGORICAL.name, "shape": [1, schema.N_CATEGORICAL], "datatype": "BYTES",
-         "data": [""] * schema.N_CATEGORICAL}],
-        "outputs": [{"name": schema.SCORE.name}]}).encode()
+    return schema.v2_json_request(np.zeros((1, schema.N_DENSE), np.float32),
+                                  np.full((1, schema.N_CATEGORICAL), b"", dtype=object))
 
 
 class Supervisor:
@@ -73,7 +71,7 @@ class Supervisor:
 
     def probe(self) -> str | None:
         """None when a 1-row request is scored, else why not."""
-        request = urllib.request.Request(f"{self.control.url}/v2/models/{self.control.model}/infer", self._body,
+        request = urllib.request.Request(f"{self.control.url}{schema.RANKER_INFER_PATH}", self._body,
                                          {"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=self.policy.probe_timeout) as reply:

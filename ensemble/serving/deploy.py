@@ -14,7 +14,7 @@ release's by more than :data:`AUC_TOLERANCE` (measured on ``--holdout`` when giv
 test AUC each release recorded at export). After the switch the served scores must equal the
 in-process ones (<= 1e-5) or the previous release is put back.
 
-The switch goes through Triton's model-repository API (:mod:`ensemble.control`, which says who
+The switch goes through Triton's model-repository API (:mod:`ensemble.serving.control`, which says who
 may call it).
 """
 
@@ -25,10 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ensemble import data, features, manifest, schema
-from ensemble.control import Control, ControlError
-from ensemble.registry import ORDER
-from ensemble.runtime import RELEASE_FILE, Pipeline, release_versions
+from ensemble import schema
+from ensemble.data import criteo
+from ensemble.features import transforms
+from ensemble.repository import manifest
+from ensemble.serving.control import Control, ControlError
+from ensemble.models.registry import ORDER
+from ensemble.serving.runtime import RELEASE_FILE, Pipeline, release_versions
 from ensemble.schema import Model
 
 AUC_TOLERANCE = 0.005  # AUC points a new release may lose against the serving one (noise on ~30k rows)
@@ -51,16 +54,16 @@ def recorded_auc(repository: str | Path, release: int) -> float | None:
 
 
 def _fresh_rows(n: int = 256, seed: int = 20261122) -> tuple[np.ndarray, np.ndarray]:
-    frame = data.synthesize(data.SynthConfig(rows=n, scale=0.01, seed=seed)).frame
-    return features.dense_array(frame), features.encode_categorical(frame)
+    frame = criteo.synthesize(criteo.SynthConfig(rows=n, scale=0.01, seed=seed)).frame
+    return transforms.dense_array(frame), transforms.encode_categorical(frame)
 
 
 def _holdout_aucs(holdout: str | Path, *pipelines: Pipeline) -> list[float]:
     """Each pipeline's AUC on one labelled file (read and encoded once)."""
-    from ensemble.metrics import auc
+    from ensemble.models.metrics import auc
 
-    frame = data.read_criteo([holdout])
-    dense, cats, labels = features.dense_array(frame), features.encode_categorical(frame), frame[schema.LABEL].to_numpy()
+    frame = criteo.read_criteo([holdout])
+    dense, cats, labels = transforms.dense_array(frame), transforms.encode_categorical(frame), frame[schema.LABEL].to_numpy()
     return [auc(labels, p.score(dense, cats)[schema.SCORE.name].ravel()) for p in pipelines]
 
 
@@ -105,10 +108,8 @@ def check_release(repository: str | Path, release: int, serving: int | None,
 
 
 def _served_parity(url: str, pipeline: Pipeline) -> float:
-    from clients.triton import RankerClient
-
     dense, cats = _fresh_rows(seed=7)
-    served = RankerClient(url, "http").score(dense, cats, all_scores=True)
+    served = Control.of(url).infer(dense, cats)
     local = pipeline.score(dense, cats)
     return max(float(np.max(np.abs(served[k] - local[k].ravel()))) for k in served)
 
