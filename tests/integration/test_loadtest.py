@@ -66,7 +66,8 @@ def test_runner_writes_a_complete_report(ensemble_server, trained, tmp_path):
     options = RunnerOptions(repository=trained.repository, out=tmp_path / "report",
                             targets=("triton-http", "triton-grpc", "inproc"), rows=(1,), users=(2,),
                             duration=3, warmup=1, urls={"triton-http": f"http://{server.http_url}",
-                                                        "triton-grpc": f"grpc://{server.grpc_url}"})
+                                                        "triton-grpc": f"grpc://{server.grpc_url}"},
+                            overload_seconds=2)
     report = run(options)
     results = json.loads((tmp_path / "report" / "results.json").read_text())
     assert [s["target"] for s in results["scenarios"]] == ["triton-http", "triton-grpc", "inproc"]
@@ -80,6 +81,10 @@ def test_runner_writes_a_complete_report(ensemble_server, trained, tmp_path):
     for name in ("throughput_vs_p99.png", "latency_percentiles.png"):
         assert (tmp_path / "report" / name).stat().st_size > 0
     assert "Headline" in report.read_text()
+    overload = results["overload"]  # the open-loop scenario at 2x capacity
+    assert overload["capacity_per_s"] > 0 and overload["runs"][0]["multiple"] == 2.0
+    assert overload["runs"][0]["errors"] == 0 and overload["runs"][0]["sent"] > 0
+    assert "## Overload (open loop)" in report.read_text()
 
 
 def _locust(user: str, host: str, data_file, csv_prefix, seconds: int = 1, rows: int = 1):
