@@ -93,12 +93,12 @@ class Queues:
 # CPU serving. Interactive (1-row rankings; latency budget 10 ms p99): at most 8 requests wait,
 # which the dynamic batcher takes into ONE model call (~5 ms here) after the one running, so
 # whoever is queued is answered within about two calls; beyond 8 the server answers 503 at once.
-# A request still queued after 50 ms (five times the budget: calls slowed down, e.g. by a busy
-# machine) is refused rather than answered late. Shorter refused ordinary 2-user traffic on this
-# shared 2-vCPU VM whenever other jobs slowed a call past it.
+# The deadline is the client's (each request carries its timeout and may shorten the queue's);
+# the 1 s default only bounds requests that send none. Shorter defaults (10 ms, 50 ms) refused
+# ordinary 2-user traffic on this shared 2-vCPU VM whenever other jobs slowed a model call.
 # Batch (clients.batch sends Priority.BATCH): 64 requests, 5 s, room for a few 4,096-row requests
 # (~150 ms each here) queued behind each other. Measured: README "Overload".
-INTERACTIVE_QUEUE = QueuePolicy(max_queue_size=8, timeout_us=50_000)
+INTERACTIVE_QUEUE = QueuePolicy(max_queue_size=8, timeout_us=1_000_000)
 BATCH_QUEUE = QueuePolicy(max_queue_size=64, timeout_us=5_000_000)
 CPU_QUEUE = Queues(interactive=INTERACTIVE_QUEUE, batch=BATCH_QUEUE)
 

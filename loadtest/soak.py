@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +110,10 @@ def _tree_rss(pid: int) -> Callable[[], int]:
     return lambda: sum(_rss(p) for p in _process_tree(pid))
 
 
+def _raise_exit(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.soak", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -131,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
         options = ServerOptions(Path(args.repository), http_port=free_port(), grpc_port=free_port(),
                                 metrics_port=free_port())
+        signal.signal(signal.SIGTERM, _raise_exit)  # a stopped soak stops its server too
         with TritonServer(options) as server:
             found = soak(server.http_url, server.resident_memory_bytes, plan)
     print(f"report: {write_report(found, Path(args.out), args.note)}")
