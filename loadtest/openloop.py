@@ -26,6 +26,7 @@ from ensemble import schema
 # Answers a client should retry elsewhere or later: the server refused the request (full queue,
 # queue deadline passed, model reloading), it did not fail on it.
 RETRYABLE = (429, 503, 504)
+UNSENT = -1  # Outcome.status of a request the generator did not send (its own bound)
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,9 @@ class OpenLoopResult:
 
     Attributes:
         rate: offered requests per second; seconds: how long they were offered.
-        sent: requests sent; accepted: answered 200; refused: answered with a retryable status;
+        sent: requests sent; unsent: requests the generator could not send on time (more than
+            its bound were unanswered: the generator, not the server, fell behind);
+        accepted: answered 200; refused: answered with a retryable status;
         errors: anything else (other statuses, resets, no answer within the timeout).
         late_p99_ms: how late the generator sent requests (p99); when it is not small, the
             generator (sharing the machine) could not keep the rate, and latencies include that.
@@ -56,6 +59,7 @@ class OpenLoopResult:
     rate: float
     seconds: float
     sent: int = 0
+    unsent: int = 0
     accepted: int = 0
     refused: int = 0
     errors: int = 0
@@ -81,7 +85,8 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def summarize(rate: float, seconds: float, outcomes: list[Outcome]) -> OpenLoopResult:
-    result = OpenLoopResult(rate, seconds, sent=len(outcomes))
+    unsent = sum(o.status == UNSENT for o in outcomes)
+    result = OpenLoopResult(rate, seconds, sent=len(outcomes) - unsent, unsent=unsent)
     ok = [o.latency for o in outcomes if o.status == 200]
     refused = [o for o in outcomes if o.status in RETRYABLE]
     result.accepted, result.refused = len(ok), len(refused)
@@ -94,8 +99,8 @@ def summarize(rate: float, seconds: float, outcomes: list[Outcome]) -> OpenLoopR
     for o in refused:
         reason = f"{o.status} {o.body[:80].decode(errors='replace')}"
         result.refusal_reasons[reason] = result.refusal_reasons.get(reason, 0) + 1
-    result.error_samples = sorted({f"{o.status} {o.body[:120].decode(errors='replace')}"
-                                   for o in outcomes if o.status not in RETRYABLE and o.status != 200})[:5]
+    result.error_samples = sorted({f"{o.status} {o.body[:120].decode(errors='replace')}" for o in outcomes
+                                   if o.status not in (*RETRYABLE, 200, UNSENT)})[:5]
     return result
 
 
@@ -174,8 +179,8 @@ def request_bodies(rows: int = 1, count: int = 256, seed: int = 0, timeout_s: fl
 async def open_loop(address: str, bodies: list[bytes], rate: float, seconds: float, timeout: float = 10.0,
                     model: str = schema.Model.RANKER.value, max_outstanding: int = 2000) -> list[Outcome]:
     """Send ``rate * seconds`` requests at a fixed rate (bodies in turn); returns every outcome in
-    send order. Beyond ``max_outstanding`` unanswered requests one counts as an error (status -1)
-    instead of being sent: a bound on the generator, far above what the server's queue holds."""
+    send order. Beyond ``max_outstanding`` unanswered requests one is not sent (status
+    :data:`UNSENT`): a bound on the generator, far above what the server's queue holds."""
     http = Http(address, f"/v2/models/{model}/infer", timeout)
     await http.open(min(max_outstanding, max(16, int(rate * 0.05))))  # 50 ms worth of requests
     total = int(rate * seconds)
@@ -197,7 +202,7 @@ async def open_loop(address: str, bodies: list[bytes], rate: float, seconds: flo
         if delay > 0:
             await asyncio.sleep(delay)
         if outstanding >= max_outstanding:
-            tasks.append(asyncio.ensure_future(asyncio.sleep(0, Outcome(-1, 0.0, b"generator limit"))))
+            tasks.append(asyncio.ensure_future(asyncio.sleep(0, Outcome(UNSENT, 0.0, b"generator limit"))))
             continue
         tasks.append(asyncio.ensure_future(one(k, due)))
     outcomes = list(await asyncio.gather(*tasks))
@@ -254,12 +259,13 @@ def overload(address: str, plan: OverloadPlan = OverloadPlan()) -> dict:
 
 def format_table(found: dict) -> str:
     lines = [f"capacity (closed loop): {found['capacity_per_s']:.0f} req/s of {found['rows']} row(s)",
-             "| offered | req/s | accepted/s | accepted p50 / p99 ms | refused | refusal p50 / p99 ms | errors |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| offered | req/s | accepted/s | accepted p50 / p99 ms | refused | refusal p50 / p99 ms | errors "
+             "| not sent (generator behind) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in found["runs"]:
         lines.append(f"| {r['multiple']:.1f}x | {r['rate']:.0f} | {r['accepted_per_s']:.0f} | "
                      f"{r['accepted_p50_ms']:.1f} / {r['accepted_p99_ms']:.1f} | {100 * r['refused_share']:.1f}% | "
-                     f"{r['refused_p50_ms']:.1f} / {r['refused_p99_ms']:.1f} | {r['errors']} |")
+                     f"{r['refused_p50_ms']:.1f} / {r['refused_p99_ms']:.1f} | {r['errors']} | {r.get('unsent', 0)} |")
     return "\n".join(lines)
 
 

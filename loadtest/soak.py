@@ -50,7 +50,7 @@ def soak(address: str, rss: Callable[[], int], plan: SoakPlan = SoakPlan(),
     asyncio.run(open_loop(address, bodies, rate, plan.warmup))
     start_rss = rss()
     windows, accepted_latencies = [], []
-    totals = {"sent": 0, "accepted": 0, "refused": 0, "errors": 0}
+    totals = {"sent": 0, "accepted": 0, "refused": 0, "errors": 0, "unsent": 0}
     started = time.monotonic()
     while time.monotonic() - started < plan.seconds - 1e-6:
         outcomes = asyncio.run(open_loop(address, bodies, rate, min(plan.window, plan.seconds)))
@@ -88,9 +88,10 @@ def write_report(found: dict, path: Path, note: str = "") -> Path:
         f"in flight) = {found['rate_per_s']:.0f} req/s, open loop (loadtest/openloop.py), after "
         f"{found['plan']['warmup']:g} s of warm-up. Memory: resident set of tritonserver and every backend process "
         "(/proc), after each window.", "",
-        "| sent | accepted | refused | errors | accepted p50 / p99 ms | RSS start / end / max MiB | RSS growth |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-        f"| {found['sent']} | {found['accepted']} | {found['refused']} | {found['errors']} | "
+        "| sent | accepted | refused | errors | not sent (generator behind) | accepted p50 / p99 ms "
+        "| RSS start / end / max MiB | RSS growth |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| {found['sent']} | {found['accepted']} | {found['refused']} | {found['errors']} | {found.get('unsent', 0)} | "
         f"{found['accepted_p50_ms'] or float('nan'):.1f} / {found['accepted_p99_ms'] or float('nan'):.1f} | "
         f"{found['rss_start_mib']:.0f} / {found['rss_end_mib']:.0f} / {found['rss_max_mib']:.0f} | "
         f"{100 * (growth or 0):+.2f}% |", "",
