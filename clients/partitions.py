@@ -317,7 +317,8 @@ class ScoreSettings:
             client = getattr(local_clients, "client", None)
             if client is None:
                 client = local_clients.client = RankerClient(url, Protocol(self.protocol) if "://" not in url
-                                                             else None, timeout=self.timeout, retry=self.retry)
+                                                             else None, timeout=self.timeout, retry=self.retry,
+                                                             priority=schema.Priority.BATCH)
             return client.score(dense, cats, all_scores=True)
 
         return score

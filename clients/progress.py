@@ -28,7 +28,7 @@ _INFO_LINE = re.compile(r"^(INFO: |I\d{4} \d\d:\d\d:\d\d)")
 
 
 def partition_bytes(part) -> int:
-    """The input bytes a :class:`clients.batch.Partition` covers (its share of the bar)."""
+    """The input bytes a :class:`clients.partitions.Partition` covers (its share of the bar)."""
     size = Path(part.path).stat().st_size
     if part.kind == "parquet":
         import pyarrow.parquet as pq

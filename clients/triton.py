@@ -51,6 +51,14 @@ TRANSIENT_STATUS = {"502", "503", "504", "429", "StatusCode.UNAVAILABLE", "Statu
                     "StatusCode.DEADLINE_EXCEEDED", "StatusCode.ABORTED"}
 
 
+# Messages of failures that heal by themselves, whatever their status code:
+# - "Stub process ... is not healthy": a backend process died or stalled;
+# - "has no available versions" (404 / NOT_FOUND): the model is known but unloaded or loading, as
+#   while the supervisor (ensemble serve) reloads a broken ranker; an unknown model name answers
+#   "is not found" instead, which is not retried.
+TRANSIENT_MESSAGES = ("connect", "not healthy", "has no available versions")
+
+
 def is_transient(exc: BaseException) -> bool:
     """Connection problems and overload rejections are transient; bad requests are not."""
     import http.client
@@ -59,9 +67,7 @@ def is_transient(exc: BaseException) -> bool:
 
     if isinstance(exc, InferenceServerException):
         status, message = str(exc.status() or ""), str(exc).lower()
-        # "Stub process ... is not healthy": a backend process died or stalled; the supervisor
-        # (ensemble serve) reloads the model within seconds.
-        return status in TRANSIENT_STATUS or "connect" in message or "not healthy" in message
+        return status in TRANSIENT_STATUS or any(m in message for m in TRANSIENT_MESSAGES)
     try:  # the HTTP client's "server closed the connection" (not an OSError)
         from geventhttpclient.response import HTTPConnectionClosed
     except ImportError:  # pragma: no cover - geventhttpclient comes with tritonclient[http]
@@ -171,6 +177,7 @@ class _Settings:
     timeout: float = 60.0
     retry: Retry = field(default_factory=Retry)
     compression: str | None = None  # gRPC: None (off), "gzip" or "deflate"
+    priority: int = 0  # schema.Priority; 0: the model's default (interactive)
 
     def __post_init__(self) -> None:
         self.url, self.protocol = parse_url(self.url, self.protocol)
@@ -183,7 +190,7 @@ class _Settings:
     def _infer_kwargs(self) -> dict:
         # `timeout` (microseconds) travels with the request: the server drops it from its queue
         # once the client would have given up (Triton may only shorten its default with it).
-        deadline = {"timeout": int(self.timeout * 1e6)}
+        deadline = {"timeout": int(self.timeout * 1e6), "priority": int(self.priority)}
         if self.protocol is Protocol.GRPC:
             return {**deadline, "client_timeout": self.timeout, "compression_algorithm": self.compression}
         return deadline
@@ -201,6 +208,8 @@ class RankerClient(_Settings):
         timeout: seconds per request.
         retry: bounded retries with backoff for transient failures.
         compression: gRPC compression (off by default).
+        priority: :class:`ensemble.schema.Priority` of every request: ``BATCH`` queues behind
+            interactive requests on a longer queue (what batch scoring sends); 0 is interactive.
     """
 
     sleep: Callable[[float], None] = time.sleep

@@ -22,6 +22,14 @@ CRITEO_COLUMNS: tuple[str, ...] = (LABEL, *DENSE_COLUMNS, *CATEGORICAL_COLUMNS)
 MAX_BATCH_SIZE = 8192
 
 
+class Priority(enum.IntEnum):
+    """A request's Triton priority level (1 is served first; 0 on the wire means the model's
+    default, interactive). Each level has its own queue policy (:mod:`ensemble.repository.configs`)."""
+
+    INTERACTIVE = 1  # one user waiting for a ranking: a short queue, refused fast beyond it
+    BATCH = 2  # batch scoring: large requests that may queue for seconds
+
+
 class DType(str, enum.Enum):
     """Triton data types used here, with their numpy counterparts."""
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ensemble.machine import describe
 from loadtest.cost import cost_table, load_prices, render
+from loadtest.openloop import report_section as overload_section
 
 PRICES = Path(__file__).with_name("prices.yaml")
 TRITON = ("triton-http", "triton-grpc", "triton-ensemble-http")
@@ -207,7 +208,8 @@ def replot(folder: Path) -> list[str]:
     return plot(payload["scenarios"], payload["sla_ms"], Path(folder))
 
 
-def write_report(out: Path, results: list[dict], options, pinning, seconds: float) -> Path:
+def write_report(out: Path, results: list[dict], options, pinning, seconds: float,
+                 overload: dict | None = None) -> Path:
     sla = options.sla_ms
     head = headline(results, sla)
     server_vcpus = len(pinning.server.split(",")) if pinning.server else describe()["cores"]
@@ -215,6 +217,7 @@ def write_report(out: Path, results: list[dict], options, pinning, seconds: floa
                "server_vcpus": server_vcpus, "pinning": {"server": pinning.server, "locust": pinning.load},
                "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()},
                "seconds": seconds, "scenarios": results, "headline": head, "ratios": ratios(head)}
+    payload["overload"] = overload  # loadtest/openloop.py: capacity, then 2x open loop
     payload["peaks"] = [{k: p[k] for k in ("target", "rows", "users", "rows_per_s", "p99_ms")} for p in peaks(results)]
     (out / "results.json").write_text(json.dumps(_json_safe(payload), indent=1, default=str, allow_nan=False))
     plot(results, sla, out)
@@ -256,6 +259,7 @@ def write_report(out: Path, results: list[dict], options, pinning, seconds: floa
         *(["## Cost per million predictions", "",
            "From the headline throughput (prices in `loadtest/prices.yaml`). Extrapolations are labelled with "
            "their formula and are not measurements.", "", render(costs), ""] if costs else []),
+        *overload_section(overload),
         f"Raw locust CSVs: `raw/`. Results: `results.json`. Total run time {seconds / 60:.1f} min.", ""]
     report = out / "report.md"
     report.write_text("\n".join(lines))

@@ -71,6 +71,7 @@ class RunnerOptions:
     pin: bool = True
     data_file: Path | None = None
     urls: dict[str, str] = field(default_factory=dict)  # target -> URL of a running server
+    overload_seconds: float = 10.0  # open-loop run at 2x capacity against triton-http (0: skip)
 
     @classmethod
     def from_args(cls, args) -> "RunnerOptions":
@@ -79,7 +80,8 @@ class RunnerOptions:
                                   ("inproc", args.inproc_url), ("naive", args.naive_url)) if u}
         return cls(Path(args.repository), Path(args.out), tuple(args.targets), tuple(args.rows), tuple(args.users),
                    args.duration, args.warmup, args.sla_ms, args.fail_ratio, not args.no_pin,
-                   Path(args.data_file) if args.data_file else None, urls)
+                   Path(args.data_file) if args.data_file else None, urls,
+                   overload_seconds=args.overload_seconds)
 
 
 def add_arguments(p) -> None:
@@ -100,6 +102,8 @@ def add_arguments(p) -> None:
                    help="use a running server of the ensemble layout (http://host:port)")
     p.add_argument("--inproc-url", default=None, help="use a running inproc baseline (http://host:port)")
     p.add_argument("--naive-url", default=None, help="use a running naive baseline (http://host:port)")
+    p.add_argument("--overload-seconds", type=float, default=10.0,
+                   help="overload scenario: seconds of open-loop load at 2x capacity on triton-http (0: skip)")
 
 
 @dataclass(frozen=True)
@@ -346,4 +350,22 @@ def run(options: RunnerOptions) -> Path:
             print(f"{result['requests_per_s']:,.1f} req/s, {result['rows_per_s']:,.0f} rows/s, "
                   f"p50 {result['p50_ms']:.0f} ms, p99 {result['p99_ms']:.0f} ms, failures {result['failures']:.0f}",
                   flush=True)
-    return write_report(out, results, options, pinning, time.time() - started)
+        found = run_overload(servers, options, pinning)
+    return write_report(out, results, options, pinning, time.time() - started, overload=found)
+
+
+def run_overload(servers: "Servers", options: RunnerOptions, pinning: Pinning) -> dict | None:
+    """The overload scenario (loadtest/openloop.py) on the triton-http target, the generator in a
+    subprocess on the load generator's cores; None when skipped or that target is not run."""
+    if options.overload_seconds <= 0 or Target.TRITON_HTTP.value not in options.targets:
+        return None
+    result = Path(options.out) / "raw" / "overload.json"
+    address = servers.url(Target.TRITON_HTTP.value).split("://", 1)[-1]
+    cmd = [*pinning.prefix(pinning.load), sys.executable, "-m", "loadtest.openloop", "--url", address,
+           "--seconds", str(options.overload_seconds), "--json", str(result)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=options.overload_seconds + 120, check=False)
+    except subprocess.TimeoutExpired:
+        return {"note": "the open-loop generator did not finish", "runs": []}
+    print(done.stdout, flush=True)
+    return json.loads(result.read_text()) if result.is_file() else {"note": done.stderr[-500:], "runs": []}

@@ -77,11 +77,31 @@ class QueuePolicy:
     allow_override: bool = True
 
 
-# CPU serving: 64 queued requests are ~5 ms of 1-row work or ~30 ms of 100-row work on one core
-# here, far more than the load test's 16 users or batch scoring's 4 requests in flight per
-# process ever queue; beyond that the server refuses fast instead of queueing without bound.
-# 5 s: a few 4,096-row batch-scoring requests (~150 ms each here) may queue behind each other.
-CPU_QUEUE = QueuePolicy()
+@dataclass(frozen=True)
+class Queues:
+    """A queue per :class:`~ensemble.schema.Priority` (Triton's ``priority_levels`` with a
+    ``priority_queue_policy`` each; requests that name no priority are interactive). The batcher
+    serves the interactive queue first, so a batch-scoring run does not delay a user's request by
+    more than the model call already running."""
+
+    interactive: QueuePolicy
+    batch: QueuePolicy
+
+    def by_level(self) -> dict[schema.Priority, QueuePolicy]:
+        return {schema.Priority.INTERACTIVE: self.interactive, schema.Priority.BATCH: self.batch}
+
+
+# CPU serving. Interactive (1-row rankings; latency budget 10 ms p99): at most 8 requests wait,
+# which the dynamic batcher takes into ONE model call (~5 ms here) after the one running, so
+# whoever is queued is answered within about two calls; beyond 8 the server answers 503 at once.
+# The deadline is the client's (each request carries its timeout and may shorten the queue's);
+# the 1 s default only bounds requests that send none. Shorter defaults (10 ms, 50 ms) refused
+# ordinary 2-user traffic on this shared 2-vCPU VM whenever other jobs slowed a model call.
+# Batch (clients.partitions sends Priority.BATCH): 64 requests, 5 s, room for a few 4,096-row requests
+# (~150 ms each here) queued behind each other. Measured: README "Overload".
+INTERACTIVE_QUEUE = QueuePolicy(max_queue_size=8, timeout_us=1_000_000)
+BATCH_QUEUE = QueuePolicy(max_queue_size=64, timeout_us=5_000_000)
+CPU_QUEUE = Queues(interactive=INTERACTIVE_QUEUE, batch=BATCH_QUEUE)
 
 
 @dataclass(frozen=True)
@@ -98,7 +118,7 @@ class ModelSpec:
             queue while the model is busy are still batched together, but a lone request never
             waits (a delay per step lengthens every 1-row round trip).
         parameters: backend parameters, written sorted by key.
-        queue: the queue policy (None: Triton's default, unbounded).
+        queue: the queue policies (None: Triton's default, one unbounded queue).
     """
 
     name: str
@@ -111,7 +131,7 @@ class ModelSpec:
     queue_delay_us: int = 0
     parameters: tuple[tuple[str, str], ...] = ()
     max_batch_size: int = schema.MAX_BATCH_SIZE
-    queue: QueuePolicy | None = None
+    queue: Queues | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +157,14 @@ def _add(config, bindings: tuple[Binding, ...], kind: str) -> None:
         entry.dims.extend(binding.tensor.dims)
 
 
+def _queue_policy(message, policy: QueuePolicy) -> None:
+    """Fill a ``ModelQueuePolicy`` message."""
+    message.timeout_action = _pb().ModelQueuePolicy.TimeoutAction.REJECT
+    message.default_timeout_microseconds = policy.timeout_us
+    message.allow_timeout_override = policy.allow_override
+    message.max_queue_size = policy.max_queue_size
+
+
 def model_config(spec: ModelSpec):
     """The ``ModelConfig`` of one model."""
     pb = _pb()
@@ -148,11 +176,12 @@ def model_config(spec: ModelSpec):
     config.instance_group.add(kind=pb.ModelInstanceGroup.Kind.Value(spec.kind.value), count=spec.instances)
     config.dynamic_batching.max_queue_delay_microseconds = spec.queue_delay_us
     if spec.queue is not None:
-        policy = config.dynamic_batching.default_queue_policy
-        policy.timeout_action = pb.ModelQueuePolicy.TimeoutAction.REJECT
-        policy.default_timeout_microseconds = spec.queue.timeout_us
-        policy.allow_timeout_override = spec.queue.allow_override
-        policy.max_queue_size = spec.queue.max_queue_size
+        batching = config.dynamic_batching
+        batching.priority_levels = len(schema.Priority)
+        batching.default_priority_level = schema.Priority.INTERACTIVE
+        _queue_policy(batching.default_queue_policy, spec.queue.interactive)
+        for level, policy in spec.queue.by_level().items():
+            _queue_policy(batching.priority_queue_policy[level], policy)
     for key, value in sorted(spec.parameters):
         config.parameters[key].string_value = value
     return config

@@ -60,13 +60,26 @@ class Control:
                  if m.get("name") == self.model and m.get("state") == "READY" and m.get("version")]
         return max(ready, default=None)
 
+    def scored(self) -> int:
+        """Requests the ranker has answered successfully so far (Triton's statistics, all versions)."""
+        stats = self._request(f"/v2/models/{self.model}/stats")
+        return sum(int(m.get("inference_stats", {}).get("success", {}).get("count", 0))
+                   for m in stats.get("model_stats", []))
+
     def config(self) -> dict:
         return self._request(f"/v2/models/{self.model}/config")
 
-    def load(self, config: dict, timeout: float = 300.0) -> None:
+    def load(self, config: dict | None, timeout: float = 300.0) -> None:
         """Load the model with ``config`` as an override (Triton skips a load whose config and
-        versions are unchanged, so an override is how to force or pin one)."""
-        self._request(f"/v2/repository/models/{self.model}/load", {"parameters": {"config": json.dumps(config)}},
+        versions are unchanged, so an override is how to force or pin one); None: the
+        repository's config file."""
+        body = {} if config is None else {"parameters": {"config": json.dumps(config)}}
+        self._request(f"/v2/repository/models/{self.model}/load", body, timeout=timeout)
+
+    def unload(self, timeout: float = 60.0) -> None:
+        """Unload the ranker and what only it uses (an ensemble's steps): from then on Triton's
+        ready endpoints say not-ready and inference answers 404 "has no available versions"."""
+        self._request(f"/v2/repository/models/{self.model}/unload", {"parameters": {"unload_dependents": True}},
                       timeout=timeout)
 
     def load_release(self, release: int, timeout: float = 300.0) -> None:

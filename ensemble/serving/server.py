@@ -24,6 +24,7 @@ from ensemble.serving.control import ADMIN_HEADER
 from ensemble.models.registry import Layout
 from ensemble.schema import Model
 from ensemble.serving.monitoring import LatencySummaries
+from ensemble.serving.door import door_options
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # What `ensemble serve` serves on CPU unless told otherwise: the layout that won the load test
@@ -166,6 +167,7 @@ class TritonServer:
         if name:
             cmd.append(f"--model-config-name={name}")
         cmd += ["--model-control-mode=explicit", f"--load-model={Model.RANKER.value}"]
+        cmd += door_options(binary, self.environment(binary))
         if o.admin_key:
             cmd += [f"--http-restricted-api=model-repository:{ADMIN_HEADER}={o.admin_key}",
                     f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={o.admin_key}"]

@@ -6,10 +6,17 @@ Two faults seen here, and what the supervisor does about them:
   stub unhealthy and answers every request with ``Stub process '<model>_0_0' is not healthy``
   from then on; it never starts a new one, and the model's ready endpoint keeps saying ready.
   The supervisor sends one real 1-row request every ``probe_interval`` seconds; after
-  ``failures_to_heal`` failures in a row it reloads the ranker through Triton's model control
+  ``failures_to_heal`` failures in a row (at once when the answer is that error: it is not a slow
+  answer under load) it SIGKILLs the broken backend process (a stalled one holds its requests,
+  and an unload would wait for them forever), unloads the ranker, then loads it again through Triton's model control
   with the served config plus a new ``reload_generation`` parameter (Triton skips a load whose
-  config is unchanged). Triton builds the new instance while the broken one keeps answering with
-  the retryable error above, then swaps.
+  config is unchanged). Unloading first makes readiness tell the truth: while the ranker is
+  unloaded or loading, ``/v2/health/ready`` and ``/v2/models/ranker/ready`` answer 400, so a load
+  balancer routes around this server; inference answers 404 "has no available versions", which
+  the clients retry. Nothing is lost by it: the broken instance could only answer errors.
+  A probe refused or timed out while the ranker keeps scoring other requests (Triton's success
+  count grows) is overload, not a fault: the queue policy refuses the excess, and a reload
+  would only take the ranker away from the requests it does serve.
 - **tritonserver itself dies.** The supervisor kills what is left of its process group (the
   backend stubs would otherwise stay behind as orphans), then starts a new server on the same
   ports after a backoff that doubles from ``backoff`` up to ``max_backoff``. More than
@@ -19,6 +26,10 @@ Two faults seen here, and what the supervisor does about them:
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -32,6 +43,7 @@ from ensemble.serving.control import Control, ControlError
 from ensemble.serving.server import ServerError, TritonServer
 
 RELOAD_PARAMETER = "reload_generation"
+BROKEN_STUB = "is not healthy"  # Triton's answer once a python-backend process died or stalled
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,8 @@ class Supervisor:
         self._body = _probe_body()
         self.control = Control.of(server.http_url, key=server.options.admin_key or "")
         self.release: int | None = None  # the release last seen serving: restored after a restart
+        self._config: dict | None = None
+        self._scored: int | None = None  # successful requests at the last failed probe
 
     def probe(self) -> str | None:
         """None when a 1-row request is scored, else why not."""
@@ -85,15 +99,62 @@ class Supervisor:
     def serving_release(self) -> int | None:
         return self.control.serving_release()
 
-    def reload_ranker(self, release: int | None = None) -> None:
+    def served_config(self) -> dict | None:
+        """The ranker's served config; the last one seen when it is not loaded (a heal whose load
+        failed left it unloaded), or None when none was ever seen (then the repository's own)."""
+        try:
+            self._config = self.control.config()
+        except ControlError:
+            pass
+        return None if self._config is None else json.loads(json.dumps(self._config))
+
+    def reload_ranker(self, release: int | None = None, unload_first: bool = False) -> None:
         """Load the ranker again with its served config (pinned to ``release`` when given) and a
-        new generation number (Triton skips a load whose config is unchanged)."""
-        config = self.control.config()
+        new generation number (Triton skips a load whose config is unchanged).
+
+        Args:
+            release: serve this version only.
+            unload_first: unload it before loading (a heal: readiness then says not-ready until
+                the new instance serves). Without it Triton swaps instances with no gap (a healthy
+                server restoring a release).
+        """
+        config = self.served_config()
         self.heals += 1
-        config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": str(self.heals)}
-        if release is not None:
-            config["version_policy"] = {"specific": {"versions": [release]}}
+        if config is None and not unload_first:
+            config = self.control.config()  # raises: nothing to load from
+        if config is not None:
+            config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": str(self.heals)}
+            if release is not None:
+                config["version_policy"] = {"specific": {"versions": [release]}}
+        if unload_first:
+            self.control.unload(self.policy.load_timeout)
         self.control.load(config, self.policy.load_timeout)
+
+    def _progressing(self) -> bool:
+        """Whether the ranker scored any request since the last look (False if unknown)."""
+        try:
+            scored = self.control.scored()
+        except (ControlError, ValueError, TypeError):
+            return False
+        before, self._scored = self._scored, scored
+        return before is not None and scored > before
+
+    def end_broken_stubs(self, problem: str) -> list[str]:
+        """SIGKILL the backend processes the probe's answer names as unhealthy (all of them when it
+        names none: a timeout cannot tell which step hangs). A stub that was stalled keeps the
+        requests it held, and Triton's unload waits for those forever; a dead one releases them.
+        Triton never uses an unhealthy stub again, so nothing that works is lost."""
+        named = set(re.findall(r"Stub process '(\w+)_\d+_\d+'", problem))
+        ended = []
+        for model, pid in self.server.stub_pids().items():
+            if named and model not in named:
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+                ended.append(model)
+            except ProcessLookupError:
+                pass
+        return ended
 
     def restart(self) -> None:
         """Clear away the dead server's processes and start a new one (after the backoff)."""
@@ -127,19 +188,27 @@ class Supervisor:
             return
         problem = self.probe()
         if problem is None:
-            self._failures = 0
+            self._failures, self._scored = 0, None
             try:
-                self.release = self.serving_release()
+                release = self.serving_release()
+                if release != self.release or self._config is None:
+                    self._config = self.control.config()
+                self.release = release
             except ControlError:
                 pass
             return
-        self._failures += 1
-        if self._failures < self.policy.failures_to_heal or not self.server.alive():
+        broken = BROKEN_STUB in problem
+        if not broken and self._progressing():
+            self._failures = 0  # refused or slow, yet scoring others' requests: overloaded, not broken
             return
-        self.log(f"ranker not answering ({problem}); reloading it")
+        self._failures += 1
+        if (self._failures < self.policy.failures_to_heal and not broken) or not self.server.alive():
+            return
+        ended = self.end_broken_stubs(problem)
+        self.log(f"ranker not answering ({problem}); ended backend process(es) {ended}, unloading and reloading it")
         started = self.clock()
         try:
-            self.reload_ranker()
+            self.reload_ranker(unload_first=True)
         except ControlError as exc:
             self.log(f"reload failed: {exc}")
             return

@@ -9,6 +9,8 @@ import signal
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -36,6 +38,45 @@ def supervised(trained, tmp_path):
     server.stop()
 
 
+class Readiness:
+    """Polls the server's and the ranker's ready endpoints every 50 ms while in use; keeps
+    (seconds since start, server status, model status), a status being the HTTP code or 0 when
+    nothing answered."""
+
+    def __init__(self, server: TritonServer):
+        self.base = f"http://{server.http_url}"
+        self.seen: list[tuple[float, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _status(self, path: str) -> int:
+        try:
+            with urllib.request.urlopen(self.base + path, timeout=1.0) as reply:
+                return reply.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError:
+            return 0
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        while not self._stop.is_set():
+            self.seen.append((time.monotonic() - started, self._status("/v2/health/ready"),
+                              self._status("/v2/models/ranker/ready")))
+            time.sleep(0.05)
+
+    def not_ready(self) -> list[tuple[float, int, int]]:
+        return [s for s in self.seen if s[1] != 200 and s[2] != 200]
+
+    def __enter__(self) -> "Readiness":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
 def _stub_pid(server: TritonServer) -> int:
     return server.stub_pids()["ranker"]
 
@@ -60,7 +101,7 @@ def _wait_broken(supervisor: Supervisor, bound: float = 10.0) -> None:
 @pytest.mark.parametrize("fault", ["kill-backend", "stall-backend"])
 def test_backend_fault_heals_under_load(supervised, fault):
     server, supervisor, lines = supervised
-    with Load(server.http_url, fresh_rows(64, seed=41)) as load:
+    with Load(server.http_url, fresh_rows(64, seed=41)) as load, Readiness(server) as readiness:
         time.sleep(1.0)
         pid = _stub_pid(server)
         started = time.monotonic()
@@ -74,11 +115,47 @@ def test_backend_fault_heals_under_load(supervised, fault):
         _wait_answering(supervisor, RECOVERY_BOUND_S)
         recovery = time.monotonic() - started
         time.sleep(1.0)
-    print(f"\n{fault}: answering again {recovery:.1f}s after the fault; {load.sent} requests, "
+    down = readiness.not_ready()
+    print(f"\n{fault}: answering again {recovery:.1f}s after the fault; not-ready for "
+          f"{down[-1][0] - down[0][0] if down else 0:.1f}s; {load.sent} requests, "
           f"{load.failed} failed after retries; supervisor: {lines}")
     assert supervisor.heals >= 1, lines
     assert _stub_pid(server) != pid
     assert load.failed == 0, load.errors[:3]
+    # readiness said not-ready while the ranker was down, and ready again after the heal
+    assert down, readiness.seen[-20:]
+    assert readiness.seen[0][1:] == (200, 200) and readiness.seen[-1][1:] == (200, 200), readiness.seen[-5:]
+    assert server.ready()
+
+
+def test_an_unloaded_ranker_is_not_ready_its_errors_are_retried_and_it_is_healed(supervised):
+    """What the clients see between the supervisor's unload and load: Triton's own answers."""
+    import numpy as np
+    from tritonclient.utils import InferenceServerException
+
+    from clients.triton import RankerClient, is_transient
+
+    server, supervisor, lines = supervised
+    dense, cats = fresh_rows(4, seed=43)
+    clients = [RankerClient(server.http_url, "http"), RankerClient(server.grpc_url, "grpc")]
+    with Readiness(server) as readiness:
+        time.sleep(0.2)
+        supervisor.control.unload()
+        for client in clients:
+            with pytest.raises(InferenceServerException) as err:
+                client.infer(dense, cats)
+            assert "has no available versions" in str(err.value) and is_transient(err.value), err.value
+        unknown = RankerClient(server.http_url, "http", model="no_such_model")
+        with pytest.raises(InferenceServerException) as err:
+            unknown.infer(dense, cats)
+        assert not is_transient(err.value), err.value  # a wrong model name is not retried
+        _wait_answering(supervisor, RECOVERY_BOUND_S)
+        time.sleep(0.3)
+    assert readiness.not_ready() and readiness.seen[-1][1:] == (200, 200), readiness.seen[-5:]
+    assert supervisor.heals >= 1, lines
+    for client in clients:
+        assert np.isfinite(client.score(dense, cats)).all()
+        client.close()
 
 
 def test_server_killed_is_restarted_without_orphans(supervised):

@@ -67,7 +67,8 @@ def test_runner_writes_a_complete_report(ensemble_server, trained, tmp_path):
     options = RunnerOptions(repository=trained.repository, out=tmp_path / "report",
                             targets=("triton-http", "triton-grpc", "inproc"), rows=(1,), users=(2,),
                             duration=3, warmup=1, urls={"triton-http": f"http://{server.http_url}",
-                                                        "triton-grpc": f"grpc://{server.grpc_url}"})
+                                                        "triton-grpc": f"grpc://{server.grpc_url}"},
+                            overload_seconds=0)  # the overload scenario: next test, fused layout only
     report = run(options)
     results = json.loads((tmp_path / "report" / "results.json").read_text())
     assert [s["target"] for s in results["scenarios"]] == ["triton-http", "triton-grpc", "inproc"]
@@ -81,6 +82,20 @@ def test_runner_writes_a_complete_report(ensemble_server, trained, tmp_path):
     for name in ("throughput_vs_p99.png", "latency_percentiles.png"):
         assert (tmp_path / "report" / name).stat().st_size > 0
     assert "Headline" in report.read_text()
+    assert results["overload"] is None and "## Overload" not in report.read_text()
+
+
+def test_runner_report_has_the_overload_scenario(server, trained, tmp_path):
+    """The open-loop run at 2x capacity on triton-http (the fused layout: Triton 2.51 crashed or
+    wedged the per-model ensemble layout under open-loop overload, README "Overload")."""
+    options = RunnerOptions(repository=trained.repository, out=tmp_path / "report", targets=("triton-http",),
+                            rows=(1,), users=(2,), duration=2, warmup=1,
+                            urls={"triton-http": f"http://{server.http_url}"}, overload_seconds=2)
+    report = run(options)
+    overload = json.loads((tmp_path / "report" / "results.json").read_text())["overload"]
+    assert overload["capacity_per_s"] > 0 and overload["runs"][0]["multiple"] == 2.0
+    assert overload["runs"][0]["errors"] == 0 and overload["runs"][0]["sent"] > 0
+    assert "## Overload (open loop)" in report.read_text()
 
 
 def _locust(user: str, host: str, data_file, csv_prefix, seconds: int = 1, rows: int = 1):

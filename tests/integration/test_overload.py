@@ -1,6 +1,8 @@
-"""More requests at once than the ranker's queue holds: the excess is refused with a retryable
-status, the accepted ones are scored correctly, the server keeps serving, and the
-client's retries carry every request through."""
+"""More requests than the ranker takes: the excess is refused with a retryable status, the accepted
+ones are scored correctly, the server keeps serving, and the clients' retries carry every request
+through. Batch-scoring requests (Priority.BATCH) fill their own long queue; interactive ones (the
+default) are offered open-loop at a multiple of the measured capacity. No timing is asserted: the
+figures are printed (run with -s) and measured by ``python -m loadtest.openloop``."""
 
 from __future__ import annotations
 
@@ -10,18 +12,19 @@ import time
 import numpy as np
 
 from clients.triton import AsyncRankerClient, Retry, ScoringError
-from ensemble.repository.configs import CPU_QUEUE
+from ensemble.repository.configs import BATCH_QUEUE
+from ensemble.schema import Priority
 from tests.helpers import fresh_rows
 
 # Requests of 4,096 rows: the dynamic batcher takes two per 8,192-row batch, so the queue really
 # fills (with small requests it swallows the whole queue into one batch). 96 stays below the
 # asyncio HTTP client's 100 connections.
 ROWS = 4096
-IN_FLIGHT = CPU_QUEUE.max_queue_size + 32
+IN_FLIGHT = BATCH_QUEUE.max_queue_size + 32
 
 
 async def _burst(url: str, dense, cats, retry: Retry):
-    client = AsyncRankerClient(url, retry=retry, max_in_flight=IN_FLIGHT)
+    client = AsyncRankerClient(url, retry=retry, max_in_flight=IN_FLIGHT, priority=Priority.BATCH)
 
     async def one(k: int):
         rows = slice(k % 2 * ROWS, k % 2 * ROWS + ROWS)
@@ -37,7 +40,7 @@ async def _burst(url: str, dense, cats, retry: Retry):
         await client.close()
 
 
-def test_a_burst_beyond_the_queue_is_refused_and_retries_carry_it(server, pipeline):
+def test_a_batch_burst_beyond_its_queue_is_refused_and_retries_carry_it(server, pipeline):
     dense, cats = fresh_rows(2 * ROWS, seed=61)
     dense, cats = dense[:2 * ROWS], cats[:2 * ROWS]
     expected = pipeline.score(dense, cats)["score"].ravel()
@@ -56,3 +59,73 @@ def test_a_burst_beyond_the_queue_is_refused_and_retries_carry_it(server, pipeli
         np.testing.assert_allclose(scores, expected[k % 2 * ROWS:k % 2 * ROWS + ROWS], atol=1e-5)
     again = asyncio.run(_burst(server.http_url, dense, cats, Retry(attempts=8, backoff=0.05, max_sleep=1.0)))
     assert not [r for _, r, _ in again if isinstance(r, ScoringError)]
+
+
+OVERLOAD_MULTIPLE = 3.0  # of the closed-loop capacity: clearly more than the server takes, even if
+# the short capacity run underestimates it on a busy machine
+
+
+def test_open_loop_overload_refuses_the_excess_retryably_and_keeps_serving(server, pipeline):
+    import json
+    import threading
+
+    from ensemble.serving.supervise import Supervisor, SupervisorPolicy
+    from loadtest.openloop import closed_loop, open_loop, request_bodies, summarize
+
+    bodies, arrays = request_bodies(rows=1, count=128, seed=71, timeout_s=1.0)
+    expected = [pipeline.score(d, c)["score"].ravel() for d, c in arrays]
+    lines: list[str] = []
+    supervisor = Supervisor(server, SupervisorPolicy(probe_interval=0.5, probe_timeout=1.0), log=lines.append)
+    stop = threading.Event()
+    watching = threading.Thread(target=supervisor.run, args=(stop.is_set,), daemon=True)
+    watching.start()
+    try:
+        capacity = asyncio.run(closed_loop(server.http_url, bodies, 8, 2.0))
+        outcomes = asyncio.run(open_loop(server.http_url, bodies, OVERLOAD_MULTIPLE * capacity, 3.0))
+    finally:
+        stop.set()
+        watching.join(30)
+    result = summarize(OVERLOAD_MULTIPLE * capacity, 3.0, outcomes)
+    print(f"\ncapacity {capacity:.0f} req/s; offered {result.rate:.0f} req/s: {result.accepted} accepted "
+          f"(p99 {result.accepted_p99_ms:.1f} ms), {result.refused} refused (p99 {result.refused_p99_ms:.1f} ms), "
+          f"{result.errors} errors; generator late p99 {result.late_p99_ms:.1f} ms; {result.refusal_reasons}")
+    assert result.errors == 0, result.error_samples
+    assert result.accepted and result.refused
+    # refused = 503 with the queue policy's reasons (full queue, queue deadline): retryable
+    assert {o.status for o in outcomes if o.status != 200} == {503}
+    assert all("Exceeds maximum queue size" in r or "Request timeout expired" in r for r in result.refusal_reasons)
+    for k, outcome in enumerate(outcomes):
+        if outcome.status == 200:
+            scores = json.loads(outcome.body)["outputs"][0]["data"]
+            np.testing.assert_allclose(scores, expected[k % len(bodies)], atol=1e-5)
+    # overload is not a fault: the supervisor did not reload or restart the busy ranker
+    assert supervisor.heals == 0 and not supervisor.restarts, lines
+    assert server.ready() and supervisor.probe() is None
+
+
+def test_grpc_refusals_are_unavailable_and_retried(server):
+    """64 interactive 1-row requests at once over gRPC against a queue of 8: what is refused is
+    UNAVAILABLE (retryable); with retries every request is scored."""
+    from clients.triton import is_transient
+
+    dense, cats = fresh_rows(64, seed=73)
+
+    async def burst(retry: Retry):
+        client = AsyncRankerClient(server.grpc_url, "grpc", retry=retry, max_in_flight=64)
+        try:
+            async def one(k: int):
+                try:
+                    return await client.score(dense[k:k + 1], cats[k:k + 1])
+                except ScoringError as exc:
+                    return exc
+            return await asyncio.gather(*(one(k) for k in range(64)))
+        finally:
+            await client.close()
+
+    once = asyncio.run(burst(Retry(attempts=1)))
+    refused = [r for r in once if isinstance(r, ScoringError)]
+    print(f"\ngRPC burst of 64: {len(refused)} refused")
+    for r in refused:
+        assert str(r.cause.status()) == "StatusCode.UNAVAILABLE" and is_transient(r.cause), r
+    again = asyncio.run(burst(Retry(attempts=10, backoff=0.02, max_sleep=0.5)))
+    assert not [r for r in again if isinstance(r, ScoringError)]

@@ -56,3 +56,21 @@ def test_python_models_batch_dynamically():
         assert config.backend == "python"
         assert config.HasField("dynamic_batching")
         assert config.instance_group[0].kind == config.instance_group[0].KIND_CPU
+
+
+@pytest.mark.parametrize("layout", [Layout.FUSED, Layout.ENSEMBLE])
+def test_cpu_models_queue_interactive_requests_apart_from_batch_scoring(layout):
+    models, _ = configs.layout_specs(layout)
+    for spec in models:
+        batching = configs.model_config(spec).dynamic_batching
+        assert batching.priority_levels == len(schema.Priority)
+        assert batching.default_priority_level == schema.Priority.INTERACTIVE  # requests naming none
+        for level, policy in ((schema.Priority.INTERACTIVE, configs.INTERACTIVE_QUEUE),
+                              (schema.Priority.BATCH, configs.BATCH_QUEUE)):
+            written = batching.priority_queue_policy[level]
+            assert (written.max_queue_size, written.default_timeout_microseconds) == (
+                policy.max_queue_size, policy.timeout_us)
+            assert written.timeout_action == configs._pb().ModelQueuePolicy.TimeoutAction.REJECT
+    # the interactive queue is the short one: a user's request is refused fast, not queued behind batch work
+    assert configs.INTERACTIVE_QUEUE.max_queue_size < configs.BATCH_QUEUE.max_queue_size
+    assert configs.INTERACTIVE_QUEUE.timeout_us < configs.BATCH_QUEUE.timeout_us

@@ -1,0 +1,28 @@
+"""The open-loop generator's accounting (its runs against the real server are in
+tests/integration/test_overload.py)."""
+
+import math
+
+from loadtest.openloop import UNSENT, Outcome, report_section, summarize
+
+
+def test_summary_separates_accepted_refused_and_errors():
+    outcomes = ([Outcome(200, 0.002)] * 98 + [Outcome(200, 0.050)] * 2 + [Outcome(503, 0.001, b'{"error":"full"}')] * 10
+                + [Outcome(400, 0.001, b"bad")] + [Outcome(0, 1.0, b"TimeoutError")] + [Outcome(UNSENT, 0.0)] * 3)
+    result = summarize(rate=56.0, seconds=2.0, outcomes=outcomes)
+    assert (result.sent, result.unsent, result.accepted, result.refused, result.errors) == (112, 3, 100, 10, 2)
+    assert result.accepted_per_s == 50.0
+    assert math.isclose(result.accepted_p50_ms, 2.0) and result.accepted_p99_ms > 2.0
+    assert math.isclose(result.refused_p99_ms, 1.0)
+    assert result.refusal_reasons == {'503 {"error":"full"}': 10}
+    assert math.isclose(result.refused_share, 10 / 112)
+    assert len(result.error_samples) == 2
+
+
+def test_report_section_lists_each_multiple():
+    found = {"capacity_per_s": 100.0, "rows": 1, "users": 8,
+             "runs": [{"multiple": 2.0, **summarize(200.0, 1.0, [Outcome(200, 0.003)] * 150
+                                                   + [Outcome(503, 0.001)] * 50).row()}]}
+    text = "\n".join(report_section(found))
+    assert "## Overload" in text and "| 2.0x | 200 | 150 | 3.0 / 3.0 | 25.0% | 1.0 / 1.0 | 0 | 0 |" in text
+    assert report_section(None) == []
