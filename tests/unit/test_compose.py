@@ -64,10 +64,39 @@ def test_triton_service(compose):
     assert triton["command"][0] == "tritonserver"
     assert f"--model-config-name={configs.GPU_CONFIG_NAME}" in triton["command"]
     assert "--model-repository=/models" in triton["command"]
-    assert "model-repository:/models:ro" in triton["volumes"]
+    assert _mount(triton, "model-repository") == ("/models", False)  # see test_triton_repository_is_writable
     assert _gpu_reserved(triton)
     assert "/v2/health/ready" in " ".join(triton["healthcheck"]["test"])
     assert triton["depends_on"]["trainer"]["condition"] == "service_completed_successfully"
+
+
+def _mount(service: dict, volume: str) -> tuple[str, bool]:
+    """(target, read_only) of a named volume in a service, short or long compose syntax."""
+    for entry in service.get("volumes", []):
+        if isinstance(entry, str):
+            source, target, *mode = entry.split(":")
+            if source == volume:
+                return target, "ro" in ",".join(mode).split(",")
+        elif entry.get("source") == volume:
+            return entry["target"], bool(entry.get("read_only", False))
+    raise AssertionError(f"volume {volume} is not mounted")
+
+
+def test_triton_repository_is_writable(compose):
+    """FIL (r25.02 src/tl_utils.h) opens checkpoint.tl with a default-mode std::fstream: O_RDWR,
+    which a read-only mount refuses even to root. A read-only repository fails `xgb`, so `ranker`."""
+    triton = compose["services"]["triton"]
+    target, read_only = _mount(triton, "model-repository")
+    assert target == "/models" and not read_only, "triton's repository must not be mounted read-only (FIL)"
+    assert not triton.get("read_only", False)
+    text = COMPOSE.read_text()
+    assert "src/tl_utils.h" in text[:text.index("model-repository:/models\n    shm_size")], "say why it is writable"
+
+
+def test_mount_reader_sees_read_only_forms():
+    service = {"volumes": ["model-repository:/models:ro", {"type": "volume", "source": "data", "target": "/d",
+                                                            "read_only": True}]}
+    assert _mount(service, "model-repository") == ("/models", True) and _mount(service, "data") == ("/d", True)
 
 
 def test_trainer_trains_on_gpu_and_exports_into_the_volume(compose):
