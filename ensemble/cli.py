@@ -220,8 +220,9 @@ def cmd_check(args) -> int:
 
     release = RELEASES[args.release]
     findings = run_check(CheckOptions(Path(args.repository), args.target, release,
-                                      Path(args.treelite_dir) if args.treelite_dir else None))
-    print(report(findings, release, args.target))
+                                      Path(args.treelite_dir) if args.treelite_dir else None,
+                                      args.tensorflow_python))
+    print(report(findings, release, args.target, args.tensorflow_python))
     return 0 if all(f.ok for f in findings) else 1
 
 
@@ -355,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NGC container release (table in ensemble/releases.py)")
     p.add_argument("--treelite-dir", default=None,
                    help="folder with that release's Treelite (default: installed once into ~/.cache/ensemble)")
+    p.add_argument("--tensorflow-python", default=None,
+                   help="python of an environment with the release's TensorFlow, to run the SavedModel through "
+                        "that version's session loader (default: this environment's TensorFlow)")
     p.set_defaults(func=cmd_check)
     return parser
 

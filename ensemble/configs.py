@@ -82,6 +82,17 @@ class QueuePolicy:
 # 5 s: a few 4,096-row batch-scoring requests (~150 ms each here) may queue behind each other.
 CPU_QUEUE = QueuePolicy()
 
+# Warm-up (``model_warmup``): Triton runs these batches through a model before marking it
+# ready, so a model that loads but cannot infer fails at load time and readiness tells the truth
+# (a Keras 3 SavedModel on the TF1 session loader, server#7456, loads and then fails on every
+# request). On the GPU it also pays cuDNN/cuBLAS set-up and FIL's first launch before traffic.
+# Two sizes there: a lone row and a batch the dynamic batcher forms under load.
+GPU_WARMUP_BATCHES: tuple[int, ...] = (1, 64)
+# The CPU ensemble layout's python steps: one row each, to pay the first TorchScript/TFLite call
+# (milliseconds of graph optimization and allocation) at load. The fused layout warms up inside
+# its model.py (runtime.load_fused, three batch sizes), so a config warm-up would only repeat it.
+CPU_WARMUP_BATCHES: tuple[int, ...] = (1,)
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -98,6 +109,7 @@ class ModelSpec:
             waits (a delay per step lengthens every 1-row round trip).
         parameters: backend parameters, written sorted by key.
         queue: the queue policy (None: Triton's default, unbounded).
+        warmup: batch sizes of the warm-up samples run at load (see :func:`warmup_data`).
     """
 
     name: str
@@ -111,6 +123,7 @@ class ModelSpec:
     parameters: tuple[tuple[str, str], ...] = ()
     max_batch_size: int = schema.MAX_BATCH_SIZE
     queue: QueuePolicy | None = None
+    warmup: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,6 +149,36 @@ def _add(config, bindings: tuple[Binding, ...], kind: str) -> None:
         entry.dims.extend(binding.tensor.dims)
 
 
+class WarmupData(str, enum.Enum):
+    """Which ``ModelWarmup.Input`` data field a warm-up input uses."""
+
+    ZERO = "zero_data"
+    RANDOM = "random_data"
+
+
+def warmup_data(tensor: schema.Tensor) -> WarmupData:
+    """Warm-up data valid for a schema tensor.
+
+    FP32: random values (every FP32 input here takes any float; random data exercises the
+    arithmetic a constant might short-cut). INT64 (category ids): zeros, since id 0 is inside
+    every embedding table while random int64s index far outside them (on the GPU an
+    out-of-range gather is a device-side assert that poisons the CUDA context). STRING: zeros,
+    i.e. empty strings, which the features step reads as missing values.
+    """
+    return WarmupData.RANDOM if tensor.dtype is schema.DType.FP32 else WarmupData.ZERO
+
+
+def _add_warmup(config, spec: ModelSpec) -> None:
+    pb = _pb()
+    for batch in spec.warmup:
+        sample = config.model_warmup.add(name=f"{spec.name}_batch_{batch}", batch_size=batch)
+        for binding in spec.inputs:
+            entry = sample.inputs[binding.name]
+            entry.data_type = pb.DataType.Value(binding.tensor.dtype.value)
+            entry.dims.extend(binding.tensor.dims)
+            setattr(entry, warmup_data(binding.tensor).value, True)
+
+
 def model_config(spec: ModelSpec):
     """The ``ModelConfig`` of one model."""
     pb = _pb()
@@ -154,6 +197,7 @@ def model_config(spec: ModelSpec):
         policy.max_queue_size = spec.queue.max_queue_size
     for key, value in sorted(spec.parameters):
         config.parameters[key].string_value = value
+    _add_warmup(config, spec)
     return config
 
 
@@ -172,11 +216,12 @@ def ensemble_config(spec: EnsembleSpec):
     return config
 
 
-def python_spec(model: Model, step: schema.Step, threads: int = 1, **parameters: str) -> ModelSpec:
+def python_spec(model: Model, step: schema.Step, threads: int = 1, warmup: tuple[int, ...] = (),
+                **parameters: str) -> ModelSpec:
     """A CPU python-backend model that reads and writes ``step``'s tensors under their own names."""
     params = {"threads": str(threads), **parameters}
     return ModelSpec(model.value, named(step.inputs), named(step.outputs), parameters=tuple(params.items()),
-                     queue=CPU_QUEUE)
+                     queue=CPU_QUEUE, warmup=warmup)
 
 
 def gpu_spec(model: Model, release: releases.TritonRelease = releases.PINNED) -> ModelSpec:
@@ -185,7 +230,8 @@ def gpu_spec(model: Model, release: releases.TritonRelease = releases.PINNED) ->
     serving, step = component.gpu, component.step(Layout.GPU)
     return ModelSpec(model.value, named(step.inputs, serving.input_names), named(step.outputs, serving.output_names),
                      backend=serving.backend, platform=serving.platform,
-                     kind=Kind.GPU if serving.on_gpu else Kind.CPU, parameters=serving.parameters(release))
+                     kind=Kind.GPU if serving.on_gpu else Kind.CPU, parameters=serving.parameters(release),
+                     warmup=GPU_WARMUP_BATCHES)
 
 
 def layout_specs(layout: Layout, release: releases.TritonRelease = releases.PINNED
@@ -197,7 +243,7 @@ def layout_specs(layout: Layout, release: releases.TritonRelease = releases.PINN
     if layout is Layout.GPU:
         steps = tuple(gpu_spec(c.model, release) for c in COMPONENTS)
     else:
-        steps = tuple(python_spec(c.model, c.step(layout)) for c in COMPONENTS)
+        steps = tuple(python_spec(c.model, c.step(layout), warmup=CPU_WARMUP_BATCHES) for c in COMPONENTS)
     return steps, EnsembleSpec(steps)
 
 
