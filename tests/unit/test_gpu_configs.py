@@ -177,3 +177,26 @@ def test_warmup_data_is_valid_for_each_dtype(gpu):
 def test_fused_ranker_warms_up_in_its_model_py_not_its_config():
     fused = _parsed(configs.layout_texts(configs.Layout.FUSED))[Model.RANKER.value]
     assert not fused.model_warmup
+
+
+def test_gpu_tree_scorer_reads_the_treelite_checkpoint():
+    """In-process FIL loads checkpoint.tl (what FIL's older Treelite can read), never xgboost.json."""
+    import inspect
+
+    from ensemble import gpu
+    from ensemble.models import xgb
+
+    assert releases.FIL_MODEL_FILES[gpu.FIL_MODEL_TYPE] == xgb.FIL_FILE
+    source = inspect.getsource(gpu._load_fil)
+    assert "xgboost_json" not in source and source.count("model_type=FIL_MODEL_TYPE") == 2
+    scorer = inspect.getsource(gpu.GpuTreeScorer.__init__)
+    assert "xgb.FIL_FILE" in scorer and "xgb.MODEL_FILE" in scorer  # checkpoint first, JSON for XGBoost
+
+
+def test_gpu_tree_scorer_without_cuda_libraries_says_what_is_missing(trained):
+    from ensemble import gpu
+
+    if gpu.has_module("cupy"):
+        pytest.skip("cupy is installed here")
+    with pytest.raises(gpu.GpuUnavailable, match="'cupy'"):
+        gpu.GpuTreeScorer(trained.repository / "xgb" / "1")
