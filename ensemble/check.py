@@ -32,8 +32,8 @@ NOT_VERIFIED = (
     "backends, CUDA execution and latency are unverified",
     "libtorch {libtorch} executing an archive written by this environment's torch (only the file "
     "format version and op namespaces are checked)",
-    "TensorFlow {tensorflow} running the SavedModel: the session-loader run used {session_tf} (pass "
-    "--tensorflow-python with an environment holding TensorFlow {tensorflow} to run that version's loader)",
+    "the SavedModel on TensorFlow {tensorflow}'s session loader, unless the dlrm_tf line above names that "
+    "version (run the check with --tensorflow-python pointing at a python with TensorFlow {tensorflow})",
     "the python-backend steps (features, blend) on the container's Python {python}",
 )
 
@@ -247,10 +247,11 @@ def _artifacts(parsed: dict, options: CheckOptions) -> list[Finding]:
                                             options.release.torchscript_max_file_format)
             ok_text = "model.pt is libtorch-loadable TorchScript matching the config"
         elif backend == "tensorflow":
+            ran: list[str] = []
             problems = savedmodel_problems(version / "model.savedmodel", inputs, outputs,
-                                           tensorflow_python=options.tensorflow_python)
-            ok_text = ("model.savedmodel signature matches the config; the session-based loader runs it "
-                       "to TensorFlow 2's outputs")
+                                           tensorflow_python=options.tensorflow_python, notes=ran)
+            ok_text = (f"model.savedmodel signature matches the config; TensorFlow {''.join(ran)}'s session-based "
+                       f"loader runs it to TensorFlow 2's outputs")
         elif backend == "python":
             problems = [] if (version / "model.py").is_file() else [f"no model.py in {version}"]
             ok_text = "model.py and manifest present"
@@ -275,8 +276,7 @@ def run_check(options: CheckOptions) -> list[Finding]:
     return findings
 
 
-def report(findings: list[Finding], release: releases.TritonRelease, target: str = "gpu",
-           tensorflow_python: str | None = None) -> str:
+def report(findings: list[Finding], release: releases.TritonRelease, target: str = "gpu") -> str:
     failed = [f for f in findings if not f.ok]
     header = (f"checked against {release.image} (Triton {release.triton_version}, FIL backend Treelite "
               f"{release.treelite})" if target == "gpu" else "checked the embedded CPU configuration")
@@ -285,7 +285,6 @@ def report(findings: list[Finding], release: releases.TritonRelease, target: str
         return "\n".join(lines)
     lines.append("not verified here (no GPU, no Docker engine):")
     fields = {"libtorch": release.libtorch or "?", "tensorflow": release.tensorflow or "(none)",
-              "python": release.python,
-              "session_tf": f"the TensorFlow of {tensorflow_python}" if tensorflow_python else "this environment's"}
+              "python": release.python}
     lines += [f"  - {note.format(**fields)}" for note in NOT_VERIFIED]
     return "\n".join(lines)

@@ -194,7 +194,7 @@ def _argument_order(inputs: list[IO], arguments: list[str]) -> list[int] | str:
 
 
 def savedmodel_problems(model_dir: Path, inputs: list[IO], outputs: list[IO], signature: str = "serving_default",
-                        tensorflow_python: str | None = None) -> list[str]:
+                        tensorflow_python: str | None = None, notes: list[str] | None = None) -> list[str]:
     """The SavedModel signature has the config's names, dtypes and shapes, and the session-based
     loader runs it to TensorFlow 2's outputs (:func:`session_problems`, with ``tensorflow_python``)."""
     if not (model_dir / "saved_model.pb").is_file():
@@ -222,7 +222,7 @@ def savedmodel_problems(model_dir: Path, inputs: list[IO], outputs: list[IO], si
     feeds = _probe_inputs(inputs)
     expected = function(**{name: tf.constant(value) for name, value in feeds.items()})
     return session_problems(model_dir, feeds, {io.name: np.asarray(expected[io.name]) for io in outputs},
-                            signature, tensorflow_python)
+                            signature, tensorflow_python, notes=notes)
 
 
 def _probe_inputs(inputs: list[IO], batch: int = 8) -> dict[str, np.ndarray]:
@@ -234,7 +234,7 @@ def _probe_inputs(inputs: list[IO], batch: int = 8) -> dict[str, np.ndarray]:
 
 def session_problems(model_dir: Path, feeds: dict[str, np.ndarray], expected: dict[str, np.ndarray],
                      signature: str = "serving_default", tensorflow_python: str | None = None,
-                     tolerance: float = 1e-5) -> list[str]:
+                     tolerance: float = 1e-5, notes: list[str] | None = None) -> list[str]:
     """Load ``model_dir`` with TensorFlow's session-based loader in a child process and run it.
 
     Args:
@@ -242,6 +242,7 @@ def session_problems(model_dir: Path, feeds: dict[str, np.ndarray], expected: di
         expected: signature output name -> what TensorFlow 2's loader returned for ``feeds``.
         tensorflow_python: interpreter to run the probe with (default: this one); point it at an
             environment with the serving container's TensorFlow to test that version's loader.
+        notes: receives the TensorFlow version the probe ran.
     """
     with tempfile.TemporaryDirectory(prefix="ensemble-check-") as scratch:
         spec = {"signature": signature, "outputs": sorted(expected), "inputs": {}}
@@ -257,6 +258,8 @@ def session_problems(model_dir: Path, feeds: dict[str, np.ndarray], expected: di
             return [f"TensorFlow's session-based loader (Triton's TensorFlow backend uses it) cannot run "
                     f"{model_dir.name}; Triton would load it and fail every request: {_python_error(done.stderr)}"]
         version = json.loads(done.stdout.strip().splitlines()[-1])["tensorflow"]
+        if notes is not None:
+            notes.append(version)
         got = {name: np.load(Path(scratch) / f"{name}.npy") for name in expected}
     problems = []
     for name, want in expected.items():

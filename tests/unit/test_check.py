@@ -38,6 +38,8 @@ def test_fresh_repository_passes(trained):
             ("backends", "dlrm_tf"), ("agreement", "features")} <= checked
     tree = next(f for f in findings if (f.check, f.subject) == ("artifacts", "xgb"))
     assert f"Treelite {releases.PINNED.treelite}" in tree.message
+    saved = next(f for f in findings if (f.check, f.subject) == ("artifacts", "dlrm_tf"))
+    assert re.search(r"TensorFlow \d+\.\d+\.\d+'s session-based loader runs it", saved.message), saved.message
 
 
 def test_cli_exit_codes(trained, repo, capsys):
