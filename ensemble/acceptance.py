@@ -86,7 +86,7 @@ def commands(options: AcceptanceOptions) -> dict[str, list[str]]:
         "gpu_name": ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
         "gpu_name_in_container": compose(options, "exec", "-T", SERVICE, "nvidia-smi",
                                          "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"),
-        "logs": compose(options, "logs", "--no-color", "--tail", "200", SERVICE),
+        "logs": compose(options, "logs", "--no-color", "--tail", "200"),  # trainers' too: they run first
         "down": compose(options, "down"),
     }
 
@@ -268,7 +268,7 @@ def run(options: AcceptanceOptions) -> Report:
     except Exception as exc:  # noqa: BLE001 - every failure goes into the report, with the server's log
         report.errors.append(f"{type(exc).__name__}: {exc}")
         logs = subprocess.run(steps["logs"], capture_output=True, text=True, check=False)
-        (options.out / "triton.log").write_text(logs.stdout + logs.stderr)
+        (options.out / "compose.log").write_text(logs.stdout + logs.stderr)
     finally:
         if not options.keep:
             subprocess.run(steps["down"], check=False)
