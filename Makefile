@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: setup demo test test-all clean
+.PHONY: setup demo test test-all gpu-acceptance clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,12 @@ test: setup
 
 test-all: setup
 	$(BIN)/python -m pytest tests -q -rs -m "" $(ARGS)
+
+# The GPU acceptance run (ensemble/acceptance.py, docs/gpu-deployment.md): for a host with NVIDIA
+# GPUs, Docker Compose v2 and the NVIDIA Container Toolkit. Never run on this project's machines.
+# ARGS="--dry-run" prints the commands it would run.
+gpu-acceptance: setup
+	$(BIN)/python -m ensemble.acceptance $(ARGS)
 
 clean:
 	rm -rf build

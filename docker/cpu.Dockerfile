@@ -13,13 +13,24 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends python3.11 python3.11-venv libpython3.11 libpython3.11-dev libgomp1 make gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 
+# PyTorch's own index of CPU-only wheels (torch==X+cpu): torch from the package index is the CUDA
+# build, which pulls gigabytes of nvidia-* wheels into an image that has no GPU.
+ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /opt/ensemble
 COPY Makefile requirements.txt pyproject.toml setup.py ./
+COPY docker/check_install.py /usr/local/bin/check_install.py
 COPY ensemble ./ensemble
 COPY clients ./clients
 COPY loadtest ./loadtest
-# The project's own set-up step: .venv on /usr/bin/python3.11, pinned requirements, the package.
-RUN make setup PYTHON_BASE=/usr/bin/python3.11
+# The project's own set-up step (.venv on /usr/bin/python3.11, pinned requirements, the package),
+# on a venv that already holds the CPU torch: requirements.txt's torch==2.13.0 is then satisfied
+# by 2.13.0+cpu. The last command fails the build if any CUDA wheel got in.
+RUN /usr/bin/python3.11 -m venv .venv \
+    && .venv/bin/python -m pip install --no-cache-dir --index-url "${TORCH_CPU_INDEX}" \
+       "$(grep -E '^torch==' requirements.txt)+cpu" \
+    && make setup PYTHON_BASE=/usr/bin/python3.11 \
+    && .venv/bin/python /usr/local/bin/check_install.py --torch cpu --no-cuda-wheels
 ENV PATH=/opt/ensemble/.venv/bin:$PATH \
     PYTHONPATH=/opt/ensemble
 ENTRYPOINT ["ensemble"]

@@ -43,12 +43,16 @@ def _train_config(args):
     from ensemble import training
     from ensemble.models.dlrm import DLRMConfig
     from ensemble.models.xgb import XGBConfig
+    from ensemble.training import TrainConfig
 
     return training.TrainConfig(
         freq_threshold=args.freq_threshold,
         xgb=XGBConfig(rounds=args.xgb_rounds),
         dlrm=DLRMConfig(epochs=args.epochs, embedding_dim=args.embedding_dim),
         device=training.resolve_device(args.device),
+        # Stages (the GPU deployment trains torch and TensorFlow models in separate images).
+        models=tuple(args.models.split(",")) if getattr(args, "models", None) else TrainConfig().models,
+        reuse_features=getattr(args, "reuse_features", False),
     )
 
 
@@ -89,7 +93,7 @@ def cmd_train(args) -> int:
     frame = criteo.read_criteo(args.input, nrows=args.nrows)
     train, valid, test = criteo.split(frame, args.valid_fraction, args.test_fraction)
     report = training.train_all(train, valid, test, args.workdir, _train_config(args))
-    print(json.dumps(report["test"], indent=1))
+    print(json.dumps(report.get("test", report), indent=1))
     return 0
 
 
@@ -226,7 +230,8 @@ def cmd_check(args) -> int:
 
     release = RELEASES[args.release]
     findings = run_check(CheckOptions(Path(args.repository), args.target, release,
-                                      Path(args.treelite_dir) if args.treelite_dir else None))
+                                      Path(args.treelite_dir) if args.treelite_dir else None,
+                                      args.tensorflow_python))
     print(report(findings, release, args.target))
     return 0 if all(f.ok for f in findings) else 1
 
@@ -289,6 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--valid-fraction", type=float, default=0.1, help="share of rows for validation (file order)")
     p.add_argument("--test-fraction", type=float, default=0.1, help="share of rows held out for test (the last)")
     _add_train(p)
+    p.add_argument("--models", default=None,
+                   help="train only these (comma-separated: xgb,dlrm_torch,dlrm_tf); the blend is fitted once all "
+                        "three have scores in --workdir")
+    p.add_argument("--reuse-features", action="store_true",
+                   help="reuse the workflow an earlier stage fitted in --workdir instead of fitting it again")
     p.set_defaults(func=cmd_train)
 
     p = _command(sub, "export", "write a new version of every model into the repository")
@@ -373,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NGC container release (table in ensemble/repository/releases.py)")
     p.add_argument("--treelite-dir", default=None,
                    help="folder with that release's Treelite (default: installed once into ~/.cache/ensemble)")
+    p.add_argument("--tensorflow-python", default=None,
+                   help="python of an environment with the release's TensorFlow, to run the SavedModel through "
+                        "that version's session loader (default: this environment's TensorFlow)")
     p.set_defaults(func=cmd_check)
     return parser
 

@@ -9,7 +9,9 @@ container read what export wrote? Each function returns problems as strings (emp
   forward() arguments in the order the ``<name>__<index>`` config names say, and a forward pass
   returning the configured dtype and shape.
 - SavedModel: the ``serving_default`` signature has the configured input and output names,
-  dtypes and shapes (the TensorFlow backend binds config names to signature keys).
+  dtypes and shapes (the TensorFlow backend binds config names to signature keys); then, in a
+  child process, TensorFlow's session-based loader (the one Triton's TensorFlow backend uses)
+  loads it and runs the signature once, and its outputs must equal TensorFlow 2's.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 PROBE = Path(__file__).with_name("treelite_probe.py")
+SAVEDMODEL_PROBE = Path(__file__).with_name("savedmodel_probe.py")
 # TYPE_* (model config) <-> numpy / TensorFlow dtype names.
 NUMPY_DTYPES = {"TYPE_FP32": "float32", "TYPE_FP16": "float16", "TYPE_FP64": "float64",
                 "TYPE_INT64": "int64", "TYPE_INT32": "int32", "TYPE_BOOL": "bool", "TYPE_STRING": "string"}
@@ -190,8 +193,10 @@ def _argument_order(inputs: list[IO], arguments: list[str]) -> list[int] | str:
     return positions
 
 
-def savedmodel_problems(model_dir: Path, inputs: list[IO], outputs: list[IO], signature: str = "serving_default") -> list[str]:
-    """The SavedModel signature has the config's names, dtypes and shapes."""
+def savedmodel_problems(model_dir: Path, inputs: list[IO], outputs: list[IO], signature: str = "serving_default",
+                        tensorflow_python: str | None = None, notes: list[str] | None = None) -> list[str]:
+    """The SavedModel signature has the config's names, dtypes and shapes, and the session-based
+    loader runs it to TensorFlow 2's outputs (:func:`session_problems`, with ``tensorflow_python``)."""
     if not (model_dir / "saved_model.pb").is_file():
         return [f"{model_dir} is not a SavedModel (no saved_model.pb)"]
     import tensorflow as tf
@@ -212,4 +217,53 @@ def savedmodel_problems(model_dir: Path, inputs: list[IO], outputs: list[IO], si
             if spec.dtype.name != NUMPY_DTYPES[io.dtype] or shape[1:] != io.dims:
                 problems.append(f"{kind} '{io.name}': signature has {spec.dtype.name} {list(shape)}, "
                                 f"config says {io.dtype} [-1, {', '.join(map(str, io.dims))}]")
+    if problems:
+        return problems
+    feeds = _probe_inputs(inputs)
+    expected = function(**{name: tf.constant(value) for name, value in feeds.items()})
+    return session_problems(model_dir, feeds, {io.name: np.asarray(expected[io.name]) for io in outputs},
+                            signature, tensorflow_python, notes=notes)
+
+
+def _probe_inputs(inputs: list[IO], batch: int = 8) -> dict[str, np.ndarray]:
+    """Seeded rows for a signature: floats, and ids 0/1 (inside every embedding table)."""
+    rng = np.random.default_rng(0)
+    return {io.name: (rng.integers(0, 2, (batch, *io.dims)) if NUMPY_DTYPES[io.dtype].startswith("int")
+                      else rng.normal(0, 1, (batch, *io.dims))).astype(NUMPY_DTYPES[io.dtype]) for io in inputs}
+
+
+def session_problems(model_dir: Path, feeds: dict[str, np.ndarray], expected: dict[str, np.ndarray],
+                     signature: str = "serving_default", tensorflow_python: str | None = None,
+                     tolerance: float = 1e-5, notes: list[str] | None = None) -> list[str]:
+    """Load ``model_dir`` with TensorFlow's session-based loader in a child process and run it.
+
+    Args:
+        feeds: signature input name -> array.
+        expected: signature output name -> what TensorFlow 2's loader returned for ``feeds``.
+        tensorflow_python: interpreter to run the probe with (default: this one); point it at an
+            environment with the serving container's TensorFlow to test that version's loader.
+        notes: receives the TensorFlow version the probe ran.
+    """
+    with tempfile.TemporaryDirectory(prefix="ensemble-check-") as scratch:
+        spec = {"signature": signature, "outputs": sorted(expected), "inputs": {}}
+        for name, value in feeds.items():
+            spec["inputs"][name] = str(Path(scratch) / f"in-{name}.npy")
+            np.save(spec["inputs"][name], value)
+        (Path(scratch) / "spec.json").write_text(json.dumps(spec))
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+        done = subprocess.run([tensorflow_python or sys.executable, "-I", str(SAVEDMODEL_PROBE), str(model_dir),
+                               str(Path(scratch) / "spec.json"), scratch],
+                              capture_output=True, text=True, timeout=300, env=env)
+        if done.returncode != 0:
+            return [f"TensorFlow's session-based loader (Triton's TensorFlow backend uses it) cannot run "
+                    f"{model_dir.name}; Triton would load it and fail every request: {_python_error(done.stderr)}"]
+        version = json.loads(done.stdout.strip().splitlines()[-1])["tensorflow"]
+        if notes is not None:
+            notes.append(version)
+        got = {name: np.load(Path(scratch) / f"{name}.npy") for name in expected}
+    problems = []
+    for name, want in expected.items():
+        if got[name].shape != want.shape or not np.allclose(got[name], want, atol=tolerance):
+            problems.append(f"output '{name}' from the session loader (TensorFlow {version}) differs from "
+                            f"TensorFlow 2's loader")
     return problems

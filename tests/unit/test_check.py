@@ -40,6 +40,8 @@ def test_fresh_repository_passes(trained):
             ("backends", "dlrm_tf"), ("agreement", "features")} <= checked
     tree = next(f for f in findings if (f.check, f.subject) == ("artifacts", "xgb"))
     assert f"Treelite {releases.PINNED.treelite}" in tree.message
+    saved = next(f for f in findings if (f.check, f.subject) == ("artifacts", "dlrm_tf"))
+    assert re.search(r"TensorFlow \d+\.\d+\.\d+'s session-based loader runs it", saved.message), saved.message
 
 
 def test_cli_exit_codes(trained, repo, capsys):
@@ -115,3 +117,61 @@ def test_tampered_artifact_and_missing_config(repo):
     failures = _failures(repo)
     assert any("dlrm_torch" in f and "checksum mismatch for model.pt" in f for f in failures), failures
     assert any("blend" in f and "configs/gpu.pbtxt is missing" in f for f in failures), failures
+
+
+def _keras_in_tf_module(trained, path: Path) -> None:
+    """Write the Keras DLRM the way tensorflow#72963 does: a tf.Module holding the Keras model,
+    saved with tf.saved_model.save and an explicit signature. TensorFlow 2's loader runs it; the
+    session loader (Triton's TensorFlow backend) fails with FAILED_PRECONDITION on every run."""
+    import tensorflow as tf
+
+    from ensemble import schema
+    from ensemble.features.transforms import LeanTransform
+    from ensemble.models import dlrm_tf
+    from ensemble.models.dlrm import DLRMConfig
+
+    cardinalities = LeanTransform.load(trained.repository / "features" / "1" / "workflow").cardinalities
+    model = dlrm_tf.build(DLRMConfig(embedding_dim=8, bottom_mlp=(32,), top_mlp=(32,), cardinalities=cardinalities))
+
+    class Wrapped(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        @tf.function(input_signature=[
+            tf.TensorSpec((None, schema.N_DENSE), tf.float32, name=schema.DENSE_FEATURES.name),
+            tf.TensorSpec((None, schema.N_CATEGORICAL), tf.int64, name=schema.CATEGORY_IDS.name)])
+        def serve(self, dense_features, category_ids):
+            return {dlrm_tf.SIGNATURE_OUTPUT: self.model([dense_features, category_ids])}
+
+    wrapped = Wrapped()
+    shutil.rmtree(path)
+    tf.saved_model.save(wrapped, str(path), signatures={"serving_default": wrapped.serve})
+
+
+def test_savedmodel_the_session_loader_cannot_run(trained, repo):
+    """server#7456 / tensorflow#72963: loads, signature right, fails at the first run."""
+    from ensemble.repository import manifest
+    from ensemble.schema import Model
+
+    version = repo / "dlrm_tf" / "1"
+    _keras_in_tf_module(trained, version / "model.savedmodel")
+    manifest.write(version, Model.DLRM_TF)  # only the loaders may object
+    failures = _failures(repo)
+    [failure] = [f for f in failures if "dlrm_tf" in f]
+    assert "artifacts" in failure and "session-based loader" in failure, failures
+    assert "Could not find variable" in failure, failure
+
+
+def test_session_loader_outputs_are_compared(trained):
+    """The session run must reproduce TensorFlow 2's outputs, not merely finish."""
+    import numpy as np
+
+    from ensemble.check.loading import session_problems
+
+    model_dir = trained.repository / "dlrm_tf" / "1" / "model.savedmodel"
+    rng = np.random.default_rng(3)
+    feeds = {"dense_features": rng.normal(size=(4, 13)).astype(np.float32),
+             "category_ids": np.ones((4, 26), np.int64)}
+    problems = session_problems(model_dir, feeds, {"output_0": np.full((4, 1), 2.0, np.float32)})
+    assert len(problems) == 1 and "differs from TensorFlow 2's loader" in problems[0], problems

@@ -50,8 +50,9 @@ def test_schema_validation_is_strict(tmp_path, compose):
 def test_services_and_profiles(compose):
     services = compose["services"]
     profiles = {name: tuple(s.get("profiles", ())) for name, s in services.items()}
-    assert profiles == {"trainer": ("gpu",), "triton": ("gpu",), "trainer-cpu": ("cpu",), "triton-cpu": ("cpu",),
-                        "naive": (), "locust-master": (), "locust-worker": (), "prometheus": (), "grafana": ()}
+    assert profiles == {"trainer": ("gpu",), "trainer-tf": ("gpu",), "triton": ("gpu",), "trainer-cpu": ("cpu",),
+                        "triton-cpu": ("cpu",), "naive": (), "locust-master": (), "locust-worker": (), "prometheus": (),
+                        "grafana": ()}
 
 
 def _gpu_reserved(service: dict) -> bool:
@@ -65,24 +66,78 @@ def test_triton_service(compose):
     assert triton["command"][0] == "tritonserver"
     assert f"--model-config-name={configs.GPU_CONFIG_NAME}" in triton["command"]
     assert "--model-repository=/models" in triton["command"]
-    assert "model-repository:/models:ro" in triton["volumes"]
+    assert _mount(triton, "model-repository") == ("/models", False)  # see test_triton_repository_is_writable
     assert _gpu_reserved(triton)
     assert "/v2/health/ready" in " ".join(triton["healthcheck"]["test"])
-    assert triton["depends_on"]["trainer"]["condition"] == "service_completed_successfully"
+    assert triton["depends_on"] == {"trainer-tf": {"condition": "service_completed_successfully"}}
 
 
-def test_trainer_trains_on_gpu_and_exports_into_the_volume(compose):
+def _mount(service: dict, volume: str) -> tuple[str, bool]:
+    """(target, read_only) of a named volume in a service, short or long compose syntax."""
+    for entry in service.get("volumes", []):
+        if isinstance(entry, str):
+            source, target, *mode = entry.split(":")
+            if source == volume:
+                return target, "ro" in ",".join(mode).split(",")
+        elif entry.get("source") == volume:
+            return entry["target"], bool(entry.get("read_only", False))
+    raise AssertionError(f"volume {volume} is not mounted")
+
+
+def test_triton_repository_is_writable(compose):
+    """FIL (r25.02 src/tl_utils.h) opens checkpoint.tl with a default-mode std::fstream: O_RDWR,
+    which a read-only mount refuses even to root. A read-only repository fails `xgb`, so `ranker`."""
+    triton = compose["services"]["triton"]
+    target, read_only = _mount(triton, "model-repository")
+    assert target == "/models" and not read_only, "triton's repository must not be mounted read-only (FIL)"
+    assert not triton.get("read_only", False)
+    text = COMPOSE.read_text()
+    assert "src/tl_utils.h" in text[:text.index("model-repository:/models\n    shm_size")], "say why it is writable"
+
+
+def test_mount_reader_sees_read_only_forms():
+    service = {"volumes": ["model-repository:/models:ro", {"type": "volume", "source": "data", "target": "/d",
+                                                            "read_only": True}]}
+    assert _mount(service, "model-repository") == ("/models", True) and _mount(service, "data") == ("/d", True)
+
+
+def _run_script(script: str, tmp_path: Path, **env: str) -> list[str]:
+    """Run a service's shell script with `ensemble` replaced by a function that logs its argv."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    log = tmp_path / "calls.txt"
+    prelude = f'ensemble() {{ echo "$*" >> {log}; }}; '
+    done = subprocess.run(["/bin/sh", "-c", prelude + script.replace("$$", "$")], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", **env})
+    assert done.returncode == 0, done.stderr
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_gpu_training_runs_in_two_stages_then_exports_and_checks(compose, tmp_path):
+    """torch (CUDA 13 wheels) and TensorFlow (CUDA 12 wheels) train in separate images."""
     services = compose["services"]
-    trainer = services["trainer"]
-    assert _gpu_reserved(trainer) and trainer["environment"]["DEVICE"] == "gpu"
-    assert "model-repository:/models" in trainer["volumes"]
-    script = trainer["command"][0]
-    for step in ('ensemble train /data/train.tsv --workdir /data/work --device "${DEVICE}"',
-                 "ensemble export --workdir /data/work --repository /models",
-                 'ensemble check --repository /models --target "${CHECK_TARGET}"'):
-        assert step in script.replace("$$", "$"), step
-    assert trainer["environment"]["CHECK_TARGET"] == "gpu"
-    assert not _gpu_reserved(services["trainer-cpu"]) and services["trainer-cpu"]["environment"]["DEVICE"] == "cpu"
+    trainer, trainer_tf = services["trainer"], services["trainer-tf"]
+    assert trainer["build"]["dockerfile"] == "docker/trainer.Dockerfile"
+    assert trainer_tf["build"]["dockerfile"] == "docker/trainer-tf.Dockerfile"
+    for service in (trainer, trainer_tf):
+        assert _gpu_reserved(service) and _mount(service, "model-repository") == ("/models", False)
+        assert _mount(service, "data") == ("/data", False)
+    assert trainer_tf["depends_on"] == {"trainer": {"condition": "service_completed_successfully"}}
+    calls = _run_script(trainer["command"][0], tmp_path / "torch", **{k: str(v) for k, v in trainer["environment"].items()})
+    assert calls[2] == "train /data/train.tsv --workdir /data/work --device gpu --models xgb,dlrm_torch"
+    assert [c.split()[0] for c in calls] == ["synth", "synth", "train"]  # stops before export
+    calls = _run_script(trainer_tf["command"][0], tmp_path / "tf")
+    assert calls == ["train /data/train.tsv --workdir /data/work --device gpu --models dlrm_tf --reuse-features",
+                     "export --workdir /data/work --repository /models",
+                     "check --repository /models --target gpu"]
+
+
+def test_cpu_training_is_one_stage(compose, tmp_path):
+    cpu = compose["services"]["trainer-cpu"]
+    assert not _gpu_reserved(cpu) and "TRAIN_MODELS" not in cpu["environment"]
+    calls = _run_script(cpu["command"][0], tmp_path, **{k: str(v) for k, v in cpu["environment"].items()})
+    assert calls[2:] == ["train /data/train.tsv --workdir /data/work --device cpu",
+                         "export --workdir /data/work --repository /models",
+                         "check --repository /models --target cpu"]
 
 
 def test_cpu_profile_serves_the_embedded_configuration(compose):
@@ -166,20 +221,69 @@ def test_serving_steps_need_only_numpy_and_pyarrow(trained):
     assert done.stdout.strip() == "[]"
 
 
-def test_trainer_image_swaps_cpu_wheels_for_gpu_builds():
-    import tomllib
-
-    text = (ROOT / "docker" / "trainer.Dockerfile").read_text()
-    pattern = re.search(r"sed -E 's/(.+?)/(.+?)/'", text)
+def _swapped(dockerfile: str) -> str:
+    """requirements.txt after the Dockerfile's `sed -E 's/A/B/'` swap."""
+    pattern = re.search(r"sed -E 's/(.+?)/(.+?)/'", (ROOT / "docker" / dockerfile).read_text())
     requirements = (ROOT / "requirements.txt").read_text()
-    swapped = re.sub(pattern.group(1), pattern.group(2).replace("\\1", r"\1"), requirements, flags=re.M)
-    for name in ("xgboost", "tensorflow"):
-        version = re.search(rf"^{name}-cpu==(\S+)", requirements, re.M).group(1)
-        assert re.search(rf"^{name}=={re.escape(version)}$", swapped, re.M), name
-    assert "-cpu==" not in swapped
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert {"xgboost", "tensorflow[and-cuda]"} <= set(extras["gpu"])
-    assert '".[gpu]"' in text
+    return re.sub(pattern.group(1), pattern.group(2).replace("\\1", r"\1"), requirements, flags=re.M)
+
+
+def _pin(name: str) -> str:
+    return re.search(rf"^{re.escape(name)}==(\S+)", (ROOT / "requirements.txt").read_text(), re.M).group(1)
+
+
+def _installs_cpu_torch_first(dockerfile: str) -> bool:
+    runs = [c.original for c in _instructions(ROOT / "docker" / dockerfile) if c.cmd == "RUN"]
+    setup = next(r for r in runs if "requirements" in r and "torch" in r)
+    torch_at = setup.index('"$(grep -E \'^torch==\' requirements.txt)+cpu"')
+    return '--index-url "${TORCH_CPU_INDEX}"' in setup[:torch_at] and \
+        torch_at < min(i for i in (setup.find("make setup"), setup.find("-r /tmp/")) if i >= 0)
+
+
+def test_torch_trainer_image_has_cuda_torch_and_xgboost_and_no_cuda_tensorflow():
+    swapped = _swapped("trainer.Dockerfile")
+    assert re.search(rf"^xgboost=={re.escape(_pin('xgboost-cpu'))}$", swapped, re.M)
+    assert re.search(rf"^torch=={re.escape(_pin('torch'))}$", swapped, re.M)  # the index's CUDA build
+    assert re.search(r"^tensorflow-cpu==", swapped, re.M) and "and-cuda" not in swapped
+    assert "check_install.py --torch cuda" in (ROOT / "docker" / "trainer.Dockerfile").read_text()
+
+
+def test_tensorflow_trainer_image_has_cuda_tensorflow_and_cpu_torch():
+    swapped = _swapped("trainer-tf.Dockerfile")
+    assert re.search(rf"^tensorflow\[and-cuda\]=={re.escape(_pin('tensorflow-cpu'))}$", swapped, re.M)
+    assert re.search(r"^xgboost-cpu==", swapped, re.M)
+    assert _installs_cpu_torch_first("trainer-tf.Dockerfile")
+    text = (ROOT / "docker" / "trainer-tf.Dockerfile").read_text()
+    assert "check_install.py --torch cpu" in text and "ensure_treelite(PINNED.treelite)" in text
+
+
+def test_cpu_image_installs_the_cpu_torch_and_no_cuda_wheels():
+    assert _installs_cpu_torch_first("cpu.Dockerfile")
+    assert "check_install.py --torch cpu --no-cuda-wheels" in (ROOT / "docker" / "cpu.Dockerfile").read_text()
+
+
+def test_install_check_finds_clashing_files_and_cuda_wheels(tmp_path):
+    """docker/check_install.py on real distribution metadata: two wheels writing one library."""
+    import importlib.util
+    from importlib import metadata
+
+    spec = importlib.util.spec_from_file_location("check_install", ROOT / "docker" / "check_install.py")
+    check_install = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_install)
+    dists = []
+    for name, files in (("nvidia-cudnn-cu12", ["nvidia/cudnn/lib/libcudnn.so.9", "nvidia/cudnn/__init__.py"]),
+                        ("nvidia-cudnn-cu13", ["nvidia/cudnn/lib/libcudnn.so.9"]),
+                        ("nvidia-pytriton", ["pytriton/__init__.py"])):
+        info = tmp_path / f"{name.replace('-', '_')}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        (info / "RECORD").write_text("".join(f"{f},,\n" for f in [*files, f"{info.name}/METADATA"]))
+        dists.append(metadata.PathDistribution(info))
+    assert check_install.clashes(dists) == {"nvidia/cudnn/lib/libcudnn.so.9": ["nvidia-cudnn-cu12", "nvidia-cudnn-cu13"]}
+    assert check_install.cuda_wheels(dists) == ["nvidia-cudnn-cu12", "nvidia-cudnn-cu13"]
+    assert check_install.clashes() == {}  # this environment
+    assert check_install.main(["--torch", "cpu", "--no-cuda-wheels"]) == 0  # CPU torch, no CUDA wheels here
+    assert check_install.main(["--torch", "cuda"]) == 1
 
 
 def test_cpu_image_uses_the_project_setup():

@@ -138,3 +138,68 @@ def test_gpu_libraries_are_never_imported_on_the_cpu_path():
     code = ("import ensemble.device, ensemble.serving.runtime, ensemble.check.compat, ensemble.repository.configs, ensemble.cli\n"
             "ensemble.repository.configs.all_gpu_configs()")
     assert modules_loaded(code, ("cudf", "cupy", "cuml", "nvforest", "dask_cudf", "rmm")) == []
+
+
+def _warmup(config) -> dict[str, dict[str, tuple[str, tuple[int, ...], str]]]:
+    """sample name -> input name -> (TYPE_*, dims, data field) of a parsed config's warm-up."""
+    pb = configs._pb()
+    return {s.name: {name: (pb.DataType.Name(i.data_type), tuple(i.dims), i.WhichOneof("input_data_type"))
+                     for name, i in s.inputs.items()} for s in config.model_warmup}
+
+
+@pytest.mark.parametrize("layout", [configs.Layout.GPU, configs.Layout.ENSEMBLE], ids=lambda la: la.value)
+def test_every_composing_model_warms_up_on_its_own_tensors(layout):
+    """Triton runs the samples before the model is ready: a model that cannot infer fails at load."""
+    parsed = _parsed(configs.layout_texts(layout))
+    batches = configs.GPU_WARMUP_BATCHES if layout is configs.Layout.GPU else configs.CPU_WARMUP_BATCHES
+    models, _ = configs.layout_specs(layout)
+    assert {s.name for s in models} == {m.value for m in configs.ORDER}
+    for spec in models:
+        config = parsed[spec.name]
+        assert [(s.name, s.batch_size, s.count) for s in config.model_warmup] == \
+            [(f"{spec.name}_batch_{b}", b, 0) for b in batches], spec.name
+        # Exactly the config's inputs, with their dtypes and dims: a mismatch fails the load itself.
+        declared = {i.name: (configs._pb().DataType.Name(i.data_type), tuple(i.dims)) for i in config.input}
+        for sample in _warmup(config).values():
+            assert {n: v[:2] for n, v in sample.items()} == declared, spec.name
+    assert not parsed[Model.RANKER.value].model_warmup  # an ensemble has no warm-up of its own
+
+
+def test_warmup_data_is_valid_for_each_dtype(gpu):
+    """Ids are zeros (inside every embedding table), strings empty (missing), floats random."""
+    samples = _warmup(gpu["dlrm_torch"])["dlrm_torch_batch_1"]
+    assert samples == {"dense_features__0": ("TYPE_FP32", (13,), "random_data"),
+                       "category_ids__1": ("TYPE_INT64", (26,), "zero_data")}
+    assert _warmup(gpu["dlrm_tf"])["dlrm_tf_batch_64"]["category_ids"][2] == "zero_data"
+    assert _warmup(gpu["xgb"])["xgb_batch_1"] == {"input__0": ("TYPE_FP32", (39,), "random_data")}
+    assert _warmup(gpu["features"])["features_batch_1"]["categorical"] == ("TYPE_STRING", (26,), "zero_data")
+    for tensor in (schema.CATEGORY_IDS, schema.CATEGORICAL):
+        assert configs.warmup_data(tensor) is configs.WarmupData.ZERO
+
+
+def test_fused_ranker_warms_up_in_its_model_py_not_its_config():
+    fused = _parsed(configs.layout_texts(configs.Layout.FUSED))[Model.RANKER.value]
+    assert not fused.model_warmup
+
+
+def test_gpu_tree_scorer_reads_the_treelite_checkpoint():
+    """In-process FIL loads checkpoint.tl (what FIL's older Treelite can read), never xgboost.json."""
+    import inspect
+
+    from ensemble.models import xgb, xgb_gpu
+
+    assert releases.FIL_MODEL_FILES[xgb_gpu.FIL_MODEL_TYPE] == xgb.FIL_FILE
+    source = inspect.getsource(xgb_gpu._load_fil)
+    assert "xgboost_json" not in source and source.count("model_type=FIL_MODEL_TYPE") == 2
+    scorer = inspect.getsource(xgb_gpu.GpuTreeScorer.__init__)
+    assert "xgb.FIL_FILE" in scorer and "xgb.MODEL_FILE" in scorer  # checkpoint first, JSON for XGBoost
+
+
+def test_gpu_tree_scorer_without_cuda_libraries_says_what_is_missing(trained):
+    from ensemble import device
+    from ensemble.models.xgb_gpu import GpuTreeScorer
+
+    if device.has_module("cupy"):
+        pytest.skip("cupy is installed here")
+    with pytest.raises(device.GpuUnavailable, match="'cupy'"):
+        GpuTreeScorer(trained.repository / "xgb" / "1")

@@ -8,8 +8,9 @@ from pathlib import Path
 import ensemble
 
 PACKAGE = Path(ensemble.__file__).parent
-# The composition roots: they wire the library, the clients and the load test together.
-COMPOSERS = {"cli.py", "demo.py"}
+# The composition roots: they wire the library, the clients and the load test together
+# (acceptance.py: the GPU acceptance run, `make gpu-acceptance`).
+COMPOSERS = {"cli.py", "demo.py", "acceptance.py"}
 
 
 def _imported_modules(path: Path) -> set[str]:
