@@ -9,7 +9,6 @@ import signal
 import sys
 from pathlib import Path
 
-from ensemble import schema
 from ensemble.registry import Layout
 from ensemble.serve import DEFAULT_LAYOUT
 
@@ -69,12 +68,9 @@ def _server_options(args):
 def cmd_synth(args) -> int:
     from ensemble import data
 
-    synth = data.synthesize(_synth_config(args))
-    from ensemble.metrics import auc
-
-    path = data.write_criteo(synth.frame, args.output)
-    print(f"wrote {len(synth.frame)} rows to {path}; click rate {synth.frame[schema.LABEL].mean():.3f}; "
-          f"best possible AUC (the generator's own probabilities) {auc(synth.frame[schema.LABEL], synth.probability):.4f}")
+    summary = data.write_synthetic(_synth_config(args), args.output)
+    print(f"wrote {summary.rows} rows to {summary.path}; click rate {summary.click_rate:.3f}; "
+          f"best possible AUC (the generator's own probabilities) {summary.best_auc:.4f}")
     return 0
 
 
