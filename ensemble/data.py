@@ -16,6 +16,11 @@ import pandas as pd
 
 from ensemble import schema
 
+# Until the package is regrouped into folders (ensemble/data/criteo.py), this module also acts
+# as the package `ensemble.data` so that new modules in ensemble/data/ (shards.py) import as
+# `ensemble.data.<name>`. Drop this line when data.py moves to ensemble/data/criteo.py.
+__path__ = [str(Path(__file__).with_suffix(""))]
+
 # Distinct values per categorical column in the Criteo Kaggle day files (C1..C26).
 CRITEO_CARDINALITIES: tuple[int, ...] = (
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
