@@ -75,13 +75,10 @@ def cmd_synth(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from ensemble import data
-
     from ensemble import training
 
-    frame = data.read_criteo(args.input, nrows=args.nrows)
-    train, valid, test = data.split(frame, args.valid_fraction, args.test_fraction)
-    report = training.train_all(train, valid, test, args.workdir, _train_config(args))
+    report = training.train_files(args.input, args.workdir, _train_config(args), nrows=args.nrows,
+                                  valid=args.valid_fraction, test=args.test_fraction)
     print(json.dumps(report["test"], indent=1))
     return 0
 

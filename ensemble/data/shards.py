@@ -219,3 +219,13 @@ def write_shards(folder: str | Path, parts: Sequence[Batch] | Iterator[Batch]) -
     shards = ShardSet(folder, tuple(files), tuple(counts))
     shards.save()
     return shards
+
+
+def in_order(source: BatchSource, batch_size: int) -> BatchSource:
+    """The same rows unshuffled in batches of ``batch_size`` (the trees' iterator and scoring read
+    big ordered batches); a source that is not one of this module's is returned as is."""
+    from dataclasses import is_dataclass, replace
+
+    if is_dataclass(source) and isinstance(source, (ArraySource, ShardSource)):
+        return replace(source, batch_size=batch_size, shuffle=False)
+    return source
