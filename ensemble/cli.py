@@ -43,11 +43,15 @@ def _train_config(args):
     from ensemble.models.dlrm import DLRMConfig
     from ensemble.models.xgb import XGBConfig
 
+    from ensemble.models.xgb import XGBMatrix
+
+    extra = {"xgb_matrix": XGBMatrix(args.xgb_matrix)} if getattr(args, "xgb_matrix", None) else {}
     return training.TrainConfig(
         freq_threshold=args.freq_threshold,
         xgb=XGBConfig(rounds=args.xgb_rounds),
         dlrm=DLRMConfig(epochs=args.epochs, embedding_dim=args.embedding_dim),
         device=training.resolve_device(args.device),
+        **extra,
     )
 
 
@@ -76,9 +80,14 @@ def cmd_synth(args) -> int:
 
 def cmd_train(args) -> int:
     from ensemble import training
+    from ensemble.models.distributed import dask_client
 
-    report = training.train_files(args.input, args.workdir, _train_config(args), nrows=args.nrows,
-                                  valid=args.valid_fraction, test=args.test_fraction)
+    if args.dask_scheduler and args.dask_local:
+        print("error: give --dask-scheduler or --dask-local, not both", file=sys.stderr)
+        return 2
+    with dask_client(args.dask_scheduler, args.dask_local) as client:
+        report = training.train_files(args.input, args.workdir, _train_config(args), nrows=args.nrows,
+                                      valid=args.valid_fraction, test=args.test_fraction, client=client)
     print(json.dumps(report["test"], indent=1))
     return 0
 
@@ -264,6 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--valid-fraction", type=float, default=0.1, help="share of rows for validation (file order)")
     p.add_argument("--test-fraction", type=float, default=0.1, help="share of rows held out for test (the last)")
     _add_train(p)
+    p.add_argument("--xgb-matrix", choices=["quantile", "external"], default="quantile",
+                   help="trees' training rows: quantile = bin indexes in memory (~40 B a row); external = "
+                        "pages cached on disk (memory flat in rows, slower)")
+    p.add_argument("--dask-scheduler", default=None, help="address of a running Dask scheduler to train on")
+    p.add_argument("--dask-local", type=int, default=0, help="start a LocalCluster with N worker processes to train on")
     p.set_defaults(func=cmd_train)
 
     p = _command(sub, "export", "write a new version of every model into the repository")

@@ -112,6 +112,17 @@ def train_files(paths: Sequence[str | Path], workdir: str | Path, config: TrainC
     return train_models(sources, workdir, config, seconds, log)
 
 
+def rss_high_water_mb() -> float:
+    """This process's peak resident memory so far (VmHWM), in MiB (0 where /proc is missing)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, seconds: dict[str, float],
                  log: Callable[[str], None] = print) -> dict:
     """Train the trees and both DLRMs from batch sources, fit the blend on validation scores,
@@ -123,6 +134,7 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
     workdir = Path(workdir)
     artifacts = TrainedArtifacts.under(workdir)
     timings = dict(seconds)
+    peak_mb = {"features": rss_high_water_mb()}  # the process's high-water mark after each stage
     cardinalities = features.LeanTransform.load(artifacts.workflow_dir).cardinalities
     log(f"features fitted in {timings['features']:.1f}s; vocabulary sizes {list(cardinalities)}")
     scores: dict[str, dict[str, np.ndarray]] = {"valid": {}, "test": {}}
@@ -139,6 +151,7 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
         scores[split]["xgb"], labels[split] = score_source(
             lambda d, i: booster.inplace_predict(xgb.design_matrix(d, i)), getattr(sources, split))
     timings["xgb"] = time.perf_counter() - start
+    peak_mb["xgb"] = rss_high_water_mb()
     log(f"xgb: {booster.num_boosted_rounds()} trees in {timings['xgb']:.1f}s")
 
     dlrm_config = replace(config.dlrm, cardinalities=cardinalities)
@@ -150,6 +163,7 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
         for split in ("valid", "test"):
             scores[split][name], _ = score_source(lambda d, i: module.predict(model, d, i), getattr(sources, split))
         timings[name] = time.perf_counter() - start
+        peak_mb[name] = rss_high_water_mb()
         log(f"{name}: trained in {timings[name]:.1f}s")
 
     order = [m.value for m in schema.MODEL_SCORES]  # the blend step's input order
@@ -165,6 +179,8 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
                  for name, s in scores["test"].items()},
         "blend_weights": dict(zip(order, blender.weights)),
         "seconds": timings,
+        "peak_rss_mib_after": peak_mb,
+        "xgb_trees": booster.num_boosted_rounds(),
         "vocabulary_sizes": list(cardinalities),
         "config": asdict(config),
     }
