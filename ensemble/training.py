@@ -19,7 +19,7 @@ from ensemble import features, metrics, schema
 from ensemble.export import TrainedArtifacts
 from ensemble.models import dlrm_tf, dlrm_torch, xgb
 from ensemble.models.blend import Blender
-from ensemble.data.shards import ArraySource, BatchSource, in_order
+from ensemble.data.shards import ArraySource, BatchSource, ShardSource, in_order
 from ensemble.models.dlrm import DLRMConfig, score_source
 from ensemble.models.xgb import XGBMatrix
 
@@ -109,7 +109,7 @@ def train_files(paths: Sequence[str | Path], workdir: str | Path, config: TrainC
     sources = Sources(built[Split.TRAIN].source(batch, seed, True, config.shuffle_rows),
                       built[Split.VALID].source(SCORE_BATCH, shuffle=False),
                       built[Split.TEST].source(SCORE_BATCH, shuffle=False))
-    return train_models(sources, workdir, config, seconds, log)
+    return train_models(sources, workdir, config, seconds, log, client)
 
 
 def rss_high_water_mb() -> float:
@@ -124,9 +124,13 @@ def rss_high_water_mb() -> float:
 
 
 def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, seconds: dict[str, float],
-                 log: Callable[[str], None] = print) -> dict:
+                 log: Callable[[str], None] = print, client=None) -> dict:
     """Train the trees and both DLRMs from batch sources, fit the blend on validation scores,
     and score the test split; ``workdir`` already holds the fitted workflow.
+
+    With a dask ``client`` and shard sources, the trees train with ``xgboost.dask`` and the
+    PyTorch DLRM under ``torch.distributed``, one process per worker
+    (:mod:`ensemble.models.distributed`); the Keras DLRM trains in this process either way.
 
     Returns:
         The report: per model (and the blend) AUC and log loss on test, seconds per stage, rows.
@@ -140,11 +144,15 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
     scores: dict[str, dict[str, np.ndarray]] = {"valid": {}, "test": {}}
     labels: dict[str, np.ndarray] = {}
 
+    on_cluster = client is not None and isinstance(sources.train, ShardSource) and isinstance(sources.valid, ShardSource)
     start = time.perf_counter()
-    # The trees read big ordered batches (their iterator is walked once to build the matrix).
-    booster = xgb.train_streaming(config.xgb, in_order(sources.train, 1 << 18), in_order(sources.valid, 1 << 18),
-                                  config.xgb_matrix,
-                                  workdir / "xgb-cache", config.device)
+    if on_cluster:
+        from ensemble.models import distributed
+
+        booster = distributed.train_trees(client, config.xgb, sources.train.shards, sources.valid.shards, config.device)
+    else:  # the trees read big ordered batches (their iterator is walked once to build the matrix)
+        booster = xgb.train_streaming(config.xgb, in_order(sources.train, 1 << 18), in_order(sources.valid, 1 << 18),
+                                      config.xgb_matrix, workdir / "xgb-cache", config.device)
     (artifacts.models_dir / "xgb").mkdir(parents=True, exist_ok=True)
     xgb.save(booster, artifacts.models_dir / "xgb")
     for split in ("valid", "test"):
@@ -157,7 +165,11 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
     dlrm_config = replace(config.dlrm, cardinalities=cardinalities)
     for name, module in (("dlrm_torch", dlrm_torch), ("dlrm_tf", dlrm_tf)):
         start = time.perf_counter()
-        model = module.train(dlrm_config, sources.train, sources.valid, config.device, log)
+        if on_cluster and module is dlrm_torch:
+            model, _ = distributed.train_torch(dlrm_config, sources.train.shards, sources.valid.shards, workdir / "ddp",
+                                               client, buffer_rows=config.shuffle_rows, log=log)
+        else:
+            model = module.train(dlrm_config, sources.train, sources.valid, config.device, log)
         (artifacts.models_dir / name).mkdir(parents=True, exist_ok=True)
         module.save(model, artifacts.models_dir / name)
         for split in ("valid", "test"):
@@ -181,6 +193,7 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
         "seconds": timings,
         "peak_rss_mib_after": peak_mb,
         "xgb_trees": booster.num_boosted_rounds(),
+        "workers": len(client.scheduler_info()["workers"]) if on_cluster else 1,
         "vocabulary_sizes": list(cardinalities),
         "config": asdict(config),
     }

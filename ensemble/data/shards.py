@@ -187,6 +187,8 @@ class ShardSource:
 
     def _drain(self, pending: list[Batch], rng: np.random.Generator, final: bool):
         """Yield the buffer's whole batches (all of it when ``final``); return the remainder."""
+        if not pending:  # no shards at all (e.g. a distributed rank given none)
+            return None
         dense, ids, labels = (np.concatenate([p[i] for p in pending]) for i in range(3))
         if self.shuffle:
             order = rng.permutation(len(labels))
