@@ -53,10 +53,11 @@ class Run:
     report: dict = field(default_factory=dict)
 
 
-def run(name: str, argv: list[str], log: Path, env: dict | None = None) -> Run:
+def run(name: str, argv: list[str], log: Path, env: dict | None = None, cwd: Path = ROOT) -> Run:
+    # cwd matters: `python -m` puts the working directory before PYTHONPATH on sys.path.
     start = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - start
     code = os.waitstatus_to_exitcode(status)
@@ -70,8 +71,8 @@ def _env(tree: Path) -> dict:
     return {**os.environ, "PYTHONPATH": str(tree), "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
-def train_run(name: str, argv: list[str], workdir: Path, log: Path, env: dict) -> Run:
-    result = run(name, argv, log, env)
+def train_run(name: str, argv: list[str], workdir: Path, log: Path, env: dict, cwd: Path = ROOT) -> Run:
+    result = run(name, argv, log, env, cwd)
     report_file = workdir / "train_report.json"
     if result.returncode == 0 and report_file.is_file():
         result.report = json.loads(report_file.read_text())
@@ -199,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline_tree:
         trains.append(train_run("train (in memory, before streaming)",
                                 [*ENSEMBLE, "train", str(data), "--workdir", str(work / "baseline"), *common],
-                                work / "baseline", work / "train-baseline.log", _env(Path(args.baseline_tree))))
+                                work / "baseline", work / "train-baseline.log", _env(Path(args.baseline_tree)),
+                                Path(args.baseline_tree)))
     processes += trains
     served = None
     if args.serve and trains[0].returncode == 0:
