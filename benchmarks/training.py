@@ -141,6 +141,10 @@ def stage_rows(result: Run) -> list[dict]:
     return out
 
 
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
 def markdown(results: dict) -> str:
     lines = [f"# Training benchmark: {results['name']}", "",
              f"Machine: {results['machine']}. {results['note']}", "",
@@ -151,7 +155,7 @@ def markdown(results: dict) -> str:
     lines += ["", "| run | stage | seconds | rows/s | process peak RSS after stage (MiB) |",
               "| --- | --- | ---: | ---: | ---: |"]
     lines += [f"| {s['run']} | {s['stage']} | {s['seconds']:.1f} | {s['rows_per_s']:,.0f} | "
-              f"{s['peak_rss_mib_after'] or 0:.0f} |" for s in results["stages"]]
+              f"{_mib(s['peak_rss_mib_after'])} |" for s in results["stages"]]
     lines += ["", "| run | " + " | ".join(f"{m} AUC" for m in MODELS) + " |", "| --- |" + " ---: |" * len(MODELS)]
     for name, aucs in results["auc"].items():
         lines.append(f"| {name} | " + " | ".join(f"{aucs.get(m, float('nan')):.4f}" for m in MODELS) + " |")
