@@ -17,7 +17,7 @@ import pandas as pd
 
 from ensemble import features, metrics, schema
 from ensemble.export import TrainedArtifacts
-from ensemble.models import dlrm_tf, dlrm_torch, xgb
+from ensemble.models import distributed, dlrm_tf, dlrm_torch, xgb
 from ensemble.models.blend import Blender
 from ensemble.data.shards import ArraySource, BatchSource, ShardSource, in_order
 from ensemble.models.dlrm import DLRMConfig, score_source
@@ -147,8 +147,6 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
     on_cluster = client is not None and isinstance(sources.train, ShardSource) and isinstance(sources.valid, ShardSource)
     start = time.perf_counter()
     if on_cluster:
-        from ensemble.models import distributed
-
         booster = distributed.train_trees(client, config.xgb, sources.train.shards, sources.valid.shards, config.device)
     else:  # the trees read big ordered batches (their iterator is walked once to build the matrix)
         booster = xgb.train_streaming(config.xgb, in_order(sources.train, 1 << 18), in_order(sources.valid, 1 << 18),
