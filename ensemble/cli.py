@@ -8,7 +8,6 @@ import logging
 import sys
 from pathlib import Path
 
-from ensemble import schema
 from ensemble.models.registry import Layout
 from ensemble.serving import monitoring
 from ensemble.serving.server import DEFAULT_LAYOUT
@@ -43,8 +42,10 @@ def _train_config(args):
     from ensemble import training
     from ensemble.models.dlrm import DLRMConfig
     from ensemble.models.xgb import XGBConfig
+    from ensemble.models.xgb import XGBMatrix
     from ensemble.training import TrainConfig
 
+    extra = {"xgb_matrix": XGBMatrix(args.xgb_matrix)} if getattr(args, "xgb_matrix", None) else {}
     return training.TrainConfig(
         freq_threshold=args.freq_threshold,
         xgb=XGBConfig(rounds=args.xgb_rounds),
@@ -53,6 +54,7 @@ def _train_config(args):
         # Stages (the GPU deployment trains torch and TensorFlow models in separate images).
         models=tuple(args.models.split(",")) if getattr(args, "models", None) else TrainConfig().models,
         reuse_features=getattr(args, "reuse_features", False),
+        **extra,
     )
 
 
@@ -76,23 +78,22 @@ def _server_options(args):
 def cmd_synth(args) -> int:
     from ensemble.data import criteo
 
-    synth = criteo.synthesize(_synth_config(args))
-    from ensemble.models.metrics import auc
-
-    path = criteo.write_criteo(synth.frame, args.output)
-    print(f"wrote {len(synth.frame)} rows to {path}; click rate {synth.frame[schema.LABEL].mean():.3f}; "
-          f"best possible AUC (the generator's own probabilities) {auc(synth.frame[schema.LABEL], synth.probability):.4f}")
+    summary = criteo.write_synthetic(_synth_config(args), args.output)
+    print(f"wrote {summary.rows} rows to {summary.path}; click rate {summary.click_rate:.3f}; "
+          f"best possible AUC (the generator's own probabilities) {summary.best_auc:.4f}")
     return 0
 
 
 def cmd_train(args) -> int:
-    from ensemble.data import criteo
-
     from ensemble import training
+    from ensemble.models.distributed import dask_client
 
-    frame = criteo.read_criteo(args.input, nrows=args.nrows)
-    train, valid, test = criteo.split(frame, args.valid_fraction, args.test_fraction)
-    report = training.train_all(train, valid, test, args.workdir, _train_config(args))
+    if args.dask_scheduler and args.dask_local:
+        print("error: give --dask-scheduler or --dask-local, not both", file=sys.stderr)
+        return 2
+    with dask_client(args.dask_scheduler, args.dask_local) as client:
+        report = training.train_files(args.input, args.workdir, _train_config(args), nrows=args.nrows,
+                                      valid=args.valid_fraction, test=args.test_fraction, client=client)
     print(json.dumps(report.get("test", report), indent=1))
     return 0
 
@@ -299,6 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "three have scores in --workdir")
     p.add_argument("--reuse-features", action="store_true",
                    help="reuse the workflow an earlier stage fitted in --workdir instead of fitting it again")
+    p.add_argument("--xgb-matrix", choices=["quantile", "external"], default="quantile",
+                   help="trees' training rows: quantile = bin indexes in memory (~40 B a row); external = "
+                        "pages cached on disk (memory flat in rows, slower)")
+    p.add_argument("--dask-scheduler", default=None, help="address of a running Dask scheduler to train on")
+    p.add_argument("--dask-local", type=int, default=0, help="start a LocalCluster with N worker processes to train on")
     p.set_defaults(func=cmd_train)
 
     p = _command(sub, "export", "write a new version of every model into the repository")

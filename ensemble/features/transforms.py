@@ -40,20 +40,32 @@ def fit_workflow(train, out_dir: str | Path, freq_threshold: int = 3, device: st
         ``out_dir``.
     """
     import nvtabular as nvt
-    from nvtabular import ops
 
     from ensemble.device import fit_frame
 
     out_dir = Path(out_dir)
+    workflow = build_workflow(out_dir, freq_threshold)
+    columns = [*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS]
+    frame, on_gpu = fit_frame(train[columns].reset_index(drop=True), device)
+    workflow.fit(nvt.Dataset(frame, cpu=not on_gpu))
+    return save_workflow(workflow, out_dir)
+
+
+def build_workflow(out_dir: Path, freq_threshold: int = 3, client=None):
+    """The unfitted NVTabular ``Workflow`` (``client``: a dask client to fit and transform on)."""
+    import nvtabular as nvt
+    from nvtabular import ops
+
     dense = (list(schema.DENSE_COLUMNS) >> ops.FillMissing(fill_val=0) >> ops.Clip(min_value=0)
              >> ops.LogOp() >> ops.Normalize())
     # out_path keeps NVTabular from writing ./categories into the working directory.
     categorical = list(schema.CATEGORICAL_COLUMNS) >> ops.Categorify(
         freq_threshold=freq_threshold, out_path=str(out_dir.parent / f".{out_dir.name}-fit"))
-    workflow = nvt.Workflow(dense + categorical)
-    columns = [*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS]
-    frame, on_gpu = fit_frame(train[columns].reset_index(drop=True), device)
-    workflow.fit(nvt.Dataset(frame, cpu=not on_gpu))
+    return nvt.Workflow(dense + categorical, client=client)
+
+
+def save_workflow(workflow, out_dir: Path) -> Path:
+    """Save a fitted workflow in NVTabular's format plus the lean transform's statistics."""
     workflow.save(str(out_dir))
     _write_lean_stats(workflow, out_dir)
     return out_dir

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -46,3 +46,30 @@ def minibatches(n_rows: int, batch_size: int, rng: np.random.Generator) -> Itera
 def table_offsets(cardinalities: tuple[int, ...]) -> np.ndarray:
     """[F] int64: the first row of each column's table inside the one stacked embedding table."""
     return np.concatenate([[0], np.cumsum(cardinalities[:-1])]).astype(np.int64)
+
+
+def as_source(data, batch_size: int, seed: int = 0, shuffle: bool = True):
+    """A batch source (:mod:`ensemble.data.shards`) as is, or in-memory ``(dense, ids, labels)``
+    wrapped in an :class:`ensemble.data.shards.ArraySource`."""
+    from ensemble.data.shards import ArraySource
+
+    if hasattr(data, "epoch"):
+        return data
+    dense, ids, labels = data
+    return ArraySource(np.asarray(dense, np.float32), np.asarray(ids, np.int64), np.asarray(labels, np.int8),
+                       batch_size, seed, shuffle)
+
+
+def score_source(predict: Callable[[np.ndarray, np.ndarray], np.ndarray], source) -> tuple[np.ndarray, np.ndarray]:
+    """Score one (unshuffled) epoch of a source batch by batch.
+
+    Returns:
+        (scores [N] float32, labels [N] int8) in the source's order.
+    """
+    scores, labels = [], []
+    for dense, ids, y in source.epoch(0):
+        scores.append(np.asarray(predict(dense, ids), np.float32).reshape(-1))
+        labels.append(y)
+    if not scores:
+        return np.empty(0, np.float32), np.empty(0, np.int8)
+    return np.concatenate(scores), np.concatenate(labels)

@@ -11,7 +11,7 @@ import numpy as np
 from ensemble import schema
 from ensemble.models import metrics
 from ensemble.models.artifacts import SAVEDMODEL, SAVEDMODEL_OUTPUT, TFLITE
-from ensemble.models.dlrm import DLRMConfig, minibatches, table_offsets
+from ensemble.models.dlrm import DLRMConfig, as_source, score_source, table_offsets
 
 MODEL_DIR = SAVEDMODEL
 SIGNATURE_OUTPUT = SAVEDMODEL_OUTPUT
@@ -53,11 +53,11 @@ def build(config: DLRMConfig):
     return keras.Model([dense_in, ids_in], out, name="dlrm")
 
 
-def train(config: DLRMConfig, train_data: tuple[np.ndarray, np.ndarray, np.ndarray],
-          valid_data: tuple[np.ndarray, np.ndarray, np.ndarray], device: str = "cpu",
+def train(config: DLRMConfig, train_data, valid_data, device: str = "cpu",
           log: Callable[[str], None] = print):
-    """Train on whole in-memory tensors; keep the epoch with the best validation log loss.
+    """Train by streaming batches; keep the epoch with the best validation log loss.
 
+    Args: as :func:`ensemble.models.dlrm_torch.train` (a batch source or in-memory arrays).
     Mixed precision (``mixed_float16``) only on GPU; the output layer stays float32.
     """
     import keras
@@ -66,16 +66,20 @@ def train(config: DLRMConfig, train_data: tuple[np.ndarray, np.ndarray, np.ndarr
     keras.mixed_precision.set_global_policy("mixed_float16" if device == "gpu" else "float32")
     if device == "gpu":  # TF32 matmuls/convolutions on Ampere and later (TensorFlow's default, made explicit)
         tf.config.experimental.enable_tensor_float_32_execution(True)
+    train_source = as_source(train_data, config.batch_size, config.seed)
+    valid_source = as_source(valid_data, 65536, shuffle=False)
     model = build(config)
     optimizer = keras.optimizers.Adam(config.learning_rate)
     if device == "gpu":  # float16 gradients underflow without dynamic loss scaling
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     loss_fn = keras.losses.BinaryCrossentropy()
-    dense, ids, labels = (tf.constant(a) for a in train_data)
-    labels = tf.reshape(tf.cast(labels, tf.float32), (-1, 1))
 
-    @tf.function(reduce_retracing=True)
+    # Shapes with an unknown batch: one trace serves the full batches and the last, smaller one.
+    @tf.function(input_signature=[tf.TensorSpec((None, schema.N_DENSE), tf.float32),
+                                  tf.TensorSpec((None, schema.N_CATEGORICAL), tf.int64),
+                                  tf.TensorSpec((None,), tf.int8)])
     def step(d, i, y):
+        y = tf.reshape(tf.cast(y, tf.float32), (-1, 1))
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model([d, i], training=True))
         # scale_loss is the identity for a plain optimizer; LossScaleOptimizer unscales in apply.
@@ -83,16 +87,14 @@ def train(config: DLRMConfig, train_data: tuple[np.ndarray, np.ndarray, np.ndarr
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    rng = np.random.default_rng(config.seed)
     best_loss, best_weights = float("inf"), None
     for epoch in range(config.epochs):
-        for idx in minibatches(int(labels.shape[0]), config.batch_size, rng):
-            index = tf.constant(idx)
-            step(tf.gather(dense, index), tf.gather(ids, index), tf.gather(labels, index))
-        scores = predict(model, valid_data[0], valid_data[1])
-        val_loss = metrics.log_loss(valid_data[2], scores)
+        for dense, ids, labels in train_source.epoch(epoch):
+            step(dense, ids, labels)
+        scores, valid_labels = score_source(lambda d, i: predict(model, d, i), valid_source)
+        val_loss = metrics.log_loss(valid_labels, scores)
         log(f"  dlrm_tf epoch {epoch + 1}: valid logloss {val_loss:.4f} "
-            f"auc {metrics.auc(valid_data[2], scores):.4f}")
+            f"auc {metrics.auc(valid_labels, scores):.4f}")
         if val_loss < best_loss:
             best_loss, best_weights = val_loss, model.get_weights()
     model.set_weights(best_weights)

@@ -18,7 +18,7 @@ from torch import nn
 from ensemble import schema
 from ensemble.models import metrics
 from ensemble.models.artifacts import TORCHSCRIPT
-from ensemble.models.dlrm import DLRMConfig, minibatches, table_offsets
+from ensemble.models.dlrm import DLRMConfig, as_source, score_source, table_offsets
 
 MODEL_FILE = TORCHSCRIPT
 
@@ -117,13 +117,15 @@ def build(config: DLRMConfig) -> DLRM:
     return DLRM(config)
 
 
-def train(config: DLRMConfig, train_data: tuple[np.ndarray, np.ndarray, np.ndarray],
-          valid_data: tuple[np.ndarray, np.ndarray, np.ndarray], device: str = "cpu",
+def train(config: DLRMConfig, train_data, valid_data, device: str = "cpu",
           log: Callable[[str], None] = print):
-    """Train on whole in-memory tensors; keep the epoch with the best validation log loss.
+    """Train by streaming batches; keep the epoch with the best validation log loss.
 
     Args:
-        train_data, valid_data: (dense [B x 13] f32, ids [B x 26] i64, labels [B]).
+        train_data: a batch source (:mod:`ensemble.data.shards`: ``epoch(i)`` yields
+            (dense [B x 13] f32, ids [B x 26] i64, labels [B] i8)) or in-memory arrays
+            (dense, ids, labels), served as an ``ArraySource`` of ``config.batch_size`` rows.
+        valid_data: the same, read in order once per epoch.
         device: "cpu" or "gpu" (mixed precision + TF32 only on GPU).
     """
     use_gpu = device == "gpu"
@@ -131,28 +133,28 @@ def train(config: DLRMConfig, train_data: tuple[np.ndarray, np.ndarray, np.ndarr
     if use_gpu:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    train_source = as_source(train_data, config.batch_size, config.seed)
+    valid_source = as_source(valid_data, 65536, shuffle=False)
     model = build(config).to(dev)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
     scaler = torch.amp.GradScaler("cuda", enabled=use_gpu)
     loss_fn = torch.nn.BCEWithLogitsLoss()
-    dense, ids, labels = (torch.as_tensor(a).to(dev) for a in train_data)
-    labels = labels.float().reshape(-1, 1)
-    rng = np.random.default_rng(config.seed)
     best_loss, best_state = float("inf"), None
     for epoch in range(config.epochs):
         model.train()
-        for idx in minibatches(len(labels), config.batch_size, rng):
-            index = torch.as_tensor(idx, device=dev)
+        for dense, ids, labels in train_source.epoch(epoch):
+            d, i = torch.from_numpy(dense).to(dev), torch.from_numpy(ids).to(dev)
+            y = torch.from_numpy(labels).to(dev).float().reshape(-1, 1)
             with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=use_gpu):
-                loss = loss_fn(model.logits(dense[index], ids[index]), labels[index])
+                loss = loss_fn(model.logits(d, i), y)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
-        scores = predict(model, valid_data[0], valid_data[1], dev)
-        val_loss = metrics.log_loss(valid_data[2], scores)
+        scores, valid_labels = score_source(lambda d, i: predict(model, d, i, dev), valid_source)
+        val_loss = metrics.log_loss(valid_labels, scores)
         log(f"  dlrm_torch epoch {epoch + 1}: valid logloss {val_loss:.4f} "
-            f"auc {metrics.auc(valid_data[2], scores):.4f}")
+            f"auc {metrics.auc(valid_labels, scores):.4f}")
         if val_loss < best_loss:
             best_loss = val_loss
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}

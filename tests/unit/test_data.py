@@ -77,3 +77,19 @@ def test_split_keeps_order():
     train, valid, test = criteo.split(frame, 0.1, 0.2)
     assert (len(train), len(valid), len(test)) == (70, 10, 20)
     assert train.x.iloc[-1] == 69 and valid.x.iloc[0] == 70 and test.x.iloc[0] == 80
+
+
+def test_chunked_generator_writes_what_synthesize_draws(tmp_path):
+    config = criteo.SynthConfig(rows=2_500, scale=0.002, seed=9)
+    # One chunk: byte-identical to the whole-frame generator's file.
+    whole = criteo.write_criteo(criteo.synthesize(config).frame, tmp_path / "whole.tsv")
+    summary = criteo.write_synthetic(config, tmp_path / "one_chunk.tsv", chunk_rows=10_000)
+    assert summary.path.read_bytes() == whole.read_bytes()
+    # Several chunks: the file is synthesize(config, chunk_rows), and chunks differ from each other.
+    chunked = criteo.synthesize(config, chunk_rows=1_000)
+    summary = criteo.write_synthetic(config, tmp_path / "chunked.tsv", chunk_rows=1_000)
+    assert summary.path.read_bytes() == criteo.write_criteo(chunked.frame, tmp_path / "ref.tsv").read_bytes()
+    assert summary.rows == 2_500
+    assert summary.click_rate == pytest.approx(chunked.frame[schema.LABEL].mean())
+    assert summary.best_auc == pytest.approx(metrics.auc(chunked.frame[schema.LABEL], chunked.probability), abs=1e-4)
+    assert not chunked.frame.iloc[:1000].reset_index(drop=True).equals(chunked.frame.iloc[1000:2000].reset_index(drop=True))
