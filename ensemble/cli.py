@@ -42,6 +42,7 @@ def _train_config(args):
     from ensemble import training
     from ensemble.models.dlrm import DLRMConfig
     from ensemble.models.xgb import XGBConfig
+    from ensemble.device import resolve_device
     from ensemble.models.xgb import XGBMatrix
     from ensemble.training import TrainConfig
 
@@ -50,7 +51,7 @@ def _train_config(args):
         freq_threshold=args.freq_threshold,
         xgb=XGBConfig(rounds=args.xgb_rounds),
         dlrm=DLRMConfig(epochs=args.epochs, embedding_dim=args.embedding_dim),
-        device=training.resolve_device(args.device),
+        device=resolve_device(args.device),
         # Stages (the GPU deployment trains torch and TensorFlow models in separate images).
         models=tuple(args.models.split(",")) if getattr(args, "models", None) else TrainConfig().models,
         reuse_features=getattr(args, "reuse_features", False),

@@ -30,6 +30,7 @@ from ensemble.models.blend import Blender
 from ensemble.models.dlrm import DLRMConfig, score_source
 from ensemble.models.xgb import XGBMatrix
 from ensemble.repository.export import TrainedArtifacts
+from ensemble.device import Device
 
 SCORE_BATCH = 65536  # rows per batch when scoring validation and test
 SCORES_DIR = "scores"  # <workdir>/scores/<model>.npz: validation and test scores of each trained model
@@ -53,7 +54,7 @@ class TrainConfig:
     freq_threshold: int = 3
     xgb: xgb.XGBConfig = field(default_factory=xgb.XGBConfig)
     dlrm: DLRMConfig = field(default_factory=DLRMConfig)
-    device: str = "cpu"  # "cpu" or "gpu"; see resolve_device
+    device: Device = Device.CPU  # `--device auto` is resolved before (ensemble.device.resolve_device)
     xgb_matrix: XGBMatrix = XGBMatrix.QUANTILE
     part_rows: int = 250_000
     shuffle_rows: int = 1 << 20
@@ -63,13 +64,6 @@ class TrainConfig:
     def check_models(self) -> None:
         if not self.models or set(self.models) - set(MODEL_NAMES):
             raise ValueError(f"models to train: choose from {list(MODEL_NAMES)}, got {list(self.models)}")
-
-
-def resolve_device(device: str) -> str:
-    """``auto`` -> ``gpu`` when an NVIDIA GPU is visible, else ``cpu`` (see :mod:`ensemble.device`)."""
-    from ensemble.device import resolve_device as resolve
-
-    return resolve(device).value
 
 
 @dataclass(frozen=True)

@@ -95,3 +95,13 @@ class Load:
         self._stop.set()
         for t in self._threads:
             t.join(60)
+
+
+def learnable_tensors(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Model-ready rows whose label depends on one dense feature and one category (so a DLRM
+    learns it within an epoch): (dense [n x 13] f32, ids [n x 26] i64 in 0..4, labels [n] i8)."""
+    rng = np.random.default_rng(seed)
+    dense = rng.normal(size=(n, schema.N_DENSE)).astype(np.float32)
+    ids = rng.integers(0, 5, (n, schema.N_CATEGORICAL)).astype(np.int64)
+    labels = (rng.random(n) < 1 / (1 + np.exp(-(2 * dense[:, 0] + (ids[:, 3] == 1))))).astype(np.int8)
+    return dense, ids, labels

@@ -20,6 +20,7 @@ import numpy as np
 
 from ensemble import schema
 from ensemble.serving import native
+from ensemble.device import Device
 
 NULL_ID = 1
 OOV_ID = 2
@@ -27,7 +28,7 @@ FIRST_ID = 3
 LEAN_FILE = "lean.json"
 
 
-def fit_workflow(train, out_dir: str | Path, freq_threshold: int = 3, device: str = "cpu") -> Path:
+def fit_workflow(train, out_dir: str | Path, freq_threshold: int = 3, device: Device = Device.CPU) -> Path:
     """Fit the NVTabular workflow on a training frame and save it.
 
     Args:
@@ -78,7 +79,7 @@ def load_workflow(workflow_dir: str | Path):
     return nvt.Workflow.load(str(workflow_dir))
 
 
-def nvtabular_transform(workflow, frame, device: str = "cpu"):
+def nvtabular_transform(workflow, frame, device: Device = Device.CPU):
     """Run the saved workflow itself (the reference the lean transform is tested against).
 
     Args:

@@ -12,6 +12,8 @@ import logging
 from pathlib import Path
 from typing import Iterator
 
+from ensemble.device import Device
+
 
 @contextlib.contextmanager
 def dask_client(scheduler: str | None = None, local_workers: int = 0) -> Iterator[object | None]:
@@ -58,7 +60,7 @@ def _shard_frames(client, shard_set):
     return frame.drop(columns=["label"]), frame["label"]
 
 
-def train_trees(client, config, train_shards, valid_shards, device: str = "cpu"):
+def train_trees(client, config, train_shards, valid_shards, device: Device = Device.CPU):
     """XGBoost on the cluster (``xgboost.dask``): each worker builds the quantile matrix of the
     shards it holds; trees are grown collectively. Shards must be readable by every worker
     (a shared filesystem, or one machine). Returns the booster cut at its best validation round.

@@ -12,6 +12,7 @@ from ensemble import schema
 from ensemble.models import metrics
 from ensemble.models.artifacts import SAVEDMODEL, SAVEDMODEL_OUTPUT, TFLITE
 from ensemble.models.dlrm import DLRMConfig, as_source, score_source, table_offsets
+from ensemble.device import Device
 
 MODEL_DIR = SAVEDMODEL
 SIGNATURE_OUTPUT = SAVEDMODEL_OUTPUT
@@ -53,7 +54,7 @@ def build(config: DLRMConfig):
     return keras.Model([dense_in, ids_in], out, name="dlrm")
 
 
-def train(config: DLRMConfig, train_data, valid_data, device: str = "cpu",
+def train(config: DLRMConfig, train_data, valid_data, device: Device = Device.CPU,
           log: Callable[[str], None] = print):
     """Train by streaming batches; keep the epoch with the best validation log loss.
 
@@ -63,14 +64,14 @@ def train(config: DLRMConfig, train_data, valid_data, device: str = "cpu",
     import keras
     import tensorflow as tf
 
-    keras.mixed_precision.set_global_policy("mixed_float16" if device == "gpu" else "float32")
-    if device == "gpu":  # TF32 matmuls/convolutions on Ampere and later (TensorFlow's default, made explicit)
+    keras.mixed_precision.set_global_policy("mixed_float16" if device is Device.GPU else "float32")
+    if device is Device.GPU:  # TF32 matmuls/convolutions on Ampere and later (TensorFlow's default, made explicit)
         tf.config.experimental.enable_tensor_float_32_execution(True)
     train_source = as_source(train_data, config.batch_size, config.seed)
     valid_source = as_source(valid_data, 65536, shuffle=False)
     model = build(config)
     optimizer = keras.optimizers.Adam(config.learning_rate)
-    if device == "gpu":  # float16 gradients underflow without dynamic loss scaling
+    if device is Device.GPU:  # float16 gradients underflow without dynamic loss scaling
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     loss_fn = keras.losses.BinaryCrossentropy()
 

@@ -19,6 +19,7 @@ from ensemble import schema
 from ensemble.models import metrics
 from ensemble.models.artifacts import TORCHSCRIPT
 from ensemble.models.dlrm import DLRMConfig, as_source, score_source, table_offsets
+from ensemble.device import Device
 
 MODEL_FILE = TORCHSCRIPT
 
@@ -117,7 +118,7 @@ def build(config: DLRMConfig) -> DLRM:
     return DLRM(config)
 
 
-def train(config: DLRMConfig, train_data, valid_data, device: str = "cpu",
+def train(config: DLRMConfig, train_data, valid_data, device: Device = Device.CPU,
           log: Callable[[str], None] = print):
     """Train by streaming batches; keep the epoch with the best validation log loss.
 
@@ -128,7 +129,7 @@ def train(config: DLRMConfig, train_data, valid_data, device: str = "cpu",
         valid_data: the same, read in order once per epoch.
         device: "cpu" or "gpu" (mixed precision + TF32 only on GPU).
     """
-    use_gpu = device == "gpu"
+    use_gpu = device is Device.GPU
     dev = torch.device("cuda" if use_gpu else "cpu")
     if use_gpu:
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -187,10 +188,10 @@ class TorchScorer:
     ``device="gpu"`` loads the module onto CUDA and copies each batch there and back.
     """
 
-    def __init__(self, model_dir: str | Path, threads: int = 1, device: str = "cpu"):
+    def __init__(self, model_dir: str | Path, threads: int = 1, device: Device = Device.CPU):
         torch.set_num_threads(threads)
         self._torch = torch
-        self._device = torch.device("cuda" if device == "gpu" else "cpu")
+        self._device = torch.device("cuda" if device is Device.GPU else "cpu")
         self.model = torch.jit.load(str(Path(model_dir) / MODEL_FILE), map_location=self._device).eval()
 
     def __call__(self, dense_features: np.ndarray, category_ids: np.ndarray) -> np.ndarray:

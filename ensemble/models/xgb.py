@@ -10,6 +10,7 @@ import numpy as np
 
 from ensemble import schema
 from ensemble.models.artifacts import FIL_CHECKPOINT, TREES_LIBRARY, XGB_JSON
+from ensemble.device import Device
 
 MODEL_FILE = XGB_JSON
 FIL_FILE = FIL_CHECKPOINT
@@ -35,17 +36,17 @@ def design_matrix(dense_features: np.ndarray, category_ids: np.ndarray) -> np.nd
     return np.concatenate([dense_features, category_ids.astype(np.float32)], axis=1)
 
 
-def _params(config: XGBConfig, device: str) -> dict:
+def _params(config: XGBConfig, device: Device) -> dict:
     return {
         "objective": "binary:logistic", "eval_metric": "logloss", "tree_method": "hist",
         "max_depth": config.max_depth, "eta": config.learning_rate, "subsample": config.subsample,
         "min_child_weight": config.min_child_weight, "seed": config.seed, "nthread": config.threads,
-        "device": "cuda" if device == "gpu" else "cpu",
+        "device": "cuda" if device is Device.GPU else "cpu",
     }
 
 
 def train(config: XGBConfig, train_x: np.ndarray, train_y: np.ndarray,
-          valid_x: np.ndarray, valid_y: np.ndarray, device: str = "cpu"):
+          valid_x: np.ndarray, valid_y: np.ndarray, device: Device = Device.CPU):
     """Train with early stopping on the validation split; return the booster cut at its best round."""
     import xgboost as xgb
 
@@ -96,7 +97,7 @@ def _batch_iterator(source, cache_prefix: str | None):
 
 
 def train_streaming(config: XGBConfig, train_source, valid_source, matrix: XGBMatrix = XGBMatrix.QUANTILE,
-                    cache_dir: str | Path | None = None, device: str = "cpu"):
+                    cache_dir: str | Path | None = None, device: Device = Device.CPU):
     """Train from batch sources (:mod:`ensemble.data.shards`, read in order) without holding the raw
     rows: the quantile sketch and bin indexes are built batch by batch (see :class:`XGBMatrix`).
 

@@ -11,6 +11,7 @@ from ensemble.data import shards
 from ensemble.features import out_of_core
 from ensemble.models import distributed, dlrm_torch, xgb
 from ensemble.models.dlrm import DLRMConfig
+from tests.helpers import learnable_tensors
 
 CONFIG = DLRMConfig(embedding_dim=4, bottom_mlp=(8,), top_mlp=(8,), cardinalities=(5,) * 26, epochs=2, batch_size=256,
                     learning_rate=1e-2)
@@ -24,11 +25,8 @@ def client():
 
 @pytest.fixture(scope="module")
 def tensors(tmp_path_factory):
-    rng = np.random.default_rng(5)
     n = 8000
-    dense = rng.normal(size=(n, 13)).astype(np.float32)
-    ids = rng.integers(0, 5, (n, 26)).astype(np.int64)
-    labels = (rng.random(n) < 1 / (1 + np.exp(-(2 * dense[:, 0] + (ids[:, 3] == 1))))).astype(np.int8)
+    dense, ids, labels = learnable_tensors(n, seed=5)
     root = tmp_path_factory.mktemp("dist")
     train = shards.write_shards(root / "train", [(dense[a:a + 1500], ids[a:a + 1500], labels[a:a + 1500])
                                                  for a in range(0, 6000, 1500)])

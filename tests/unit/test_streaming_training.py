@@ -7,6 +7,7 @@ from ensemble.models import metrics
 from ensemble.data import shards
 from ensemble.models import dlrm_tf, dlrm_torch, xgb
 from ensemble.models.dlrm import DLRMConfig
+from tests.helpers import learnable_tensors
 
 CONFIG = DLRMConfig(embedding_dim=4, bottom_mlp=(8,), top_mlp=(8,), cardinalities=(5,) * 26, epochs=2, batch_size=256,
                     learning_rate=1e-2)
@@ -14,11 +15,8 @@ CONFIG = DLRMConfig(embedding_dim=4, bottom_mlp=(8,), top_mlp=(8,), cardinalitie
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    rng = np.random.default_rng(3)
     n = 8000
-    dense = rng.normal(size=(n, 13)).astype(np.float32)
-    ids = rng.integers(0, 5, (n, 26)).astype(np.int64)
-    labels = (rng.random(n) < 1 / (1 + np.exp(-(2 * dense[:, 0] + (ids[:, 3] == 1))))).astype(np.int8)
+    dense, ids, labels = learnable_tensors(n, seed=3)
     root = tmp_path_factory.mktemp("stream")
     cut = [(a, min(a + 900, 6000)) for a in range(0, 6000, 900)]
     train = shards.write_shards(root / "train", [(dense[a:b], ids[a:b], labels[a:b]) for a, b in cut])
