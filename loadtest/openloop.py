@@ -161,7 +161,6 @@ def request_bodies(rows: int = 1, count: int = 256, seed: int = 0, timeout_s: fl
     ``timeout_s`` / ``priority`` travel as the request's parameters, as the clients send them."""
     from ensemble.data import criteo
     from ensemble.features import transforms
-    from loadtest.payloads import v2_json
 
     frame = criteo.synthesize(criteo.SynthConfig(rows=rows * count, scale=0.002, seed=seed)).frame
     dense, cats = transforms.dense_array(frame), transforms.encode_categorical(frame)
@@ -170,7 +169,7 @@ def request_bodies(rows: int = 1, count: int = 256, seed: int = 0, timeout_s: fl
                                     ("priority", priority)) if v is not None}
     bodies = []
     for d, c in arrays:
-        body = json.loads(v2_json(d, c))
+        body = json.loads(schema.v2_json_request(d, c))
         if parameters:
             body["parameters"] = parameters
         bodies.append(json.dumps(body).encode())

@@ -15,7 +15,6 @@ import pytest
 from clients.triton import RankerClient
 from ensemble import schema
 from ensemble.serving.door import HTTP_MAX_INPUT_BYTES
-from loadtest.payloads import v2_json
 from tests.helpers import fresh_rows
 
 
@@ -109,7 +108,7 @@ def test_malformed_grpc_frames_are_refused(server, pipeline, frames):
 def test_compressed_bodies_are_decompressed_or_refused_clearly(server, pipeline):
     dense, cats = fresh_rows(2, seed=93)
     dense, cats = dense[:2], cats[:2]
-    body = v2_json(dense, cats)
+    body = schema.v2_json_request(dense, cats)
     status, plain = _post(server.http_url, body)
     assert status == 200
     expected = pipeline.score(dense, cats)["score"].ravel()
