@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -83,7 +83,7 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
         f"NVTabular Workflow.transform {summary['lean_transform']['nvtabular_1row_ms']:.1f} ms (medians)")
 
     server_options = options.server or ServerOptions(Path(options.repository))
-    server_options = ServerOptions(**{**asdict(server_options), "repository": Path(options.repository)})
+    server_options = replace(server_options, repository=Path(options.repository))
     log("4/6 starting tritonserver")
     server = TritonServer(server_options)
     start = time.perf_counter()
