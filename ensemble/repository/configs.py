@@ -102,6 +102,11 @@ class Queues:
 INTERACTIVE_QUEUE = QueuePolicy(max_queue_size=8, timeout_us=1_000_000)
 BATCH_QUEUE = QueuePolicy(max_queue_size=64, timeout_us=5_000_000)
 CPU_QUEUE = Queues(interactive=INTERACTIVE_QUEUE, batch=BATCH_QUEUE)
+# The per-model `ensemble` layout keeps one bounded queue per step (no priority levels): with
+# priority levels in its five composing models, Triton 2.51 crashed (SIGSEGV in libtritonserver)
+# under ordinary concurrent requests in a clean-clone test run, and once left a step refusing
+# every request; the fused layout (the default) runs the priority queues.
+ENSEMBLE_STEP_QUEUE = QueuePolicy(max_queue_size=64, timeout_us=5_000_000)
 
 # Warm-up (``model_warmup``): Triton runs these batches through a model before marking it
 # ready, so a model that loads but cannot infer fails at load time and readiness tells the truth
@@ -145,7 +150,7 @@ class ModelSpec:
     queue_delay_us: int = 0
     parameters: tuple[tuple[str, str], ...] = ()
     max_batch_size: int = schema.MAX_BATCH_SIZE
-    queue: Queues | None = None
+    queue: Queues | QueuePolicy | None = None
     warmup: tuple[int, ...] = ()
 
 
@@ -220,7 +225,9 @@ def model_config(spec: ModelSpec):
     # KIND_GPU without `gpus`: `instances` instances on every GPU the container sees.
     config.instance_group.add(kind=pb.ModelInstanceGroup.Kind.Value(spec.kind.value), count=spec.instances)
     config.dynamic_batching.max_queue_delay_microseconds = spec.queue_delay_us
-    if spec.queue is not None:
+    if isinstance(spec.queue, QueuePolicy):
+        _queue_policy(config.dynamic_batching.default_queue_policy, spec.queue)
+    elif spec.queue is not None:
         batching = config.dynamic_batching
         batching.priority_levels = len(schema.Priority)
         batching.default_priority_level = schema.Priority.INTERACTIVE
@@ -249,11 +256,11 @@ def ensemble_config(spec: EnsembleSpec):
 
 
 def python_spec(model: Model, step: schema.Step, threads: int = 1, warmup: tuple[int, ...] = (),
-                **parameters: str) -> ModelSpec:
+                queue: Queues | QueuePolicy = CPU_QUEUE, **parameters: str) -> ModelSpec:
     """A CPU python-backend model that reads and writes ``step``'s tensors under their own names."""
     params = {"threads": str(threads), **parameters}
     return ModelSpec(model.value, named(step.inputs), named(step.outputs), parameters=tuple(params.items()),
-                     queue=CPU_QUEUE, warmup=warmup)
+                     queue=queue, warmup=warmup)
 
 
 def gpu_spec(model: Model, release: releases.TritonRelease = releases.PINNED) -> ModelSpec:
@@ -275,7 +282,8 @@ def layout_specs(layout: Layout, release: releases.TritonRelease = releases.PINN
     if layout is Layout.GPU:
         steps = tuple(gpu_spec(c.model, release) for c in COMPONENTS)
     else:
-        steps = tuple(python_spec(c.model, c.step(layout), warmup=CPU_WARMUP_BATCHES) for c in COMPONENTS)
+        steps = tuple(python_spec(c.model, c.step(layout), warmup=CPU_WARMUP_BATCHES, queue=ENSEMBLE_STEP_QUEUE)
+                      for c in COMPONENTS)
     return steps, EnsembleSpec(steps)
 
 

@@ -58,9 +58,19 @@ def test_python_models_batch_dynamically():
         assert config.instance_group[0].kind == config.instance_group[0].KIND_CPU
 
 
-@pytest.mark.parametrize("layout", [Layout.FUSED, Layout.ENSEMBLE])
-def test_cpu_models_queue_interactive_requests_apart_from_batch_scoring(layout):
-    models, _ = configs.layout_specs(layout)
+def test_ensemble_layout_steps_keep_one_bounded_queue():
+    """No priority levels in the per-model layout (Triton 2.51 crashed with them there)."""
+    for spec in configs.layout_specs(Layout.ENSEMBLE)[0]:
+        batching = configs.model_config(spec).dynamic_batching
+        assert batching.priority_levels == 0
+        policy = batching.default_queue_policy
+        assert (policy.max_queue_size, policy.default_timeout_microseconds) == (
+            configs.ENSEMBLE_STEP_QUEUE.max_queue_size, configs.ENSEMBLE_STEP_QUEUE.timeout_us)
+        assert policy.allow_timeout_override
+
+
+def test_cpu_models_queue_interactive_requests_apart_from_batch_scoring():
+    models, _ = configs.layout_specs(Layout.FUSED)
     for spec in models:
         batching = configs.model_config(spec).dynamic_batching
         assert batching.priority_levels == len(schema.Priority)
