@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ensemble.models.registry import Layout
+from ensemble.models.slipstream import SlipstreamConfig
 from ensemble.serving import monitoring
 from ensemble.serving.server import DEFAULT_LAYOUT
 
@@ -55,8 +56,34 @@ def _train_config(args):
         # Stages (the GPU deployment trains torch and TensorFlow models in separate images).
         models=tuple(args.models.split(",")) if getattr(args, "models", None) else TrainConfig().models,
         reuse_features=getattr(args, "reuse_features", False),
+        slipstream=_slipstream_config(args),
         **extra,
     )
+
+
+def _slipstream_config(args) -> SlipstreamConfig | None:
+    """`--slipstream` and its settings (only the train command has them)."""
+    if not getattr(args, "slipstream", False):
+        return None
+    return SlipstreamConfig(hot_share=args.slip_hot_share, drop_share=args.slip_drop_share, alpha=args.slip_alpha,
+                            window=args.slip_window, warmup_steps=args.slip_warmup_steps)
+
+
+def _add_slipstream(p: argparse.ArgumentParser) -> None:
+    defaults = SlipstreamConfig()
+    p.add_argument("--slipstream", action="store_true",
+                   help="train dlrm_torch with Slipstream: skip inputs whose hot embeddings went stale (README "
+                        "Slipstream; dlrm_tf trains as usual)")
+    p.add_argument("--slip-hot-share", type=float, default=defaults.hot_share,
+                   help="Λ: a table row is hot when this share of training inputs looks it up")
+    p.add_argument("--slip-drop-share", type=float, default=defaults.drop_share,
+                   help="D: target share of inputs skipped once skipping starts")
+    p.add_argument("--slip-alpha", type=float, default=defaults.alpha,
+                   help="α: skip an input when this share of its 26 lookups are stale")
+    p.add_argument("--slip-window", type=int, default=defaults.window,
+                   help="optimizer steps between embedding snapshots (staleness = change over one window)")
+    p.add_argument("--slip-warmup-steps", type=int, default=defaults.warmup_steps,
+                   help="steps trained on every input before the first snapshot")
 
 
 def _server_options(args):
@@ -91,6 +118,9 @@ def cmd_train(args) -> int:
 
     if args.dask_scheduler and args.dask_local:
         print("error: give --dask-scheduler or --dask-local, not both", file=sys.stderr)
+        return 2
+    if args.slipstream and (args.dask_scheduler or args.dask_local):
+        print("error: --slipstream trains in one process; it does not combine with a Dask cluster", file=sys.stderr)
         return 2
     with dask_client(args.dask_scheduler, args.dask_local) as client:
         report = training.train_files(args.input, args.workdir, _train_config(args), nrows=args.nrows,
@@ -306,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "pages cached on disk (memory flat in rows, slower)")
     p.add_argument("--dask-scheduler", default=None, help="address of a running Dask scheduler to train on")
     p.add_argument("--dask-local", type=int, default=0, help="start a LocalCluster with N worker processes to train on")
+    _add_slipstream(p)
     p.set_defaults(func=cmd_train)
 
     p = _command(sub, "export", "write a new version of every model into the repository")

@@ -25,7 +25,7 @@ import pandas as pd
 from ensemble import schema
 from ensemble.data.shards import ArraySource, BatchSource, ShardSet, ShardSource, in_order
 from ensemble.features import transforms
-from ensemble.models import distributed, dlrm_tf, dlrm_torch, metrics, xgb
+from ensemble.models import distributed, dlrm_tf, dlrm_torch, metrics, slipstream, xgb
 from ensemble.models.blend import Blender
 from ensemble.models.dlrm import DLRMConfig, score_source
 from ensemble.models.xgb import XGBMatrix
@@ -49,6 +49,7 @@ class TrainConfig:
         reuse_features: reuse the workflow (and shards) an earlier stage left in the work folder,
             so every model sees the same ids, instead of fitting again; a stage that fits the
             features also drops the scores made with an earlier workflow.
+        slipstream: train dlrm_torch with Slipstream (:mod:`ensemble.models.slipstream`); None: plainly.
     """
 
     freq_threshold: int = 3
@@ -60,6 +61,7 @@ class TrainConfig:
     shuffle_rows: int = 1 << 20
     models: tuple[str, ...] = MODEL_NAMES
     reuse_features: bool = False
+    slipstream: slipstream.SlipstreamConfig | None = None
 
     def check_models(self) -> None:
         if not self.models or set(self.models) - set(MODEL_NAMES):
@@ -216,6 +218,7 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
         peak_mb["xgb"] = rss_high_water_mb()
 
     dlrm_config = replace(config.dlrm, cardinalities=cardinalities)
+    extra: dict[str, dict] = {}  # per-trainer details for the report (Slipstream's statistics)
     for name, module in (("dlrm_torch", dlrm_torch), ("dlrm_tf", dlrm_tf)):
         if name not in config.models:
             continue
@@ -223,6 +226,10 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
         if on_cluster and module is dlrm_torch:
             model, _ = distributed.train_torch(dlrm_config, sources.train.shards, sources.valid.shards, workdir / "ddp",
                                                client, buffer_rows=config.shuffle_rows, log=log)
+        elif module is dlrm_torch and config.slipstream is not None:  # Slipstream hook (issue 13)
+            model, slip_stats = slipstream.train(dlrm_config, config.slipstream, sources.train, sources.valid,
+                                                 config.device, log)
+            extra["slipstream"] = asdict(slip_stats) | {"skipped_share": slip_stats.skipped_share}
         else:
             model = module.train(dlrm_config, sources.train, sources.valid, config.device, log)
         (artifacts.models_dir / name).mkdir(parents=True, exist_ok=True)
@@ -255,6 +262,7 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
         "workers": len(client.scheduler_info()["workers"]) if on_cluster else 1,
         "vocabulary_sizes": list(cardinalities),
         "config": asdict(config),
+        **extra,
     }
     (workdir / "train_report.json").write_text(json.dumps(report, indent=1, default=str))
     return report
