@@ -242,18 +242,22 @@ class OverloadPlan:
     multiples: tuple[float, ...] = (2.0,)
     seconds: float = 10.0
     rows: int = 1
-    client_timeout: float = 1.0  # travels with each request; the server may only shorten its queue deadline
+    client_timeout: float = 1.0  # travels with each request (Triton's `timeout`; the clients send theirs)
+    rates: tuple[float, ...] = ()  # absolute offered loads (req/s) instead of multiples of a capacity estimate
 
 
 def overload(address: str, plan: OverloadPlan = OverloadPlan()) -> dict:
     """Measure capacity, then offer each multiple of it; returns {"capacity_per_s", "runs": [...]}."""
     bodies, _ = request_bodies(plan.rows, timeout_s=plan.client_timeout)
-    capacity = asyncio.run(closed_loop(address, bodies, plan.users, plan.capacity_seconds))
+    if plan.rates:  # no estimate: a closed loop of a few users does not find what batching absorbs
+        capacity, rates = float("nan"), plan.rates
+    else:
+        capacity = asyncio.run(closed_loop(address, bodies, plan.users, plan.capacity_seconds))
+        rates = tuple(capacity * m for m in plan.multiples)
     runs = []
-    for multiple in plan.multiples:
-        rate = capacity * multiple
+    for rate in rates:
         outcomes = asyncio.run(open_loop(address, bodies, rate, plan.seconds))
-        runs.append({"multiple": multiple, **summarize(rate, plan.seconds, outcomes).row()})
+        runs.append({"multiple": rate / capacity, **summarize(rate, plan.seconds, outcomes).row()})
     return {"capacity_per_s": capacity, "rows": plan.rows, "users": plan.users, "runs": runs}
 
 
@@ -288,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--url", required=True, help="host:port of the server's HTTP endpoint")
     p.add_argument("--multiples", nargs="+", type=float, default=[2.0], help="offered load, times capacity")
+    p.add_argument("--rates", nargs="+", type=float, default=[],
+                   help="offered loads in req/s (instead of --multiples; capacity is then not estimated)")
     p.add_argument("--seconds", type=float, default=10.0, help="seconds per open-loop run")
     p.add_argument("--users", type=int, default=8, help="closed-loop requests in flight to measure capacity")
     p.add_argument("--rows", type=int, default=1, help="rows per request")
@@ -295,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     address = args.url.split("://", 1)[-1].rstrip("/")
     found = overload(address, OverloadPlan(args.users, multiples=tuple(args.multiples), seconds=args.seconds,
-                                           rows=args.rows))
+                                           rows=args.rows, rates=tuple(args.rates)))
     print(format_table(found))
     if args.json:
         with open(args.json, "w") as handle:

@@ -61,52 +61,17 @@ def named(tensors: tuple[schema.Tensor, ...], names: tuple[str, ...] = ()) -> tu
     return tuple(Binding(t, n) for t, n in zip(tensors, names or tuple(t.name for t in tensors)))
 
 
-@dataclass(frozen=True)
-class QueuePolicy:
-    """What a model's queue holds before it refuses (Triton's ``default_queue_policy``).
-
-    Attributes:
-        max_queue_size: requests waiting beyond this many are refused at once (HTTP 503 /
-            gRPC UNAVAILABLE, "Exceeds maximum queue size"; the clients retry those with backoff).
-        timeout_us: a request still queued after this long is refused instead of scored late.
-        allow_override: a request's own ``timeout`` (the clients send theirs) may shorten it.
-    """
-
-    max_queue_size: int = 64
-    timeout_us: int = 5_000_000
-    allow_override: bool = True
-
-
-@dataclass(frozen=True)
-class Queues:
-    """A queue per :class:`~ensemble.schema.Priority` (Triton's ``priority_levels`` with a
-    ``priority_queue_policy`` each; requests that name no priority are interactive). The batcher
-    serves the interactive queue first, so a batch-scoring run does not delay a user's request by
-    more than the model call already running."""
-
-    interactive: QueuePolicy
-    batch: QueuePolicy
-
-    def by_level(self) -> dict[schema.Priority, QueuePolicy]:
-        return {schema.Priority.INTERACTIVE: self.interactive, schema.Priority.BATCH: self.batch}
-
-
-# CPU serving. Interactive (1-row rankings; latency budget 10 ms p99): at most 8 requests wait,
-# which the dynamic batcher takes into ONE model call (~5 ms here) after the one running, so
-# whoever is queued is answered within about two calls; beyond 8 the server answers 503 at once.
-# The deadline is the client's (each request carries its timeout and may shorten the queue's);
-# the 1 s default only bounds requests that send none. Shorter defaults (10 ms, 50 ms) refused
-# ordinary 2-user traffic on this shared 2-vCPU VM whenever other jobs slowed a model call.
-# Batch (clients.partitions sends Priority.BATCH): 64 requests, 5 s, room for a few 4,096-row requests
-# (~150 ms each here) queued behind each other. Measured: README "Overload".
-INTERACTIVE_QUEUE = QueuePolicy(max_queue_size=8, timeout_us=1_000_000)
-BATCH_QUEUE = QueuePolicy(max_queue_size=64, timeout_us=5_000_000)
-CPU_QUEUE = Queues(interactive=INTERACTIVE_QUEUE, batch=BATCH_QUEUE)
-# The per-model `ensemble` layout keeps one bounded queue per step (no priority levels): with
-# priority levels in its five composing models, Triton 2.51 crashed (SIGSEGV in libtritonserver)
-# under ordinary concurrent requests in a clean-clone test run, and once left a step refusing
-# every request; the fused layout (the default) runs the priority queues.
-ENSEMBLE_STEP_QUEUE = QueuePolicy(max_queue_size=64, timeout_us=5_000_000)
+# Overload (CPU layouts). No Triton queue policy anywhere: in Triton 2.51 any queue policy turns
+# off the dynamic batcher's prefetching, and without it the batcher waits for an idle instance on
+# a wake-up that only an accepted request sends, so a full queue (every arrival refused) left the
+# instance idle for the batcher's 500 ms default wait: 57 of 2,800 req/s accepted at 2x capacity,
+# and ~500 ms p99 for two requests arriving together at light load (measured on the build VM,
+# README "Overload"). The fused ranker bounds each call's work in its model instead
+# (ensemble/serving/admission.py): requests beyond CALL_BUDGET_US of predicted work are answered
+# 503 / UNAVAILABLE at once, so an accepted request waits for at most the running call plus its
+# own (~2 x 3 ms; the latency budget is 10 ms p99). The per-model `ensemble` layout's steps run
+# unbounded, prefetching queues (the fused layout is the default and the one with the policy).
+CALL_BUDGET_US = 3_000
 
 # Warm-up (``model_warmup``): Triton runs these batches through a model before marking it
 # ready, so a model that loads but cannot infer fails at load time and readiness tells the truth
@@ -136,7 +101,6 @@ class ModelSpec:
             queue while the model is busy are still batched together, but a lone request never
             waits (a delay per step lengthens every 1-row round trip).
         parameters: backend parameters, written sorted by key.
-        queue: the queue policies (None: Triton's default, one unbounded queue).
         warmup: batch sizes of the warm-up samples run at load (see :func:`warmup_data`).
     """
 
@@ -150,7 +114,6 @@ class ModelSpec:
     queue_delay_us: int = 0
     parameters: tuple[tuple[str, str], ...] = ()
     max_batch_size: int = schema.MAX_BATCH_SIZE
-    queue: Queues | QueuePolicy | None = None
     warmup: tuple[int, ...] = ()
 
 
@@ -175,14 +138,6 @@ def _add(config, bindings: tuple[Binding, ...], kind: str) -> None:
         entry.name = binding.name
         entry.data_type = pb.DataType.Value(binding.tensor.dtype.value)
         entry.dims.extend(binding.tensor.dims)
-
-
-def _queue_policy(message, policy: QueuePolicy) -> None:
-    """Fill a ``ModelQueuePolicy`` message."""
-    message.timeout_action = _pb().ModelQueuePolicy.TimeoutAction.REJECT
-    message.default_timeout_microseconds = policy.timeout_us
-    message.allow_timeout_override = policy.allow_override
-    message.max_queue_size = policy.max_queue_size
 
 
 class WarmupData(str, enum.Enum):
@@ -225,15 +180,6 @@ def model_config(spec: ModelSpec):
     # KIND_GPU without `gpus`: `instances` instances on every GPU the container sees.
     config.instance_group.add(kind=pb.ModelInstanceGroup.Kind.Value(spec.kind.value), count=spec.instances)
     config.dynamic_batching.max_queue_delay_microseconds = spec.queue_delay_us
-    if isinstance(spec.queue, QueuePolicy):
-        _queue_policy(config.dynamic_batching.default_queue_policy, spec.queue)
-    elif spec.queue is not None:
-        batching = config.dynamic_batching
-        batching.priority_levels = len(schema.Priority)
-        batching.default_priority_level = schema.Priority.INTERACTIVE
-        _queue_policy(batching.default_queue_policy, spec.queue.interactive)
-        for level, policy in spec.queue.by_level().items():
-            _queue_policy(batching.priority_queue_policy[level], policy)
     for key, value in sorted(spec.parameters):
         config.parameters[key].string_value = value
     _add_warmup(config, spec)
@@ -256,11 +202,11 @@ def ensemble_config(spec: EnsembleSpec):
 
 
 def python_spec(model: Model, step: schema.Step, threads: int = 1, warmup: tuple[int, ...] = (),
-                queue: Queues | QueuePolicy = CPU_QUEUE, **parameters: str) -> ModelSpec:
+                **parameters: str) -> ModelSpec:
     """A CPU python-backend model that reads and writes ``step``'s tensors under their own names."""
     params = {"threads": str(threads), **parameters}
     return ModelSpec(model.value, named(step.inputs), named(step.outputs), parameters=tuple(params.items()),
-                     queue=queue, warmup=warmup)
+                     warmup=warmup)
 
 
 def gpu_spec(model: Model, release: releases.TritonRelease = releases.PINNED) -> ModelSpec:
@@ -277,13 +223,13 @@ def layout_specs(layout: Layout, release: releases.TritonRelease = releases.PINN
                  ) -> tuple[tuple[ModelSpec, ...], EnsembleSpec | None]:
     """The models a layout serves and, when the ranker is an ensemble, its wiring."""
     if layout is Layout.FUSED:
-        ranker = python_spec(Model.RANKER, schema.FUSED_STEP, layout=Layout.FUSED.value)
+        ranker = python_spec(Model.RANKER, schema.FUSED_STEP, layout=Layout.FUSED.value,
+                             call_budget_us=str(CALL_BUDGET_US))
         return (ranker,), None
     if layout is Layout.GPU:
         steps = tuple(gpu_spec(c.model, release) for c in COMPONENTS)
     else:
-        steps = tuple(python_spec(c.model, c.step(layout), warmup=CPU_WARMUP_BATCHES, queue=ENSEMBLE_STEP_QUEUE)
-                      for c in COMPONENTS)
+        steps = tuple(python_spec(c.model, c.step(layout), warmup=CPU_WARMUP_BATCHES) for c in COMPONENTS)
     return steps, EnsembleSpec(steps)
 
 

@@ -2,16 +2,20 @@
 step of the ``ensemble`` and ``gpu`` layouts, or the whole ranker in the ``fused`` layout.
 
 One dynamic batch = one call of the step; a request that fails validation gets its own error
-response and the rest of the batch is still scored.
+response and the rest of the batch is still scored. With a ``call_budget_us`` parameter (the
+fused ranker) the call first applies the overload policy (:mod:`ensemble.serving.admission`):
+requests beyond the call's budget are answered UNAVAILABLE at once.
 """
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from ensemble.serving import runtime
+from ensemble import schema
+from ensemble.serving import admission, runtime
 
 
 class TritonPythonModel:
@@ -25,10 +29,21 @@ class TritonPythonModel:
             self.runner = runtime.load_fused(version_dir, threads)
         else:
             self.runner = runtime.load_step(config["name"], version_dir, threads, layout=layout)
+        self.admission = None
+        if params.get("call_budget_us"):
+            prior = admission.calibrate(self._score_missing)
+            self.admission = admission.Admission(int(params["call_budget_us"]) * 1e-6, admission.CostModel(prior))
+
+    def _score_missing(self, rows):
+        self.runner.run({schema.DENSE.name: np.full((rows, schema.N_DENSE), np.nan, np.float32),
+                         schema.CATEGORICAL.name: np.full((rows, schema.N_CATEGORICAL), b"", dtype=object)})
 
     def execute(self, requests):
+        started = time.perf_counter()
         responses, batch, sizes, members = [None] * len(requests), [], [], []
-        for i, request in enumerate(requests):
+        taken = self._admit(requests, responses) if self.admission else range(len(requests))
+        for i in taken:
+            request = requests[i]
             try:
                 inputs = {t.name: _as_numpy(request, t.name) for t in self.runner.step.inputs}
                 sizes.append(self.runner.validate(inputs))
@@ -47,13 +62,33 @@ class TritonPythonModel:
             except Exception:  # noqa: BLE001 - isolate the failing request(s)
                 for k, i in enumerate(members):
                     responses[i] = self._score_alone(batch[k], requests[i])
+        if self.admission and members:
+            self.admission.observe(sum(sizes), len(members), time.perf_counter() - started)
         return responses
+
+    def _admit(self, requests, responses):
+        """Indices of the requests this call scores; the others get UNAVAILABLE now. A request
+        whose rows cannot be read is kept: validation answers it."""
+        rows = [_rows(request) for request in requests]
+        decision = self.admission.admit(rows)
+        for i, ok in enumerate(decision):
+            if not ok:
+                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "overloaded: the ranker is at capacity; retry with backoff", pb_utils.TritonError.UNAVAILABLE))
+        return [i for i, ok in enumerate(decision) if ok]
 
     def _score_alone(self, inputs, request):
         try:
             return _response(self.runner.run(inputs), request)
         except Exception as exc:  # noqa: BLE001 - one request's failure must not fail the others
             return _error(exc, pb_utils.TritonError.INTERNAL)
+
+
+def _rows(request):
+    """Rows of a request, from its dense tensor's shape (no copy); 1 when it has none."""
+    tensor = pb_utils.get_input_tensor_by_name(request, schema.DENSE.name)
+    shape = tensor.shape() if tensor is not None else ()
+    return int(shape[0]) if len(shape) else 1
 
 
 def _as_numpy(request, name):

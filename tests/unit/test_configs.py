@@ -58,29 +58,19 @@ def test_python_models_batch_dynamically():
         assert config.instance_group[0].kind == config.instance_group[0].KIND_CPU
 
 
-def test_ensemble_layout_steps_keep_one_bounded_queue():
-    """No priority levels in the per-model layout (Triton 2.51 crashed with them there)."""
-    for spec in configs.layout_specs(Layout.ENSEMBLE)[0]:
-        batching = configs.model_config(spec).dynamic_batching
-        assert batching.priority_levels == 0
-        policy = batching.default_queue_policy
-        assert (policy.max_queue_size, policy.default_timeout_microseconds) == (
-            configs.ENSEMBLE_STEP_QUEUE.max_queue_size, configs.ENSEMBLE_STEP_QUEUE.timeout_us)
-        assert policy.allow_timeout_override
+def test_no_cpu_model_has_a_queue_policy_so_triton_prefetches():
+    """Any queue policy or priority level turns off the dynamic batcher's prefetching in Triton 2.51
+    (and with it the instance's next batch waits for a wake-up only an accepted request sends)."""
+    for layout in (Layout.FUSED, Layout.ENSEMBLE):
+        for spec in configs.layout_specs(layout)[0]:
+            batching = configs.model_config(spec).dynamic_batching
+            assert batching.priority_levels == 0 and not batching.priority_queue_policy
+            assert not batching.HasField("default_queue_policy")
 
 
-def test_cpu_models_queue_interactive_requests_apart_from_batch_scoring():
-    models, _ = configs.layout_specs(Layout.FUSED)
-    for spec in models:
-        batching = configs.model_config(spec).dynamic_batching
-        assert batching.priority_levels == len(schema.Priority)
-        assert batching.default_priority_level == schema.Priority.INTERACTIVE  # requests naming none
-        for level, policy in ((schema.Priority.INTERACTIVE, configs.INTERACTIVE_QUEUE),
-                              (schema.Priority.BATCH, configs.BATCH_QUEUE)):
-            written = batching.priority_queue_policy[level]
-            assert (written.max_queue_size, written.default_timeout_microseconds) == (
-                policy.max_queue_size, policy.timeout_us)
-            assert written.timeout_action == configs._pb().ModelQueuePolicy.TimeoutAction.REJECT
-    # the interactive queue is the short one: a user's request is refused fast, not queued behind batch work
-    assert configs.INTERACTIVE_QUEUE.max_queue_size < configs.BATCH_QUEUE.max_queue_size
-    assert configs.INTERACTIVE_QUEUE.timeout_us < configs.BATCH_QUEUE.timeout_us
+def test_the_fused_ranker_bounds_each_call_by_its_budget():
+    (ranker,), _ = configs.layout_specs(Layout.FUSED)
+    config = configs.model_config(ranker)
+    assert config.parameters["call_budget_us"].string_value == str(configs.CALL_BUDGET_US)
+    # two calls (the one running when a request arrives, and its own) fit the 10 ms latency budget
+    assert 2 * configs.CALL_BUDGET_US < 10_000
