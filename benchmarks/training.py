@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         "name": args.name, "rows": trains[0].report.get("rows", {}) and sum(trains[0].report["rows"].values()),
         "scale": args.scale, "xgb_rounds": args.xgb_rounds, "epochs": args.epochs,
         "machine": summary(), "machine_detail": describe(), "python": platform.python_version(),
-        "note": "Shared VM: other helpers' jobs ran on the same 2 vCPUs at the same time, so times are noisy.",
+        "note": (f"Load average (1/5/15 min) at the end: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}; "
+                 "other jobs on the machine slow every stage: compare within one run."),
         "processes": [{k: v for k, v in asdict(p).items() if k != "report"} for p in processes],
         "stages": [row for t in trains for row in stage_rows(t)],
         "auc": {t.name: {m: v["auc"] for m, v in t.report.get("test", {}).items()} for t in trains},

@@ -24,10 +24,12 @@ MAX_BATCH_SIZE = 8192
 
 class Priority(enum.IntEnum):
     """A request's Triton priority level (1 is served first; 0 on the wire means the model's
-    default, interactive). Each level has its own queue policy (:mod:`ensemble.repository.configs`)."""
+    default). Clients mark batch scoring for servers whose models have priority levels; the CPU
+    layouts here have none (Triton then treats every request alike: see the overload note in
+    :mod:`ensemble.repository.configs`)."""
 
-    INTERACTIVE = 1  # one user waiting for a ranking: a short queue, refused fast beyond it
-    BATCH = 2  # batch scoring: large requests that may queue for seconds
+    INTERACTIVE = 1  # one user waiting for a ranking
+    BATCH = 2  # batch scoring: large requests that may wait for seconds
 
 
 class DType(str, enum.Enum):

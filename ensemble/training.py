@@ -243,7 +243,7 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
     waiting = _stage_scores(workdir, config, scores, labels)
     if waiting:
         log(f"trained {list(config.models)}; the blend waits for {waiting} (another stage, same work folder)")
-        return {"trained": list(config.models), "waiting_for": waiting, "seconds": timings}
+        return {"trained": list(config.models), "waiting_for": waiting, "seconds": timings, **extra}
     order = list(MODEL_NAMES)
     blender = Blender.fit(np.stack([scores["valid"][m] for m in order], axis=1), labels["valid"])
     (artifacts.models_dir / "blend").mkdir(parents=True, exist_ok=True)

@@ -233,9 +233,9 @@ async def closed_loop(address: str, bodies: list[bytes], users: int, seconds: fl
 
 @dataclass(frozen=True)
 class OverloadPlan:
-    """Capacity: ``users`` closed-loop requests in flight for ``capacity_seconds`` (as many as the
-    interactive queue holds: more would measure how fast the server refuses); then each multiple of
-    that rate offered open-loop for ``seconds``."""
+    """Capacity: ``users`` closed-loop requests in flight for ``capacity_seconds`` (an estimate
+    that batching can beat: ``rates`` gives absolute loads instead); then each multiple of that
+    rate offered open-loop for ``seconds``."""
 
     users: int = 8
     capacity_seconds: float = 5.0

@@ -74,3 +74,23 @@ def test_stage_errors_are_clear(splits, tmp_path):
     other = _read(3_000, 6, tmp_path)
     with pytest.raises(ValueError, match="every stage must read the same data"):
         _stage(other, workdir, models=("dlrm_torch",), reuse_features=True)
+
+
+def test_train_with_slipstream_from_the_cli_flags_reports_what_it_skipped(splits, tmp_path):
+    """`ensemble train --slipstream ...` -> TrainConfig.slipstream -> the torch DLRM trained with
+    Slipstream (its statistics in the report), the other models as usual."""
+    from dataclasses import replace
+
+    from ensemble.cli import _train_config, build_parser
+
+    args = build_parser().parse_args(["train", "unused.tsv", "--slipstream", "--slip-hot-share", "0.001",
+                                      "--slip-drop-share", "0.25", "--slip-alpha", "0.5", "--slip-window", "3",
+                                      "--slip-warmup-steps", "2"])
+    slip = _train_config(args).slipstream
+    assert (slip.hot_share, slip.drop_share, slip.alpha, slip.window, slip.warmup_steps) == (0.001, 0.25, 0.5, 3, 2)
+    assert _train_config(build_parser().parse_args(["train", "unused.tsv"])).slipstream is None
+    small = replace(SMALL, slipstream=slip, models=("dlrm_torch",), dlrm=replace(SMALL.dlrm, batch_size=128))
+    report = training.train_all(*splits, tmp_path / "work", small, log=lambda _: None)
+    stats = report["slipstream"]
+    assert stats["rows_per_epoch"] == [len(splits[0])] and 0 < stats["skipped_share"] < 0.5
+    assert (tmp_path / "work" / "models" / "dlrm_torch" / "model.pt").is_file()
