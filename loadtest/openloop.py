@@ -105,18 +105,30 @@ def summarize(rate: float, seconds: float, outcomes: list[Outcome]) -> OpenLoopR
 
 
 class Http:
-    """Keep-alive HTTP/1.1 POSTs to one host:port over asyncio streams."""
+    """Keep-alive HTTP/1.1 POSTs to one host:port over asyncio streams, over at most
+    ``max_connections`` connections (a request waits for a free one, as behind a load balancer's
+    pool; None: a new connection whenever none is idle)."""
 
-    def __init__(self, address: str, path: str, timeout: float):
+    def __init__(self, address: str, path: str, timeout: float, max_connections: int | None = None):
         self.host, port = address.rsplit(":", 1)
         self.port, self.path, self.timeout = int(port), path, timeout
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self._slots = asyncio.Semaphore(max_connections) if max_connections else None
 
     async def _exchange(self, body: bytes) -> tuple[int, bytes]:
+        if self._slots is None:
+            return await self._exchange_on_a_connection(body)
+        async with self._slots:
+            return await self._exchange_on_a_connection(body)
+
+    async def _exchange_on_a_connection(self, body: bytes) -> tuple[int, bytes]:
         reader, writer = self._idle.pop() if self._idle else await asyncio.open_connection(self.host, self.port)
         try:
-            writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (self.path.encode(), self.host.encode(), len(body), body))
+            header_length = getattr(body, "header_length", None)
+            extra = b"" if header_length is None else b"Inference-Header-Content-Length: %d\r\n" % header_length
+            writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%s"
+                         b"Content-Length: %d\r\n\r\n%s" % (self.path.encode(), self.host.encode(), extra,
+                                                              len(body), body))
             status = int((await reader.readline()).split()[1])
             length, close = 0, False
             while (line := await reader.readline()) not in (b"\r\n", b""):
@@ -155,10 +167,20 @@ class Http:
         self._idle.clear()
 
 
+class Body(bytes):
+    """A request body; ``header_length`` set: the binary tensor extension (the JSON header's
+    length goes in the ``Inference-Header-Content-Length`` header, the tensors follow raw)."""
+
+    header_length: int | None = None
+
+
 def request_bodies(rows: int = 1, count: int = 256, seed: int = 0, timeout_s: float | None = None,
-                   priority: int | None = None) -> tuple[list[bytes], list[tuple[np.ndarray, np.ndarray]]]:
-    """``count`` JSON bodies of ``rows`` synthetic rows each (and their arrays, to check scores);
-    ``timeout_s`` / ``priority`` travel as the request's parameters, as the clients send them."""
+                   priority: int | None = None, binary: bool = False
+                   ) -> tuple[list[bytes], list[tuple[np.ndarray, np.ndarray]]]:
+    """``count`` bodies of ``rows`` synthetic rows each (and their arrays, to check scores);
+    ``timeout_s`` / ``priority`` travel as the request's parameters, as the clients send them.
+    ``binary``: inputs in the binary tensor extension, as the project's clients send them (the
+    server parses far less than JSON); the score still comes back as JSON either way."""
     from ensemble.data import criteo
     from ensemble.features import transforms
 
@@ -169,6 +191,9 @@ def request_bodies(rows: int = 1, count: int = 256, seed: int = 0, timeout_s: fl
                                     ("priority", priority)) if v is not None}
     bodies = []
     for d, c in arrays:
+        if binary:
+            bodies.append(_binary_body(d, c, parameters))
+            continue
         body = json.loads(schema.v2_json_request(d, c))
         if parameters:
             body["parameters"] = parameters
@@ -176,13 +201,31 @@ def request_bodies(rows: int = 1, count: int = 256, seed: int = 0, timeout_s: fl
     return bodies, arrays
 
 
+def _binary_body(dense: np.ndarray, categorical: np.ndarray, parameters: dict) -> Body:
+    import tritonclient.http as tc
+
+    from clients.triton import Protocol, build_inputs
+
+    inputs = build_inputs(tc, Protocol.HTTP, True, dense, categorical)
+    outputs = [tc.InferRequestedOutput(schema.SCORE.name, binary_data=False)]
+    raw, header_length = tc.InferenceServerClient.generate_request_body(
+        inputs, outputs, priority=parameters.get("priority", 0), timeout=parameters.get("timeout"))
+    body = Body(raw)
+    body.header_length = header_length
+    return body
+
+
 async def open_loop(address: str, bodies: list[bytes], rate: float, seconds: float, timeout: float = 10.0,
-                    model: str = schema.Model.RANKER.value, max_outstanding: int = 2000) -> list[Outcome]:
+                    model: str = schema.Model.RANKER.value, max_outstanding: int = 2000,
+                    max_connections: int = 256) -> list[Outcome]:
     """Send ``rate * seconds`` requests at a fixed rate (bodies in turn); returns every outcome in
     send order. Beyond ``max_outstanding`` unanswered requests one is not sent (status
-    :data:`UNSENT`): a bound on the generator, far above what the server's queue holds."""
-    http = Http(address, f"/v2/models/{model}/infer", timeout)
-    await http.open(min(max_outstanding, max(16, int(rate * 0.05))))  # 50 ms worth of requests
+    :data:`UNSENT`): a bound on the generator. Requests share ``max_connections`` connections; one
+    waiting for a free connection is late, and its latency counts from when it was due."""
+    # A bounded pool, as a load balancer holds: thousands of new connections at once overflow the
+    # server's listen backlog and come back as resets, which measure TCP, not the overload policy.
+    http = Http(address, f"/v2/models/{model}/infer", timeout, max_connections)
+    await http.open(min(max_connections, max(16, int(rate * 0.05))))  # 50 ms worth of requests
     total = int(rate * seconds)
     tasks: list[asyncio.Task] = []
     outstanding = 0
@@ -244,11 +287,12 @@ class OverloadPlan:
     rows: int = 1
     client_timeout: float = 1.0  # travels with each request (Triton's `timeout`; the clients send theirs)
     rates: tuple[float, ...] = ()  # absolute offered loads (req/s) instead of multiples of a capacity estimate
+    binary: bool = False  # inputs in the binary tensor extension (the project's clients) instead of JSON
 
 
 def overload(address: str, plan: OverloadPlan = OverloadPlan()) -> dict:
     """Measure capacity, then offer each multiple of it; returns {"capacity_per_s", "runs": [...]}."""
-    bodies, _ = request_bodies(plan.rows, timeout_s=plan.client_timeout)
+    bodies, _ = request_bodies(plan.rows, timeout_s=plan.client_timeout, binary=plan.binary)
     if plan.rates:  # no estimate: a closed loop of a few users does not find what batching absorbs
         capacity, rates = float("nan"), plan.rates
     else:
@@ -297,11 +341,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="seconds per open-loop run")
     p.add_argument("--users", type=int, default=8, help="closed-loop requests in flight to measure capacity")
     p.add_argument("--rows", type=int, default=1, help="rows per request")
+    p.add_argument("--binary", action="store_true",
+                   help="send inputs in the binary tensor extension (as the clients do) instead of JSON")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     address = args.url.split("://", 1)[-1].rstrip("/")
     found = overload(address, OverloadPlan(args.users, multiples=tuple(args.multiples), seconds=args.seconds,
-                                           rows=args.rows, rates=tuple(args.rates)))
+                                           rows=args.rows, rates=tuple(args.rates), binary=args.binary))
     print(format_table(found))
     if args.json:
         with open(args.json, "w") as handle:

@@ -94,7 +94,7 @@ def test_runner_report_has_the_overload_scenario(server, trained, tmp_path):
     report = run(options)
     overload = json.loads((tmp_path / "report" / "results.json").read_text())["overload"]
     assert overload["capacity_per_s"] > 0 and overload["runs"][0]["multiple"] == 2.0
-    assert overload["runs"][0]["errors"] == 0 and overload["runs"][0]["sent"] > 0
+    assert overload["runs"][0]["errors"] == 0 and overload["runs"][0]["sent"] > 0, overload["runs"][0]
     assert "## Overload (open loop)" in report.read_text()
 
 
