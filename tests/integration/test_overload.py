@@ -91,7 +91,7 @@ def test_open_loop_overload_refuses_the_excess_retryably_and_keeps_serving(serve
           f"(p99 {result.accepted_p99_ms:.1f} ms), {result.refused} refused (p99 {result.refused_p99_ms:.1f} ms), "
           f"{result.errors} errors; generator late p99 {result.late_p99_ms:.1f} ms; {result.refusal_reasons}")
     assert result.errors == 0, result.error_samples
-    assert result.accepted and result.refused
+    assert result.accepted and result.refused, result
     # refused = 503 from the call budget: retryable
     assert {o.status for o in outcomes if o.status != 200} == {503}
     assert all(REFUSAL in r for r in result.refusal_reasons), result.refusal_reasons
