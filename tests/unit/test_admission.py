@@ -60,6 +60,13 @@ def test_a_call_takes_requests_in_order_while_its_predicted_cost_fits():
     assert admission.admit([1] * 20 + [80, 1]) == [True] * 20 + [False, True]
 
 
+def test_two_requests_at_once_are_never_refused():
+    admission = Admission(budget_s=3e-3, cost=CostModel(TRUE))
+    # 100 rows: 2.04 ms each, under the budget alone (not bulk), two of them over it
+    assert admission.admit([100, 100]) == [True, True]
+    assert admission.admit([100, 100, 100]) == [True, True, False]
+
+
 def test_the_first_request_and_bulk_requests_are_always_taken():
     admission = Admission(budget_s=1e-3, cost=CostModel(TRUE))
     # 30 rows alone cost 600 + 600 + 40 us > 1 ms: still taken when it comes first
