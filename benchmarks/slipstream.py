@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -126,12 +124,6 @@ def summarize(results: list[Result]) -> dict:
             "target_met": speedup["slipstream"] >= 1.3 and auc_gap["slipstream"] <= 0.002}
 
 
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return f"{platform.machine()}, {os.cpu_count()} vCPUs ({cpu}), Python {platform.python_version()}"
-
-
 def markdown(report: dict) -> str:
     s, a = report["summary"], report["args"]
     lines = [f"# Slipstream benchmark ({a['rows']:,} rows, scale {a['scale']}, {a['epochs']} epoch(s))", "",
@@ -186,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         methods = METHODS[:2] if args.no_control else METHODS
         order = methods if seed % 2 == 0 else methods[::-1]  # alternate, so drifting load hits all alike
         results += [run_one(method, seed, config, slip, sets) for method in order]
-    report = {"machine": machine(), "load_before": load_before,
+    from ensemble.machine import summary
+
+    report = {"machine": summary(), "load_before": load_before,
               "load_after": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
               "args": vars(args), "data": data, "table_rows": sum(cards),
               "rows": {"train": sets[0].rows, "valid": sets[1].rows, "test": sets[2].rows},

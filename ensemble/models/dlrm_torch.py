@@ -118,6 +118,49 @@ def build(config: DLRMConfig) -> DLRM:
     return DLRM(config)
 
 
+class Fit:
+    """One training run on a device: the model, Adam, mixed precision on GPU (TF32 too), and the
+    epoch with the best validation log loss. Plain training and Slipstream both step it."""
+
+    def __init__(self, config: DLRMConfig, device: Device = Device.CPU) -> None:
+        self.use_gpu = device is Device.GPU
+        self.dev = torch.device("cuda" if self.use_gpu else "cpu")
+        if self.use_gpu:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        self.model = build(config).to(self.dev)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learning_rate)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.use_gpu)
+        self.loss_fn = torch.nn.BCEWithLogitsLoss()
+        self.best_loss, self.best_state = float("inf"), None
+
+    def step(self, dense: np.ndarray, ids: np.ndarray, labels: np.ndarray) -> None:
+        """One optimizer step on a batch (dense [B x 13] f32, ids [B x 26] i64, labels [B])."""
+        d, i = torch.from_numpy(dense).to(self.dev), torch.from_numpy(ids).to(self.dev)
+        y = torch.from_numpy(labels).to(self.dev).float().reshape(-1, 1)
+        with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=self.use_gpu):
+            loss = self.loss_fn(self.model.logits(d, i), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+
+    def validate(self, valid_source) -> tuple[float, float]:
+        """(log loss, AUC) on ``valid_source``; remembers the weights when the loss is the best yet."""
+        scores, labels = score_source(lambda d, i: predict(self.model, d, i, self.dev), valid_source)
+        loss = metrics.log_loss(labels, scores)
+        if loss < self.best_loss:
+            self.best_loss = loss
+            self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.model.train()
+        return loss, metrics.auc(labels, scores)
+
+    def best(self) -> DLRM:
+        """The best epoch's model, on the CPU, in eval mode."""
+        self.model.load_state_dict(self.best_state)
+        return self.model.cpu().eval()
+
+
 def train(config: DLRMConfig, train_data, valid_data, device: Device = Device.CPU,
           log: Callable[[str], None] = print):
     """Train by streaming batches; keep the epoch with the best validation log loss.
@@ -129,38 +172,16 @@ def train(config: DLRMConfig, train_data, valid_data, device: Device = Device.CP
         valid_data: the same, read in order once per epoch.
         device: "cpu" or "gpu" (mixed precision + TF32 only on GPU).
     """
-    use_gpu = device is Device.GPU
-    dev = torch.device("cuda" if use_gpu else "cpu")
-    if use_gpu:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
     train_source = as_source(train_data, config.batch_size, config.seed)
     valid_source = as_source(valid_data, 65536, shuffle=False)
-    model = build(config).to(dev)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
-    scaler = torch.amp.GradScaler("cuda", enabled=use_gpu)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-    best_loss, best_state = float("inf"), None
+    fit = Fit(config, device)
     for epoch in range(config.epochs):
-        model.train()
-        for dense, ids, labels in train_source.epoch(epoch):
-            d, i = torch.from_numpy(dense).to(dev), torch.from_numpy(ids).to(dev)
-            y = torch.from_numpy(labels).to(dev).float().reshape(-1, 1)
-            with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=use_gpu):
-                loss = loss_fn(model.logits(d, i), y)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        scores, valid_labels = score_source(lambda d, i: predict(model, d, i, dev), valid_source)
-        val_loss = metrics.log_loss(valid_labels, scores)
-        log(f"  dlrm_torch epoch {epoch + 1}: valid logloss {val_loss:.4f} "
-            f"auc {metrics.auc(valid_labels, scores):.4f}")
-        if val_loss < best_loss:
-            best_loss = val_loss
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    model.load_state_dict(best_state)
-    return model.cpu().eval()
+        fit.model.train()
+        for batch in train_source.epoch(epoch):
+            fit.step(*batch)
+        val_loss, val_auc = fit.validate(valid_source)
+        log(f"  dlrm_torch epoch {epoch + 1}: valid logloss {val_loss:.4f} auc {val_auc:.4f}")
+    return fit.best()
 
 
 def predict(model, dense: np.ndarray, ids: np.ndarray, dev=None, batch: int = 65536) -> np.ndarray:

@@ -37,7 +37,7 @@ import numpy as np
 from ensemble import schema
 from ensemble.data.shards import Batch, BatchSource, in_order
 from ensemble.device import Device
-from ensemble.models.dlrm import DLRMConfig, as_source, score_source, table_offsets
+from ensemble.models.dlrm import DLRMConfig, as_source, table_offsets
 
 
 @dataclass(frozen=True)
@@ -291,12 +291,8 @@ def train(config: DLRMConfig, slip: SlipstreamConfig, source, valid_data, device
     Returns:
         (the trained model on CPU in eval mode, :class:`SlipstreamStats`).
     """
-    import torch
+    from ensemble.models import dlrm_torch
 
-    from ensemble.models import dlrm_torch, metrics
-
-    use_gpu = device is Device.GPU
-    dev = torch.device("cuda" if use_gpu else "cpu")
     source = as_source(source, config.batch_size, config.seed)
     valid_source = as_source(valid_data, 65536, shuffle=False)
     start = time.perf_counter()
@@ -307,26 +303,16 @@ def train(config: DLRMConfig, slip: SlipstreamConfig, source, valid_data, device
         f"{split.hot_lookup_share:.1%} of lookups, {split.hot_input_share:.1%} of inputs all hot "
         f"({stats.split_seconds:.1f}s)")
     tracker = (tracker_class or StaleTracker)(split.hot, config.cardinalities, slip)
-    model = dlrm_torch.build(config).to(dev)
-    weight = model.sparse_arch.table.weight
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
-    scaler = torch.amp.GradScaler("cuda", enabled=use_gpu)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-    best_loss, best_state, step, window_start = float("inf"), None, 0, 0
+    fit = dlrm_torch.Fit(config, device)
+    weight = fit.model.sparse_arch.table.weight
+    step, window_start = 0, 0
     recent: list[np.ndarray] = []
     for epoch in range(config.epochs):
-        model.train()
+        fit.model.train()
         counts = {"rows": 0, "skipped": 0}
         epoch_start, epoch_steps = time.perf_counter(), 0
-        for dense, ids, labels in kept_batches(source.epoch(epoch), tracker, config.batch_size, counts, recent):
-            d, i = torch.from_numpy(dense).to(dev), torch.from_numpy(ids).to(dev)
-            y = torch.from_numpy(labels).to(dev).float().reshape(-1, 1)
-            with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=use_gpu):
-                loss = loss_fn(model.logits(d, i), y)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+        for batch in kept_batches(source.epoch(epoch), tracker, config.batch_size, counts, recent):
+            fit.step(*batch)
             step, epoch_steps = step + 1, epoch_steps + 1
             if not tracker.has_snapshot:
                 if step >= slip.warmup_steps:  # warm-up over: the first window starts here
@@ -343,14 +329,9 @@ def train(config: DLRMConfig, slip: SlipstreamConfig, source, valid_data, device
         stats.skipped_per_epoch.append(counts["skipped"])
         stats.steps_per_epoch.append(epoch_steps)
         stats.seconds_per_epoch.append(time.perf_counter() - epoch_start)
-        scores, valid_labels = score_source(lambda d, i: dlrm_torch.predict(model, d, i, dev), valid_source)
-        val_loss = metrics.log_loss(valid_labels, scores)
+        val_loss, val_auc = fit.validate(valid_source)
         log(f"  dlrm_torch+slipstream epoch {epoch + 1}: skipped {counts['skipped']} of {counts['rows']} "
             f"({counts['skipped'] / max(counts['rows'], 1):.1%}), {epoch_steps} steps; valid logloss "
-            f"{val_loss:.4f} auc {metrics.auc(valid_labels, scores):.4f}")
-        if val_loss < best_loss:
-            best_loss = val_loss
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            f"{val_loss:.4f} auc {val_auc:.4f}")
     stats.thresholds, stats.tracking_seconds = tracker.thresholds, tracker.seconds
-    model.load_state_dict(best_state)
-    return model.cpu().eval(), stats
+    return fit.best(), stats

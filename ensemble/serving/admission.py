@@ -27,6 +27,7 @@ it follows the machine (another job slowing it, a bigger release) without a sett
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -68,7 +69,6 @@ class CostModel:
         self._xx = np.zeros((2, 2))
         self._xy = np.zeros(2)
         self.theta = np.array([prior.fixed, prior.per_row, prior.per_request])
-        self.calls = 0
 
     def observe(self, rows: int, requests: int, seconds: float) -> None:
         x = np.array([1.0, rows])
@@ -77,7 +77,6 @@ class CostModel:
         self._xy = self.decay * self._xy + x * y
         fitted = np.linalg.solve(self._xx + self._ridge, self._xy + self._ridge @ self._start)
         self.theta[:2] = np.maximum(fitted, 0.0)  # a negative cost would admit without bound
-        self.calls += 1
 
     def predict(self, rows: int, requests: int) -> float:
         return float(self.theta[0] + self.theta[1] * rows + self.theta[2] * requests)
@@ -130,8 +129,6 @@ def calibrate(score, rows: tuple[int, int] = (1, 256), repeats: int = 5) -> Cost
     """The prior's per-call and per-row cost, timed on ``score(rows)`` (a callable scoring that
     many all-missing rows) at two batch sizes, medians of ``repeats``; per-request keeps its default
     (the stub's per-request handling is not visible from inside one call)."""
-    import time
-
     def median_seconds(n: int) -> float:
         times = []
         for _ in range(repeats):
