@@ -15,10 +15,12 @@ model predicts the call's cost from a cost model fitted online to its own calls,
 in arrival order while the predicted cost stays within ``budget_s`` (the first two always), and
 answers the rest at once with UNAVAILABLE (HTTP 503 / gRPC UNAVAILABLE: the clients retry with
 backoff). Every call then lasts about ``budget_s``, so an accepted request waits for at most the
-call running when it arrived plus its own. A *bulk* request, one whose own cost exceeds the
-budget (batch scoring's 4,096-row requests), is always taken: its client bounds its own
-concurrency, refusing it would only buy a retry, and the small requests sharing its call wait
-for it either way (a running call cannot be pre-empted).
+call running when it arrived plus its own. A *bulk* request, one whose own cost on the prior
+(the machine measured at load) exceeds the budget (batch scoring's 4,096-row requests), is always
+taken: its client bounds its own concurrency, refusing it would only buy a retry, and the small
+requests sharing its call wait for it either way (a running call cannot be pre-empted). Bulk is
+not judged on the live fit: that grows under overload, and once it put a 32-row request over
+the budget every such request was waved through as bulk (latency without bound).
 
 Cost model: seconds = fixed + per_row x rows + per_request x requests, by exponentially weighted
 least squares over recent calls, pulled toward a prior measured at load time (a ridge term), so
@@ -106,12 +108,15 @@ class Admission:
 
     def admit(self, rows: Sequence[int]) -> list[bool]:
         """``rows[i]`` = rows of the call's i-th valid request, in arrival order -> taken or not."""
-        theta = self.cost.theta
+        theta, prior = self.cost.theta, self.cost.prior
         one = [float(theta[1] * r + theta[2]) for r in rows]  # each request's own marginal cost
         taken: list[bool] = []
         spent, count = float(theta[0]), 0
-        for cost in one:
-            bulk = theta[0] + cost > self.budget_s
+        for r, cost in zip(rows, one):
+            # Bulk is judged on the prior (the unloaded machine), not on the live fit: the fit
+            # grows under overload, and judged by it every request became bulk and was waved
+            # through (measured: 32-row requests at 2x, latency without bound).
+            bulk = prior.fixed + prior.per_row * r + prior.per_request > self.budget_s
             ok = bulk or count < ALWAYS_TAKEN or spent + cost <= self.budget_s
             if ok and not bulk:
                 spent += cost

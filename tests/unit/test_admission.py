@@ -78,6 +78,21 @@ def test_the_first_request_and_bulk_requests_are_always_taken():
     assert Admission(budget_s=1e-3, cost=CostModel(TRUE)).admit([1] * 10).count(True) == 6
 
 
+def test_bulk_is_judged_on_the_prior_so_an_overloaded_fit_waves_nothing_through():
+    admission = Admission(budget_s=3e-3, cost=CostModel(TRUE))
+    rng = np.random.default_rng(2)
+    for _ in range(300):  # overload: every call takes three times what the prior says
+        requests = int(rng.integers(1, 40))
+        rows = int(rng.integers(requests, 40 * requests))
+        admission.observe(rows, requests, 3 * (TRUE.fixed + TRUE.per_row * rows + TRUE.per_request * requests))
+    # a 32-row request alone is now predicted over the budget (~3.8 ms), but it is 1.3 ms on the
+    # prior: not bulk, so past the first two such requests are refused, not all taken
+    assert admission.cost.predict(32, 1) > admission.budget_s
+    assert admission.admit([32] * 6) == [True, True] + [False] * 4
+    # what is bulk on the prior still is
+    assert admission.admit([4096, 4096, 4096]) == [True, True, True]
+
+
 def test_budget_must_be_positive():
     with pytest.raises(ValueError):
         Admission(0.0)
