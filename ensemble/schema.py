@@ -134,6 +134,10 @@ GPU_STEPS: dict[Model, Step] = {
 # Triton's v2 inference endpoint of the ranker (HTTP), as clients, probes and baselines call it.
 RANKER_INFER_PATH = f"/v2/models/{Model.RANKER.value}/infer"
 
+# The fused ranker's answer to a request beyond its call budget (HTTP 503 / gRPC UNAVAILABLE):
+# load shedding, retryable, not a fault.
+OVERLOAD_REFUSAL = "overloaded: the ranker is at capacity; retry with backoff"
+
 
 def v2_json_request(dense, categorical, outputs: tuple[str, ...] = (SCORE.name,)) -> bytes:
     """The ranker's v2 JSON inference body.

@@ -60,11 +60,12 @@ def modules_loaded(code: str, watched: tuple[str, ...]) -> list[str]:
 
 class Load:
     """Four threads sending 1-row requests (HTTP, with the client's retries) until stopped;
-    counts what was sent and what failed after the retries."""
+    counts what was sent, what failed after the retries, and apart from those what the call
+    budget refused (load shedding, ``schema.OVERLOAD_REFUSAL``) when it was the last answer."""
 
     def __init__(self, url: str, rows, attempts: int = 12):
         self.url, self.dense, self.cats, self.attempts = url, *rows, attempts
-        self.sent = self.failed = 0
+        self.sent = self.failed = self.refused = 0
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(k,), daemon=True) for k in range(4)]
@@ -81,8 +82,11 @@ class Load:
                 got = client.score(self.dense[row:row + 1], self.cats[row:row + 1])
                 assert got.shape == (1,) and np.isfinite(got).all()
             except Exception as exc:  # noqa: BLE001 - counted and reported
-                self.failed += 1
-                self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+                if schema.OVERLOAD_REFUSAL in str(exc):
+                    self.refused += 1
+                else:
+                    self.failed += 1
+                    self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
             self.sent += 1
             i += 4
 

@@ -22,7 +22,17 @@ ADMIN_KEY_ENV = "ENSEMBLE_ADMIN_KEY"
 
 
 class ControlError(RuntimeError):
-    """The server refused or did not answer; the message has its reply."""
+    """The server refused or did not answer; the message has its reply, ``status`` its HTTP
+    status (None: no answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# The ranker's overload answer (the call budget's 503): a check retries it after a short pause.
+BUSY_STATUS = 503
+BUSY_RETRIES = 20
 
 
 @dataclass(frozen=True)
@@ -49,7 +59,8 @@ class Control:
             with urllib.request.urlopen(request, timeout=timeout) as reply:
                 text = reply.read()
         except urllib.error.HTTPError as exc:
-            raise ControlError(f"{path}: HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}") from exc
+            raise ControlError(f"{path}: HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}",
+                               exc.code) from exc
         except (urllib.error.URLError, OSError) as exc:
             raise ControlError(f"no answer from {self.url}: {exc}") from exc
         return json.loads(text) if text else None
@@ -93,8 +104,20 @@ class Control:
         """Score rows through the ranker's v2 JSON endpoint: output name -> [B] float array.
 
         For checks (deploy's served == in-process); the clients (``clients.triton``) are the fast path.
+        A server at capacity refuses with 503 (the call budget): retried up to ``BUSY_RETRIES``
+        times with growing pauses (about 8 s in all), as the clients do.
         """
+        import time
+
         import numpy as np
 
-        reply = self._request(schema.RANKER_INFER_PATH, schema.v2_json_request(dense, categorical, outputs), timeout)
+        body = schema.v2_json_request(dense, categorical, outputs)
+        for attempt in range(BUSY_RETRIES + 1):
+            try:
+                reply = self._request(schema.RANKER_INFER_PATH, body, timeout)
+                break
+            except ControlError as exc:
+                if exc.status != BUSY_STATUS or attempt == BUSY_RETRIES:
+                    raise
+                time.sleep(min(0.01 * 2**attempt, 0.5))
         return {out["name"]: np.asarray(out["data"], dtype=np.float32) for out in reply["outputs"]}

@@ -74,7 +74,7 @@ class TritonPythonModel:
         for i, ok in enumerate(decision):
             if not ok:
                 responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                    "overloaded: the ranker is at capacity; retry with backoff", pb_utils.TritonError.UNAVAILABLE))
+                    schema.OVERLOAD_REFUSAL, pb_utils.TritonError.UNAVAILABLE))
         return [i for i, ok in enumerate(decision) if ok]
 
     def _score_alone(self, inputs, request):

@@ -121,7 +121,7 @@ def test_backend_fault_heals_under_load(supervised, fault):
           f"{load.failed} failed after retries; supervisor: {lines}")
     assert supervisor.heals >= 1, lines
     assert _stub_pid(server) != pid
-    assert load.failed == 0, load.errors[:3]
+    assert load.failed == 0 and load.refused == 0, (load.refused, load.errors[:3])
     # readiness said not-ready while the ranker was down, and ready again after the heal
     assert down, readiness.seen[-20:]
     assert readiness.seen[0][1:] == (200, 200) and readiness.seen[-1][1:] == (200, 200), readiness.seen[-5:]
@@ -173,7 +173,7 @@ def test_server_killed_is_restarted_without_orphans(supervised):
     assert supervisor.restarts and server.process.pid not in old
     for pid in old:  # the dead server's backend process did not outlive it
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
-    assert load.failed == 0, load.errors[:3]
+    assert load.failed == 0 and load.refused == 0, (load.refused, load.errors[:3])
 
 
 def test_a_port_in_use_is_refused_before_starting(trained, tmp_path):

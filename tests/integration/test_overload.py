@@ -13,13 +13,14 @@ import time
 import numpy as np
 
 from clients.triton import AsyncRankerClient, Retry, ScoringError
+from ensemble import schema
 from ensemble.schema import Priority
 from tests.helpers import fresh_rows
 
 # Requests of 4,096 rows (batch scoring's size), more at once than one model call takes.
 ROWS = 4096
 IN_FLIGHT = 16
-REFUSAL = "overloaded: the ranker is at capacity"
+REFUSAL = schema.OVERLOAD_REFUSAL
 
 
 async def _burst(url: str, dense, cats, retry: Retry):
