@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ensemble import machine
 from ensemble.models.slipstream import StaleTracker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,9 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         methods = METHODS[:2] if args.no_control else METHODS
         order = methods if seed % 2 == 0 else methods[::-1]  # alternate, so drifting load hits all alike
         results += [run_one(method, seed, config, slip, sets) for method in order]
-    from ensemble.machine import summary
-
-    report = {"machine": summary(), "load_before": load_before,
+    report = {"machine": machine.summary(), "load_before": load_before,
               "load_after": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
               "args": vars(args), "data": data, "table_rows": sum(cards),
               "rows": {"train": sets[0].rows, "valid": sets[1].rows, "test": sets[2].rows},

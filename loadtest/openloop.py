@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -116,9 +117,7 @@ class Http:
         self._slots = asyncio.Semaphore(max_connections) if max_connections else None
 
     async def _exchange(self, body: bytes) -> tuple[int, bytes]:
-        if self._slots is None:
-            return await self._exchange_on_a_connection(body)
-        async with self._slots:
+        async with self._slots or contextlib.nullcontext():
             return await self._exchange_on_a_connection(body)
 
     async def _exchange_on_a_connection(self, body: bytes) -> tuple[int, bytes]:

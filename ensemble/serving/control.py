@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -107,8 +108,6 @@ class Control:
         A server at capacity refuses with 503 (the call budget): retried up to ``BUSY_RETRIES``
         times with growing pauses (about 8 s in all), as the clients do.
         """
-        import time
-
         import numpy as np
 
         body = schema.v2_json_request(dense, categorical, outputs)
