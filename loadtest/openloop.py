@@ -17,7 +17,9 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import time
+import urllib.request
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -273,6 +275,38 @@ async def closed_loop(address: str, bodies: list[bytes], users: int, seconds: fl
     return done / (time.perf_counter() - started)
 
 
+def server_counters(address: str, model: str = schema.Model.RANKER.value) -> dict[str, float] | None:
+    """Triton's cumulative statistics of ``model`` (all versions): requests that reached it, calls,
+    and nanoseconds in its queue and in its calls; None when the server does not answer them."""
+    try:
+        with urllib.request.urlopen(f"http://{address}/v2/models/{model}/stats", timeout=5) as reply:
+            stats = json.load(reply)["model_stats"]
+    except (OSError, ValueError, KeyError):
+        return None
+    total = {"requests": 0.0, "calls": 0.0, "queue_ns": 0.0, "call_ns": 0.0}
+    for version in stats:
+        inference = version["inference_stats"]
+        total["requests"] += inference["success"]["count"] + inference["fail"]["count"]
+        total["calls"] += version["execution_count"]
+        total["queue_ns"] += inference["queue"]["ns"]
+        total["call_ns"] += sum(inference[k]["ns"] for k in ("compute_input", "compute_infer", "compute_output"))
+    return total
+
+
+def server_view(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+    """What the server saw between two :func:`server_counters` readings: per request that reached
+    the model (accepted and refused alike: both wait in the queue and share a call), the mean wait
+    in Triton's queue and the mean call it was in, and requests per call. Set against the client's
+    latency, the rest is the HTTP front end, the network and the generator."""
+    if not before or not after or after["requests"] <= before["requests"]:
+        return {}
+    requests = after["requests"] - before["requests"]
+    calls = max(after["calls"] - before["calls"], 1.0)
+    return {"server_queue_ms": (after["queue_ns"] - before["queue_ns"]) / requests / 1e6,
+            "server_call_ms": (after["call_ns"] - before["call_ns"]) / requests / 1e6,
+            "requests_per_call": requests / calls}
+
+
 @dataclass(frozen=True)
 class OverloadPlan:
     """Capacity: ``users`` closed-loop requests in flight for ``capacity_seconds`` (an estimate
@@ -299,20 +333,28 @@ def overload(address: str, plan: OverloadPlan = OverloadPlan()) -> dict:
         rates = tuple(capacity * m for m in plan.multiples)
     runs = []
     for rate in rates:
+        before = server_counters(address)
         outcomes = asyncio.run(open_loop(address, bodies, rate, plan.seconds))
-        runs.append({"multiple": rate / capacity, **summarize(rate, plan.seconds, outcomes).row()})
+        runs.append({"multiple": rate / capacity, **summarize(rate, plan.seconds, outcomes).row(),
+                     **server_view(before, server_counters(address))})
     return {"capacity_per_s": capacity, "rows": plan.rows, "users": plan.users, "runs": runs}
 
 
 def format_table(found: dict) -> str:
-    lines = [f"capacity (closed loop): {found['capacity_per_s']:.0f} req/s of {found['rows']} row(s)",
+    capacity = found["capacity_per_s"]
+    lines = [f"capacity (closed loop): {capacity:.0f} req/s of {found['rows']} row(s)" if not math.isnan(capacity)
+             else f"capacity: not estimated (absolute rates), {found['rows']} row(s) per request",
              "| offered | req/s | accepted/s | accepted p50 / p99 ms | refused | refusal p50 / p99 ms | errors "
-             "| not sent (generator behind) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| not sent (generator behind) | server: queue / call ms, mean | requests per call |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in found["runs"]:
-        lines.append(f"| {r['multiple']:.1f}x | {r['rate']:.0f} | {r['accepted_per_s']:.0f} | "
+        multiple = "-" if math.isnan(r["multiple"]) else f"{r['multiple']:.1f}x"
+        server = (f"{r['server_queue_ms']:.1f} / {r['server_call_ms']:.1f} | {r['requests_per_call']:.1f}"
+                  if "server_queue_ms" in r else "- | -")
+        lines.append(f"| {multiple} | {r['rate']:.0f} | {r['accepted_per_s']:.0f} | "
                      f"{r['accepted_p50_ms']:.1f} / {r['accepted_p99_ms']:.1f} | {100 * r['refused_share']:.1f}% | "
-                     f"{r['refused_p50_ms']:.1f} / {r['refused_p99_ms']:.1f} | {r['errors']} | {r.get('unsent', 0)} |")
+                     f"{r['refused_p50_ms']:.1f} / {r['refused_p99_ms']:.1f} | {r['errors']} | {r.get('unsent', 0)} | "
+                     f"{server} |")
     return "\n".join(lines)
 
 
@@ -326,7 +368,10 @@ def report_section(found: dict | None) -> list[str]:
             f"Capacity: answered requests per second with {found.get('users', 'many')} requests always in flight "
             "(closed loop). Then requests leave at a fixed multiple of that rate whatever the server answers "
             "(loadtest/openloop.py), each carrying a 1 s timeout. Latency counts from when a request was due. "
-            "Refused: answered 503 (full queue or queue deadline passed; the clients retry these).", "",
+            "Refused: answered 503 (the ranker's call budget; the clients retry these). Server: Triton's own "
+            "statistics over the run, per request that reached the model (accepted or refused): mean wait in "
+            "its queue and mean length of the call it was in; the rest of a request's latency is the HTTP "
+            "front end, the network and the generator.", "",
             *format_table(found).splitlines()[1:], ""]
 
 

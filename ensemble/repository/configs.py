@@ -69,9 +69,13 @@ def named(tensors: tuple[schema.Tensor, ...], names: tuple[str, ...] = ()) -> tu
 # README "Overload"). The fused ranker bounds each call's work in its model instead
 # (ensemble/serving/admission.py): requests beyond CALL_BUDGET_US of predicted work are answered
 # 503 / UNAVAILABLE at once, so an accepted request waits for at most the running call plus its
-# own (~2 x 3 ms; the latency budget is 10 ms p99). The per-model `ensemble` layout's steps run
+# own (~2 x 2 ms of model work, plus the per-request handling of every request in the call; the
+# latency budget is 10 ms p99). 2 ms rather than 3: with 32-row requests at 2x capacity (build VM,
+# server on one core, three alternating runs each) accepted p99 8.8-9.6 ms vs 10.8-12.7 ms and
+# refusals 4.2 ms vs 5.5-5.9 ms at the median, for ~7% less goodput; 1-, 96- and 100-row loads
+# measured the same with either (README "Overload"). The per-model `ensemble` layout's steps run
 # unbounded, prefetching queues (the fused layout is the default and the one with the policy).
-CALL_BUDGET_US = 3_000
+CALL_BUDGET_US = 2_000
 
 # Warm-up (``model_warmup``): Triton runs these batches through a model before marking it
 # ready, so a model that loads but cannot infer fails at load time and readiness tells the truth

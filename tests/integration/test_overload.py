@@ -64,7 +64,7 @@ def test_open_loop_overload_refuses_the_excess_retryably_and_keeps_serving(serve
     import threading
 
     from ensemble.serving.supervise import Supervisor, SupervisorPolicy
-    from loadtest.openloop import closed_loop, open_loop, request_bodies, summarize
+    from loadtest.openloop import closed_loop, open_loop, request_bodies, server_counters, server_view, summarize
 
     # 96-row requests: the model (not the HTTP front end, which parses every request before any
     # policy can see it) is what runs out, and the server's capacity in requests/s stays within
@@ -81,7 +81,9 @@ def test_open_loop_overload_refuses_the_excess_retryably_and_keeps_serving(serve
         # A closed loop of 8 underestimates what batching absorbs: raise the offered load until
         # the queue overflows (on a busy machine the first multiple already does).
         for multiple in (OVERLOAD_MULTIPLE, 2 * OVERLOAD_MULTIPLE, 4 * OVERLOAD_MULTIPLE):
+            before = server_counters(server.http_url)
             outcomes = asyncio.run(open_loop(server.http_url, bodies, multiple * capacity, 3.0))
+            view = server_view(before, server_counters(server.http_url))
             result = summarize(multiple * capacity, 3.0, outcomes)
             if result.refused:
                 break
@@ -90,12 +92,15 @@ def test_open_loop_overload_refuses_the_excess_retryably_and_keeps_serving(serve
         watching.join(30)
     print(f"\ncapacity {capacity:.0f} req/s; offered {result.rate:.0f} req/s: {result.accepted} accepted "
           f"(p99 {result.accepted_p99_ms:.1f} ms), {result.refused} refused (p99 {result.refused_p99_ms:.1f} ms), "
-          f"{result.errors} errors; generator late p99 {result.late_p99_ms:.1f} ms; {result.refusal_reasons}")
+          f"{result.errors} errors; generator late p99 {result.late_p99_ms:.1f} ms; {result.refusal_reasons}; "
+          f"server view {view}")
     assert result.errors == 0, result.error_samples
     assert result.accepted and result.refused, result
     # refused = 503 from the call budget: retryable
     assert {o.status for o in outcomes if o.status != 200} == {503}
     assert all(REFUSAL in r for r in result.refusal_reasons), result.refusal_reasons
+    # Triton's own statistics saw the same run: refusals mean calls of several requests
+    assert view["requests_per_call"] > 1 and view["server_call_ms"] > 0 and view["server_queue_ms"] >= 0, view
     for k, outcome in enumerate(outcomes):
         if outcome.status == 200:
             scores = json.loads(outcome.body)["outputs"][0]["data"]

@@ -60,11 +60,21 @@ def test_a_call_takes_requests_in_order_while_its_predicted_cost_fits():
     assert admission.admit([1] * 20 + [80, 1]) == [True] * 20 + [False, True]
 
 
-def test_two_requests_at_once_are_never_refused():
+def test_two_requests_at_once_are_not_refused_while_the_ranker_is_not_refusing():
     admission = Admission(budget_s=3e-3, cost=CostModel(TRUE))
     # 100 rows: 2.04 ms each, under the budget alone (not bulk), two of them over it
     assert admission.admit([100, 100]) == [True, True]
     assert admission.admit([100, 100, 100]) == [True, True, False]
+
+
+def test_while_refusing_a_call_takes_only_its_first_request_beyond_the_budget():
+    admission = Admission(budget_s=3e-3, cost=CostModel(TRUE))
+    assert admission.admit([100, 100, 100]) == [True, True, False]  # overload begins
+    # a backlog: two 100-row requests (4.7 ms predicted) would stretch the call past the budget
+    assert admission.admit([100, 100, 100]) == [True, False, False]
+    assert admission.admit([1] * 10 + [100]) == [True] * 10 + [False]  # the budget fills as usual
+    assert admission.admit([100]) == [True]  # refused nothing: two at once are safe again
+    assert admission.admit([100, 100]) == [True, True]
 
 
 def test_the_first_request_and_bulk_requests_are_always_taken():

@@ -3,7 +3,7 @@ tests/integration/test_overload.py)."""
 
 import math
 
-from loadtest.openloop import UNSENT, Outcome, report_section, summarize
+from loadtest.openloop import UNSENT, Outcome, report_section, server_view, summarize
 
 
 def test_summary_separates_accepted_refused_and_errors():
@@ -24,5 +24,20 @@ def test_report_section_lists_each_multiple():
              "runs": [{"multiple": 2.0, **summarize(200.0, 1.0, [Outcome(200, 0.003)] * 150
                                                    + [Outcome(503, 0.001)] * 50).row()}]}
     text = "\n".join(report_section(found))
-    assert "## Overload" in text and "| 2.0x | 200 | 150 | 3.0 / 3.0 | 25.0% | 1.0 / 1.0 | 0 | 0 |" in text
+    assert "## Overload" in text and "| 2.0x | 200 | 150 | 3.0 / 3.0 | 25.0% | 1.0 / 1.0 | 0 | 0 | - | - |" in text
     assert report_section(None) == []
+    # absolute rates (no capacity estimate) and the server's view of the run
+    found = {"capacity_per_s": float("nan"), "rows": 32, "users": 8,
+             "runs": [{"multiple": float("nan"), **summarize(900.0, 1.0, [Outcome(200, 0.004)] * 900).row(),
+                       "server_queue_ms": 1.5, "server_call_ms": 3.1, "requests_per_call": 2.6}]}
+    text = "\n".join(report_section(found))
+    assert "| - | 900 | 900 | 4.0 / 4.0 | 0.0% | nan / nan | 0 | 0 | 1.5 / 3.1 | 2.6 |" in text
+
+
+def test_server_view_is_the_difference_of_two_readings_per_request():
+    before = {"requests": 1000.0, "calls": 100.0, "queue_ns": 2e9, "call_ns": 5e9}
+    after = {"requests": 1600.0, "calls": 300.0, "queue_ns": 2e9 + 600 * 1.5e6, "call_ns": 5e9 + 600 * 3e6}
+    view = server_view(before, after)
+    assert math.isclose(view["server_queue_ms"], 1.5) and math.isclose(view["server_call_ms"], 3.0)
+    assert math.isclose(view["requests_per_call"], 3.0)
+    assert server_view(None, after) == {} and server_view(after, after) == {}
