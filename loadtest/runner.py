@@ -252,6 +252,14 @@ def cpu_per_request(before: dict | None, after: dict | None, requests: float) ->
     return {name: max(0.0, after[name] - before.get(name, 0.0)) * 1000 / requests for name in after}
 
 
+def served_rows_per_s(result: dict, rows: int) -> float:
+    """Rows answered per second: locust's requests/s counts failed requests too (the call budget's
+    503s among them), and a refused request serves no rows."""
+    requests = result["requests"]
+    answered = (requests - result["failures"]) / requests if requests else 0.0
+    return result["requests_per_s"] * answered * rows
+
+
 def locust_command(target: str, url: str, rows: int, users: int, seconds: float, options: RunnerOptions,
                    data_file: Path, pinning: Pinning, csv_prefix: Path | None) -> list[str]:
     user_class = "TritonGrpcUser" if Target(target).grpc else "JsonUser"
@@ -296,7 +304,7 @@ def run_scenario(servers: Servers, target: str, rows: int, users: int, options: 
     cpu_after = servers.cpu_seconds(target)
     result = {**base, "exit_code": done.returncode, **read_locust_csv(prefix), "stages": stage_times(before, after)}
     result["server_cpu_ms"] = cpu_per_request(cpu_before, cpu_after, result["requests"])
-    result["rows_per_s"] = result["requests_per_s"] * rows
+    result["rows_per_s"] = served_rows_per_s(result, rows)
     result["fail_ratio"] = result["failures"] / result["requests"] if result["requests"] else 1.0
     if done.returncode not in (0, 1):
         result["note"] = (done.stderr or "")[-500:]

@@ -3,7 +3,7 @@
 import math
 
 from loadtest.report import headline, ratios, write_report
-from loadtest.runner import Pinning, RunnerOptions, cpu_per_request, read_locust_csv, stage_times
+from loadtest.runner import Pinning, RunnerOptions, cpu_per_request, read_locust_csv, served_rows_per_s, stage_times
 
 
 def _scenario(target, rows, users, rps, p99, failures=0):
@@ -76,6 +76,13 @@ def test_locust_csv_and_triton_stats_parsing(tmp_path):
     assert stages["requests"] == 20 and stages["queue_ms"] == 0.2
     assert abs(stages["compute_ms"] - 0.6) < 1e-12
     assert stages["mean_batch_rows"] == 10.0
+
+
+def test_rows_per_second_counts_answered_requests_only():
+    # 1,200 requests in 12 s, 120 of them refused (503): 90 answered per second
+    result = {"requests": 1200.0, "failures": 120.0, "requests_per_s": 100.0}
+    assert math.isclose(served_rows_per_s(result, 100), 9000.0)
+    assert served_rows_per_s({"requests": 0.0, "failures": 0.0, "requests_per_s": 0.0}, 100) == 0.0
 
 
 def test_cpu_per_request_divides_the_window_by_the_requests():
