@@ -19,7 +19,6 @@ import contextlib
 import json
 import math
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -275,36 +274,25 @@ async def closed_loop(address: str, bodies: list[bytes], users: int, seconds: fl
     return done / (time.perf_counter() - started)
 
 
-def server_counters(address: str, model: str = schema.Model.RANKER.value) -> dict[str, float] | None:
-    """Triton's cumulative statistics of ``model`` (all versions): requests that reached it, calls,
-    and nanoseconds in its queue and in its calls; None when the server does not answer them."""
-    try:
-        with urllib.request.urlopen(f"http://{address}/v2/models/{model}/stats", timeout=5) as reply:
-            stats = json.load(reply)["model_stats"]
-    except (OSError, ValueError, KeyError):
-        return None
-    total = {"requests": 0.0, "calls": 0.0, "queue_ns": 0.0, "call_ns": 0.0}
-    for version in stats:
-        inference = version["inference_stats"]
-        total["requests"] += inference["success"]["count"] + inference["fail"]["count"]
-        total["calls"] += version["execution_count"]
-        total["queue_ns"] += inference["queue"]["ns"]
-        total["call_ns"] += sum(inference[k]["ns"] for k in ("compute_input", "compute_infer", "compute_output"))
-    return total
+def server_counters(address: str, model: str = schema.Model.RANKER.value) -> dict | None:
+    """Triton's cumulative statistics of ``model``; None when the server does not answer them."""
+    from loadtest.runner import model_stats
+
+    return model_stats(f"http://{address}/v2/models/{model}/stats")
 
 
-def server_view(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+def server_view(before: dict | None, after: dict | None) -> dict[str, float]:
     """What the server saw between two :func:`server_counters` readings: per request that reached
     the model (accepted and refused alike: both wait in the queue and share a call), the mean wait
     in Triton's queue and the mean call it was in, and requests per call. Set against the client's
     latency, the rest is the HTTP front end, the network and the generator."""
-    if not before or not after or after["requests"] <= before["requests"]:
+    from loadtest.runner import stage_times
+
+    stage = next(iter(stage_times(before, after).values()), None)
+    if stage is None:
         return {}
-    requests = after["requests"] - before["requests"]
-    calls = max(after["calls"] - before["calls"], 1.0)
-    return {"server_queue_ms": (after["queue_ns"] - before["queue_ns"]) / requests / 1e6,
-            "server_call_ms": (after["call_ns"] - before["call_ns"]) / requests / 1e6,
-            "requests_per_call": requests / calls}
+    return {"server_queue_ms": stage["queue_ms"], "server_call_ms": stage["compute_ms"],
+            "requests_per_call": stage["requests_per_call"]}
 
 
 @dataclass(frozen=True)

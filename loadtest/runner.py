@@ -213,7 +213,9 @@ class Servers:
         return f"{http}/v2/models/stats" if http else None
 
 
-def _stats(url: str | None) -> dict | None:
+def model_stats(url: str | None) -> dict | None:
+    """Triton's statistics at ``url`` (``/v2/models[/NAME]/stats``), keyed by model name; None
+    when there is no URL or the server does not answer."""
     if url is None:
         return None
     try:
@@ -224,7 +226,8 @@ def _stats(url: str | None) -> dict | None:
 
 
 def stage_times(before: dict | None, after: dict | None) -> dict[str, dict[str, float]]:
-    """Per composing model: mean queue and compute milliseconds per request, mean batch size."""
+    """Per model: mean queue and compute milliseconds per request, mean batch size (rows per
+    execution) and requests per execution."""
     if not before or not after:
         return {}
     stages = {}
@@ -239,7 +242,8 @@ def stage_times(before: dict | None, after: dict | None) -> dict[str, dict[str, 
         inferences = model.get("inference_count", 0) - before.get(name, {}).get("inference_count", 0)
         stages[name] = {"requests": count, "queue_ms": per("queue"),
                         "compute_ms": per("compute_input") + per("compute_infer") + per("compute_output"),
-                        "mean_batch_rows": inferences / executions if executions else 0.0}
+                        "mean_batch_rows": inferences / executions if executions else 0.0,
+                        "requests_per_call": count / executions if executions else 0.0}
     return stages
 
 
@@ -292,7 +296,7 @@ def run_scenario(servers: Servers, target: str, rows: int, users: int, options: 
     cmd = locust_command(target, url, rows, users, options.duration, options, data_file, pinning, prefix)
     try:
         subprocess.run(warm, capture_output=True, timeout=bound, check=False)
-        before = _stats(servers.triton_stats_url(target))
+        before = model_stats(servers.triton_stats_url(target))
         cpu_before = servers.cpu_seconds(target)
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=bound, check=False)
     except subprocess.TimeoutExpired:  # subprocess.run has killed locust; record, go on
@@ -300,7 +304,7 @@ def run_scenario(servers: Servers, target: str, rows: int, users: int, options: 
                 "mean_ms": math.inf, "p50_ms": math.inf, "p90_ms": math.inf, "p99_ms": math.inf,
                 "max_ms": math.inf, "stages": {}, "server_cpu_ms": {}, "rows_per_s": 0.0, "fail_ratio": 1.0,
                 "note": f"locust did not finish within {bound:.0f} s"}
-    after = _stats(servers.triton_stats_url(target))
+    after = model_stats(servers.triton_stats_url(target))
     cpu_after = servers.cpu_seconds(target)
     result = {**base, "exit_code": done.returncode, **read_locust_csv(prefix), "stages": stage_times(before, after)}
     result["server_cpu_ms"] = cpu_per_request(cpu_before, cpu_after, result["requests"])

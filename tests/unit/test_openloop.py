@@ -35,8 +35,13 @@ def test_report_section_lists_each_multiple():
 
 
 def test_server_view_is_the_difference_of_two_readings_per_request():
-    before = {"requests": 1000.0, "calls": 100.0, "queue_ns": 2e9, "call_ns": 5e9}
-    after = {"requests": 1600.0, "calls": 300.0, "queue_ns": 2e9 + 600 * 1.5e6, "call_ns": 5e9 + 600 * 3e6}
+    def reading(requests, calls, queue_ns, call_ns):  # Triton's statistics of the one model read
+        stats = {"success": {"count": requests}, "queue": {"ns": queue_ns}, "compute_input": {"ns": 0},
+                 "compute_infer": {"ns": call_ns}, "compute_output": {"ns": 0}}
+        return {"ranker": {"inference_stats": stats, "execution_count": calls, "inference_count": requests}}
+
+    before = reading(1000, 100, 2e9, 5e9)
+    after = reading(1600, 300, 2e9 + 600 * 1.5e6, 5e9 + 600 * 3e6)
     view = server_view(before, after)
     assert math.isclose(view["server_queue_ms"], 1.5) and math.isclose(view["server_call_ms"], 3.0)
     assert math.isclose(view["requests_per_call"], 3.0)
