@@ -188,9 +188,12 @@ class _Settings:
         return {}
 
     def _infer_kwargs(self) -> dict:
-        # `timeout` (microseconds) travels with the request: the server drops it from its queue
-        # once the client would have given up (Triton may only shorten its default with it).
+        # `timeout` (microseconds) travels with the request: the fused ranker refuses a request at
+        # once when it cannot be scored before the client would give up. Batch requests are also
+        # marked bulk: held to that timeout only, never to the server's latency objective.
         deadline = {"timeout": int(self.timeout * 1e6), "priority": int(self.priority)}
+        if self.priority == schema.Priority.BATCH:
+            deadline["parameters"] = {schema.BULK_PARAMETER: True}
         if self.protocol is Protocol.GRPC:
             return {**deadline, "client_timeout": self.timeout, "compression_algorithm": self.compression}
         return deadline
@@ -208,8 +211,10 @@ class RankerClient(_Settings):
         timeout: seconds per request.
         retry: bounded retries with backoff for transient failures.
         compression: gRPC compression (off by default).
-        priority: :class:`ensemble.schema.Priority` of every request: ``BATCH`` queues behind
-            interactive requests on a longer queue (what batch scoring sends); 0 is interactive.
+        priority: :class:`ensemble.schema.Priority` of every request. ``BATCH`` (what batch
+            scoring sends) also marks each request bulk (``schema.BULK_PARAMETER``): the fused
+            ranker holds it to this client's timeout only and never refuses it for the server's
+            latency objective. 0 is interactive.
     """
 
     sleep: Callable[[float], None] = time.sleep

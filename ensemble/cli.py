@@ -11,6 +11,7 @@ from pathlib import Path
 from ensemble.models.registry import Layout
 from ensemble.models.slipstream import SlipstreamConfig
 from ensemble.serving import monitoring
+from ensemble.repository.configs import DEFAULT_OBJECTIVE_MS
 from ensemble.serving.server import DEFAULT_LAYOUT
 
 # `ensemble.data.criteo` imports pandas (~0.4 s): imported inside the commands that use it, so that
@@ -100,7 +101,8 @@ def _server_options(args):
                          layout=Layout(args.layout),
                          log_file=Path(args.log_file) if args.log_file else None,
                          admin_key=os.environ.get(ADMIN_KEY_ENV) or None,
-                         latency_summaries=LatencySummaries(not args.no_latency_summaries, args.latency_quantiles))
+                         latency_summaries=LatencySummaries(not args.no_latency_summaries, args.latency_quantiles),
+                         latency_objective_ms=args.latency_objective_ms)
 
 
 def cmd_synth(args) -> int:
@@ -209,11 +211,12 @@ def cmd_deploy(args) -> int:
     from ensemble.serving.control import ControlError
     from ensemble.serving.deploy import deploy, rollback
 
+    grpc_url = args.grpc_url or f"{args.url.split('://', 1)[-1].rsplit(':', 1)[0]}:8001"
     try:
         if args.command == "deploy":
-            release = deploy(args.url, args.repository, args.release, args.holdout)
+            release = deploy(args.url, args.repository, args.release, args.holdout, grpc_url=grpc_url)
         else:
-            release = rollback(args.url, args.repository)
+            release = rollback(args.url, args.repository, grpc_url=grpc_url)
     except ControlError as exc:  # a refused release (DeployError) or a server that said no
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -303,6 +306,10 @@ def _add_server(p: argparse.ArgumentParser) -> None:
                    help="fused: the ranker as one python-backend model (the CPU default); ensemble: a Triton "
                         "ensemble of one python-backend model per step; gpu: the NGC container's native backends")
     p.add_argument("--log-file", default=None, help="server log (default: a temp file)")
+    p.add_argument("--latency-objective-ms", type=float, default=None, metavar="MS",
+                   help="the fused ranker refuses (503 / UNAVAILABLE) only a request it predicts would complete "
+                        "later than this after it arrived, or than its client's timeout if sooner "
+                        f"(default: the repository config's, {DEFAULT_OBJECTIVE_MS:g} ms as exported)")
     p.add_argument("--latency-quantiles", type=_quantiles, metavar="Q:ERR,...",
                    default=monitoring.format_quantiles(monitoring.DEFAULT_QUANTILES),
                    help="quantiles (with allowed rank error) of the latency summaries on the metrics port")
@@ -352,7 +359,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (("deploy", "switch a running fused-layout server to the newest exported release, after checks"),
                        ("rollback", "switch a running fused-layout server back to the previous release")):
         p = _command(sub, name, text)
-        p.add_argument("--url", default="127.0.0.1:8000", help="the server's HTTP address (model control)")
+        p.add_argument("--url", default="127.0.0.1:8000", help="the server's HTTP address (reads and checks)")
+        p.add_argument("--grpc-url", default=None,
+                       help="the server's gRPC address, which loads the release (default: --url's host, port 8001); "
+                            "a load over HTTP would stall HTTP clients sharing Triton's thread for its whole length")
         p.add_argument("--repository", default="model_repository", help="the repository that server serves")
         if name == "deploy":
             p.add_argument("--release", type=int, default=None, help="a specific release (default: the newest)")

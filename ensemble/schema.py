@@ -134,9 +134,15 @@ GPU_STEPS: dict[Model, Step] = {
 # Triton's v2 inference endpoint of the ranker (HTTP), as clients, probes and baselines call it.
 RANKER_INFER_PATH = f"/v2/models/{Model.RANKER.value}/infer"
 
-# The fused ranker's answer to a request beyond its call budget (HTTP 503 / gRPC UNAVAILABLE):
-# load shedding, retryable, not a fault.
-OVERLOAD_REFUSAL = "overloaded: the ranker is at capacity; retry with backoff"
+# How the fused ranker's refusals begin (HTTP 503 / gRPC UNAVAILABLE; ensemble/serving/admission.py):
+# load shedding, retryable, not a fault. The rest says why: the request would miss its deadline (by
+# how much, and what set it), or the ranker is at capacity and keeps its calls short.
+OVERLOAD_REFUSAL = "refused: "
+
+# A request parameter (``"bulk": true``) batch scoring sets on its requests: the fused ranker then
+# holds such a request to its client's timeout only, never to the server's latency objective, and
+# scores it after the interactive requests of the same call.
+BULK_PARAMETER = "bulk"
 
 
 def v2_json_request(dense, categorical, outputs: tuple[str, ...] = (SCORE.name,)) -> bytes:

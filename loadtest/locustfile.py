@@ -8,7 +8,10 @@ Run it like any locustfile (web UI, headless, or master + workers)::
 ``JsonUser`` posts Triton's v2 JSON body, which Triton and both baselines accept, so the same
 bytes go to every HTTP target. Requests are drawn from a held-out Criteo TSV
 (``--data-file``); each carries ``--rows-per-request`` rows (1 = one item, 100 = a ranking
-request). ``--fail-ratio-stop`` ends the run when too many requests fail.
+request). ``--fail-ratio-stop`` ends the run when too many requests fail. A refused request (HTTP
+503 / gRPC UNAVAILABLE) counts as a failure, and its user backs off before its next request as the
+project's clients do (``clients.triton.Retry``), so an overloaded server is not measured under a
+retry storm of its own making.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ import random  # noqa: E402
 import time  # noqa: E402
 
 import gevent  # noqa: E402
-from locust import FastHttpUser, User, constant, events, task  # noqa: E402
+from locust import FastHttpUser, User, events, task  # noqa: E402
 
+from clients.triton import Retry  # noqa: E402
 from ensemble import schema  # noqa: E402
 from loadtest.payloads import Payloads  # noqa: E402
 
+BACKOFF = Retry()  # the project's clients' pauses: 0.25 s, doubling, at most 4 s
 
 
 @events.init_command_line_parser.add_listener
@@ -132,10 +137,21 @@ def _exit_without_finalizers(exit_code, **_kwargs) -> None:
     faulthandler.dump_traceback_later(30.0, exit=True)
 
 
-class JsonUser(FastHttpUser):
-    """Triton's HTTP endpoint or a baseline server: the same JSON body."""
+class BacksOff:
+    """No pause between requests, except after a refusal: then the project's clients' backoff,
+    doubling while refusals follow each other; an answer resets it."""
 
-    wait_time = constant(0)
+    _pause = 0.0
+
+    def wait_time(self) -> float:
+        return self._pause
+
+    def answered(self, refused: bool) -> None:
+        self._pause = min(max(2 * self._pause, BACKOFF.backoff), BACKOFF.max_sleep) if refused else 0.0
+
+
+class JsonUser(BacksOff, FastHttpUser):
+    """Triton's HTTP endpoint or a baseline server: the same JSON body."""
 
     @task
     def infer(self) -> None:
@@ -144,6 +160,7 @@ class JsonUser(FastHttpUser):
                               name=f"infer {self.environment.parsed_options.rows_per_request} rows",
                               catch_response=True) as response:
             error = getattr(response, "error", None)  # set only when no HTTP answer came back
+            self.answered(response.status_code == 503)
             if error is not None and not response.status_code:
                 response.failure(f"no response: {error}")
             elif response.status_code != 200:
@@ -152,10 +169,9 @@ class JsonUser(FastHttpUser):
                 response.failure("no score in the response")
 
 
-class TritonGrpcUser(User):
+class TritonGrpcUser(BacksOff, User):
     """Wraps tritonclient.grpc and reports each call to locust with its timing."""
 
-    wait_time = constant(0)
     abstract = False
 
     def on_start(self) -> None:
@@ -176,7 +192,10 @@ class TritonGrpcUser(User):
         try:
             self.client.infer(dense, cats)
         except Exception as exc:  # noqa: BLE001 - reported to locust as a failure
-            error = exc
+            # as text: locust records repr(), and tritonclient's InferenceServerException keeps its
+            # status and message out of repr() ("InferenceServerException()")
+            error = f"{type(exc).__name__}: {exc}"
+        self.answered(error is not None and "StatusCode.UNAVAILABLE" in error)
         self.environment.events.request.fire(
             request_type="grpc", name=name, response_time=(time.perf_counter() - started) * 1000,
             response_length=len(dense), exception=error, context={})

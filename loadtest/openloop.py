@@ -356,7 +356,8 @@ def report_section(found: dict | None) -> list[str]:
             f"Capacity: answered requests per second with {found.get('users', 'many')} requests always in flight "
             "(closed loop). Then requests leave at a fixed multiple of that rate whatever the server answers "
             "(loadtest/openloop.py), each carrying a 1 s timeout. Latency counts from when a request was due. "
-            "Refused: answered 503 (the ranker's call budget; the clients retry these). Server: Triton's own "
+            "Refused: answered 503 (the ranker's admission: it would miss its deadline; the clients retry these). "
+            "Server: Triton's own "
             "statistics over the run, per request that reached the model (accepted or refused): mean wait in "
             "its queue and mean length of the call it was in; the rest of a request's latency is the HTTP "
             "front end, the network and the generator.", "",

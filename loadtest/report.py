@@ -11,6 +11,7 @@ from pathlib import Path
 from ensemble.machine import describe
 from loadtest.cost import cost_table, load_prices, render
 from loadtest.openloop import report_section as overload_section
+from loadtest.perf_analyzer import report_section as perf_analyzer_section
 
 PRICES = Path(__file__).with_name("prices.yaml")
 TRITON = ("triton-http", "triton-grpc", "triton-ensemble-http")
@@ -209,7 +210,7 @@ def replot(folder: Path) -> list[str]:
 
 
 def write_report(out: Path, results: list[dict], options, pinning, seconds: float,
-                 overload: dict | None = None) -> Path:
+                 overload: dict | None = None, perf_analyzer: list[dict] | None = None) -> Path:
     sla = options.sla_ms
     head = headline(results, sla)
     server_vcpus = len(pinning.server.split(",")) if pinning.server else describe()["cores"]
@@ -218,6 +219,7 @@ def write_report(out: Path, results: list[dict], options, pinning, seconds: floa
                "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()},
                "seconds": seconds, "scenarios": results, "headline": head, "ratios": ratios(head)}
     payload["overload"] = overload  # loadtest/openloop.py: capacity, then 2x open loop
+    payload["perf_analyzer"] = perf_analyzer  # loadtest/perf_analyzer.py: Triton's own client, its sweep
     payload["peaks"] = [{k: p[k] for k in ("target", "rows", "users", "rows_per_s", "p99_ms")} for p in peaks(results)]
     (out / "results.json").write_text(json.dumps(_json_safe(payload), indent=1, default=str, allow_nan=False))
     plot(results, sla, out)
@@ -231,8 +233,9 @@ def write_report(out: Path, results: list[dict], options, pinning, seconds: floa
         + (f"Servers pinned to CPU {pinning.server}, locust to CPU {pinning.load} (taskset)."
            if pinning.server else "No CPU pinning: servers and locust share all cores."),
         f"Each scenario: {options.warmup:g} s warm-up (discarded), then {options.duration:g} s measured; closed loop "
-        "(each user sends its next request when the previous one returns). Latencies are locust's, which rounds "
-        "them to whole milliseconds.", "",
+        "(each user sends its next request when the previous one returns; after a refusal, 503 or UNAVAILABLE, "
+        "it backs off as the project's clients do). Latencies are locust's, which rounds them to whole "
+        "milliseconds.", "",
         f"## Headline: highest throughput with p99 <= {sla:g} ms", "",
         *_table("| target | rows/request | rows/s at SLA | users | p99 ms |",
                 [f"| {h['target']} | {h['rows']} | {_fmt(h['rows_per_s_at_sla'])} | {_fmt(h['users'], 'd')} "
@@ -259,6 +262,7 @@ def write_report(out: Path, results: list[dict], options, pinning, seconds: floa
         *(["## Cost per million predictions", "",
            "From the headline throughput (prices in `loadtest/prices.yaml`). Extrapolations are labelled with "
            "their formula and are not measurements.", "", render(costs), ""] if costs else []),
+        *perf_analyzer_section(perf_analyzer),
         *overload_section(overload),
         f"Raw locust CSVs: `raw/`. Results: `results.json`. Total run time {seconds / 60:.1f} min.", ""]
     report = out / "report.md"

@@ -72,6 +72,7 @@ class RunnerOptions:
     data_file: Path | None = None
     urls: dict[str, str] = field(default_factory=dict)  # target -> URL of a running server
     overload_seconds: float = 10.0  # open-loop run at 2x capacity against triton-http (0: skip)
+    perf_analyzer: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # its concurrency sweep on triton-http/grpc (): skip
 
     @classmethod
     def from_args(cls, args) -> "RunnerOptions":
@@ -81,7 +82,8 @@ class RunnerOptions:
         return cls(Path(args.repository), Path(args.out), tuple(args.targets), tuple(args.rows), tuple(args.users),
                    args.duration, args.warmup, args.sla_ms, args.fail_ratio, not args.no_pin,
                    Path(args.data_file) if args.data_file else None, urls,
-                   overload_seconds=args.overload_seconds)
+                   overload_seconds=args.overload_seconds,
+                   perf_analyzer=() if args.no_perf_analyzer else tuple(args.perf_analyzer_concurrency))
 
 
 def add_arguments(p) -> None:
@@ -104,6 +106,9 @@ def add_arguments(p) -> None:
     p.add_argument("--naive-url", default=None, help="use a running naive baseline (http://host:port)")
     p.add_argument("--overload-seconds", type=float, default=10.0,
                    help="overload scenario: seconds of open-loop load at 2x capacity on triton-http (0: skip)")
+    p.add_argument("--perf-analyzer-concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32],
+                   help="Triton's perf_analyzer sweep on triton-http and triton-grpc: clients in flight")
+    p.add_argument("--no-perf-analyzer", action="store_true", help="skip the perf_analyzer sweep")
 
 
 @dataclass(frozen=True)
@@ -257,7 +262,7 @@ def cpu_per_request(before: dict | None, after: dict | None, requests: float) ->
 
 
 def served_rows_per_s(result: dict, rows: int) -> float:
-    """Rows answered per second: locust's requests/s counts failed requests too (the call budget's
+    """Rows answered per second: locust's requests/s counts failed requests too (the ranker's
     503s among them), and a refused request serves no rows."""
     requests = result["requests"]
     answered = (requests - result["failures"]) / requests if requests else 0.0
@@ -283,7 +288,18 @@ def read_locust_csv(prefix: Path) -> dict[str, float]:
     number = lambda key: float(row[key]) if row.get(key) not in (None, "", "N/A") else float("nan")  # noqa: E731
     return {"requests": number("Request Count"), "failures": number("Failure Count"),
             "requests_per_s": number("Requests/s"), "mean_ms": number("Average Response Time"),
-            "p50_ms": number("50%"), "p90_ms": number("90%"), "p99_ms": number("99%"), "max_ms": number("Max")}
+            "p50_ms": number("50%"), "p90_ms": number("90%"), "p99_ms": number("99%"), "max_ms": number("Max Response Time")}
+
+
+def read_locust_failures(prefix: Path, limit: int = 5) -> list[str]:
+    """What failed, from ``<prefix>_failures.csv``: "<error> (xN)" per distinct error, the first
+    ``limit`` of them (a failed request's text is otherwise only in locust's captured output)."""
+    try:
+        with open(f"{prefix}_failures.csv", newline="") as handle:
+            rows = list(csv.DictReader(handle))
+    except FileNotFoundError:
+        return []
+    return [f"{row.get('Error', '')[:300]} (x{row.get('Occurrences', '?')})" for row in rows[:limit]]
 
 
 def run_scenario(servers: Servers, target: str, rows: int, users: int, options: RunnerOptions,
@@ -307,6 +323,7 @@ def run_scenario(servers: Servers, target: str, rows: int, users: int, options: 
     after = model_stats(servers.triton_stats_url(target))
     cpu_after = servers.cpu_seconds(target)
     result = {**base, "exit_code": done.returncode, **read_locust_csv(prefix), "stages": stage_times(before, after)}
+    result["errors"] = read_locust_failures(prefix)
     result["server_cpu_ms"] = cpu_per_request(cpu_before, cpu_after, result["requests"])
     result["rows_per_s"] = served_rows_per_s(result, rows)
     result["fail_ratio"] = result["failures"] / result["requests"] if result["requests"] else 1.0
@@ -363,7 +380,30 @@ def run(options: RunnerOptions) -> Path:
                   f"p50 {result['p50_ms']:.0f} ms, p99 {result['p99_ms']:.0f} ms, failures {result['failures']:.0f}",
                   flush=True)
         found = run_overload(servers, options, pinning)
-    return write_report(out, results, options, pinning, time.time() - started, overload=found)
+        analyzed = run_perf_analyzer(servers, options, pinning)
+    return write_report(out, results, options, pinning, time.time() - started, overload=found,
+                        perf_analyzer=analyzed)
+
+
+def run_perf_analyzer(servers: "Servers", options: RunnerOptions, pinning: Pinning) -> list[dict] | None:
+    """Triton's perf_analyzer sweep (loadtest/perf_analyzer.py) on the fused server's HTTP and gRPC
+    endpoints that this run measures, on the load generator's cores; None when skipped."""
+    from dataclasses import asdict
+
+    from loadtest import perf_analyzer
+
+    urls = {protocol: servers.url(target.value).split("://", 1)[-1]
+            for protocol, target in (("http", Target.TRITON_HTTP), ("grpc", Target.TRITON_GRPC))
+            if target.value in options.targets}
+    if not options.perf_analyzer or not urls:
+        return None
+    try:
+        tool = perf_analyzer.install()
+    except perf_analyzer.ToolError as exc:
+        print(f"perf_analyzer skipped: {exc}", flush=True)
+        return None
+    points = perf_analyzer.sweep(tool, urls, tuple(options.rows), options.perf_analyzer, cpus=pinning.load)
+    return [asdict(p) for p in points]
 
 
 def run_overload(servers: "Servers", options: RunnerOptions, pinning: Pinning) -> dict | None:

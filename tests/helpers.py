@@ -60,8 +60,8 @@ def modules_loaded(code: str, watched: tuple[str, ...]) -> list[str]:
 
 class Load:
     """Four threads sending 1-row requests (HTTP, with the client's retries) until stopped;
-    counts what was sent, what failed after the retries, and apart from those what the call
-    budget refused (load shedding, ``schema.OVERLOAD_REFUSAL``) when it was the last answer."""
+    counts what was sent, what failed after the retries, and apart from those what the ranker
+    refused (load shedding, ``schema.OVERLOAD_REFUSAL``) when it was the last answer."""
 
     def __init__(self, url: str, rows, attempts: int = 12):
         self.url, self.dense, self.cats, self.attempts = url, *rows, attempts

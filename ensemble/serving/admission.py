@@ -1,40 +1,47 @@
-"""The fused ranker's overload policy: how much of one model call's work it takes.
+"""The fused ranker's admission: a request is refused only when it would miss its deadline.
 
-Why it lives in the model and not in Triton's queue policy: in Triton 2.51 the dynamic batcher
-waits for an idle model instance on a condition that only an *accepted* request wakes (the
-instance going idle does not); a request refused by ``max_queue_size`` wakes nothing, so once the
-queue is full the batcher sleeps its 500 ms default wait while the instance idles, and goodput
-collapses (measured: 57 accepted/s of 2,800 offered). Any queue policy also turns off the
-batcher's prefetching (``PriorityQueue::support_prefetching_``), which is what hands the instance
-its next batch the moment a call returns; without it, two requests arriving together waited
-~500 ms at p99 even at light load. So the ranker runs with no queue policy (prefetching on) and
-bounds the work here instead.
+**Deadline.** A request's deadline, counted from its arrival, is the sooner of its client's timeout
+(Triton's ``timeout`` request parameter; the project's clients always send theirs) and the server's
+latency objective (``ensemble serve --latency-objective-ms``; the default and why it is what it is:
+:data:`ensemble.repository.configs.DEFAULT_OBJECTIVE_MS`).
+A *bulk* request is held to its client's timeout only: one its client marks so (the
+``schema.BULK_PARAMETER`` request parameter, which batch scoring sends), or one that could not meet
+the objective even alone on an idle server. Bulk requests are never refused for the objective; they
+wait their turn behind the work ahead of them.
 
-The rule: Triton hands each call every request that arrived while the previous call ran. The
-model predicts the call's cost from a cost model fitted online to its own calls, takes requests
-in arrival order while the predicted cost stays within ``budget_s`` (the first two always, only
-the first while the previous call refused some: see ``ALWAYS_TAKEN``), and
-answers the rest at once with UNAVAILABLE (HTTP 503 / gRPC UNAVAILABLE: the clients retry with
-backoff). Every call then lasts about ``budget_s``, so an accepted request waits for at most the
-call running when it arrived plus its own. A *bulk* request, one whose own cost on the prior
-(the machine measured at load) exceeds the budget (batch scoring's 4,096-row requests), is always
-taken: its client bounds its own concurrency, refusing it would only buy a retry, and the small
-requests sharing its call wait for it either way (a running call cannot be pre-empted). Bulk is
-not judged on the live fit: that grows under overload, and once it put a 32-row request over
-the budget every such request was waved through as bulk (latency without bound).
+**Prediction.** The model sees requests only when Triton hands it a call: every request that
+arrived while the previous call ran, in arrival order (dynamic batching with prefetching). A
+request of this call waited at most since the previous call started (when the instance ran back to
+back; after an idle instance, only the hand-off). It completes when this call's scoring ends plus
+the response hand-off of every request in the call. Scoring is priced by :class:`CostModel` (fitted
+online to the model's own calls), the hand-off by :class:`HandOff` (fitted online to the gaps
+between back-to-back calls). Requests are taken in arrival order while every taken request's
+predicted completion stays within its deadline; the others are answered at once with UNAVAILABLE
+(HTTP 503 / gRPC UNAVAILABLE, retryable) and a message that says by how much they would miss.
 
-Cost model: seconds = fixed + per_row x rows + per_request x requests, by exponentially weighted
-least squares over recent calls, pulled toward a prior measured at load time (a ridge term), so
-it follows the machine (another job slowing it, a bigger release) without a setting.
+**Refusals are answered promptly.** A refused request is answered when its call returns. So once a
+call must refuse for capacity, it also keeps itself short enough that its refusals come back
+within half of their deadline (half the time the client had, left for it to retry elsewhere):
+predicted wait (half the window, on average) + the call <= deadline / 2; its first request that
+meets its own deadline is still taken (progress). Under ordinary load
+nothing is refused and no such bound applies: a closed loop of clients is queued and batched,
+whatever its concurrency, as long as each request still completes within its deadline.
+
+**Bulk requests in a call with interactive ones** are scored after them; the interactive
+responses are sent first (through Triton's response sender), so a batch-scoring request does not
+make the interactive requests beside it wait for its rows.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+
+from ensemble import schema
 
 
 @dataclass(frozen=True)
@@ -45,17 +52,26 @@ class CostPrior:
     per_row: float = 1e-5
     per_request: float = 5e-5
 
-    def vector(self) -> np.ndarray:
-        return np.array([self.fixed, self.per_row, self.per_request])
+    def alone(self, rows: int) -> float:
+        """One request of ``rows`` rows in a call of its own."""
+        return self.fixed + self.per_row * rows + self.per_request
+
+
+# The cost model also tracks how far calls run past its prediction: admission plans with the 90th
+# percentile of that ratio, so an accepted request's deadline holds for slow calls too (measured on
+# the build VM under 2x overload: 1.25x at the 90th percentile, 1.5x at the 99th).
+TAIL_QUANTILE = 0.9
+TAIL_STEP = 0.02
 
 
 class CostModel:
-    """seconds ~ fixed + per_row x rows (+ the prior's per_request x requests, held fixed),
-    refitted after every observed call.
+    """Scoring seconds of one call ~ fixed + per_row x rows (+ the prior's per_request x requests,
+    held fixed), refitted after every observed call; ``tail``: the 90th percentile of observed /
+    predicted.
 
     Only ``fixed`` and ``per_row`` are fitted: under 1-row traffic rows and requests are the same
     number, so a fit of both would split their cost arbitrarily and then misjudge the first
-    32-row requests (measured: 8% refused at 40% of capacity after a 1-row run).
+    32-row requests.
 
     Args:
         prior: the starting coefficients.
@@ -66,79 +82,222 @@ class CostModel:
     def __init__(self, prior: CostPrior = CostPrior(), decay: float = 0.98, prior_weight: float = 4.0) -> None:
         self.prior = prior
         self.decay = decay
-        self._start = np.array([prior.fixed, prior.per_row])
-        # Ridge toward the prior, scaled per feature so it counts as `prior_weight` typical calls.
-        self._ridge = prior_weight * np.diag([1.0, 64.0**2])
-        self._xx = np.zeros((2, 2))
-        self._xy = np.zeros(2)
-        self.theta = np.array([prior.fixed, prior.per_row, prior.per_request])
+        # Ridge toward the prior, scaled per feature so it counts as `prior_weight` typical calls
+        # (of 64 rows); in floats, not numpy: it runs once per call, on the serving path.
+        self._ridge = (prior_weight, prior_weight * 64.0**2)
+        self._xx = [0.0, 0.0, 0.0]  # sum of weights, of weighted rows, of weighted rows^2
+        self._xy = [0.0, 0.0]
+        self.fixed, self.per_row, self.per_request = prior.fixed, prior.per_row, prior.per_request
+        self.tail = 1.0  # calls at the 90th percentile take this many times the fit's prediction
+
+    @property
+    def theta(self) -> tuple[float, float, float]:
+        return self.fixed, self.per_row, self.per_request
 
     def observe(self, rows: int, requests: int, seconds: float) -> None:
-        x = np.array([1.0, rows])
+        predicted = self.predict(rows, requests)
+        if predicted > 0:  # the tail ratio's 90th percentile, by stochastic approximation
+            above = seconds > predicted * self.tail
+            self.tail = min(max(self.tail + TAIL_STEP * (TAIL_QUANTILE if above else TAIL_QUANTILE - 1), 1.0), 3.0)
+        d, xx, xy = self.decay, self._xx, self._xy
         y = seconds - self.prior.per_request * requests
-        self._xx = self.decay * self._xx + np.outer(x, x)
-        self._xy = self.decay * self._xy + x * y
-        fitted = np.linalg.solve(self._xx + self._ridge, self._xy + self._ridge @ self._start)
-        self.theta[:2] = np.maximum(fitted, 0.0)  # a negative cost would admit without bound
+        xx[0], xx[1], xx[2] = d * xx[0] + 1.0, d * xx[1] + rows, d * xx[2] + rows * rows
+        xy[0], xy[1] = d * xy[0] + y, d * xy[1] + rows * y
+        a, b, c = xx[0] + self._ridge[0], xx[1], xx[2] + self._ridge[1]
+        u, v = xy[0] + self._ridge[0] * self.prior.fixed, xy[1] + self._ridge[1] * self.prior.per_row
+        det = a * c - b * b
+        # a negative cost would admit without bound
+        self.fixed, self.per_row = max((c * u - b * v) / det, 0.0), max((a * v - b * u) / det, 0.0)
 
     def predict(self, rows: int, requests: int) -> float:
-        return float(self.theta[0] + self.theta[1] * rows + self.theta[2] * requests)
+        return self.fixed + self.per_row * rows + self.per_request * requests
+
+    def marginal(self, rows: int) -> float:
+        """What one more request of ``rows`` rows adds to a call."""
+        return self.per_row * rows + self.per_request
+
+    def optimistic_alone(self, rows: int) -> float:
+        """The cheaper of the prior's and the fit's price of a request alone: the fit grows under
+        overload, and judged by it alone a mid-size request would pass as bulk and be waved through."""
+        return min(self.prior.alone(rows), self.predict(rows, 1))
 
 
-# How many of a call's first requests are taken whatever the budget says. Two while the ranker is
-# not refusing: two clients at once are never refused, even with requests near the budget on their
-# own (a 100-row request costs 2.5-5 ms here, so a budget alone would refuse the second of two).
-# Once a call has refused (overload), one, until a call refuses nothing again: with two, every call
-# of requests costing more than half the budget took two of them and lasted twice the budget, and
-# an accepted request waits for the running call plus its own (measured, 96-row requests at 2x of
-# capacity, two sets of three alternating runs: accepted p99 13.4-18.1 -> 9.7-14.7 ms, refusals
-# 5.9-7.8 -> 4.4-6.5 ms at the median; goodput the same to 30% lower: fewer rows share each call's
-# fixed cost).
-ALWAYS_TAKEN = 2
-ALWAYS_TAKEN_OVERLOADED = 1
+class HandOff:
+    """Seconds per request that a call costs outside the model's own code: Triton staging the
+    inputs, the python backend's round trip, the responses going back to the front end.
+
+    Fitted as the gap between the end of one call and the start of the next when they ran back to
+    back, divided by the requests of both calls (an exponentially weighted ratio, so it follows the
+    machine). Measured on the build VM: 0.1-0.3 ms per 1-row request and up to ~0.8 ms per 100-row
+    request while the HTTP front end parses on the same core.
+    """
+
+    def __init__(self, per_request: float = 1.5e-4, decay: float = 0.95, prior_weight: float = 4.0) -> None:
+        self.decay = decay
+        self._seconds = prior_weight * per_request
+        self._requests = prior_weight
+
+    @property
+    def per_request(self) -> float:
+        return self._seconds / self._requests
+
+    def observe(self, gap_s: float, requests: int) -> None:
+        self._seconds = self.decay * self._seconds + gap_s
+        self._requests = self.decay * self._requests + requests
+
+    def busy_gap(self, requests: int) -> float:
+        """The longest gap between calls that still counts as back to back (beyond it the instance
+        sat idle): twice the expected hand-off plus half a millisecond of scheduling noise. Not
+        more: at light load requests come a few milliseconds apart, and an idle gap counted as busy
+        adds the previous call to every wait (measured: 96-row requests at 150/s, a third refused
+        with a 10 ms objective when the margin was 2 ms)."""
+        return 2 * self.per_request * requests + 5e-4
+
+
+@dataclass(frozen=True)
+class Request:
+    """What admission knows of one request of a call.
+
+    Attributes:
+        rows: its batch size.
+        timeout_s: its client's timeout in seconds (0: none sent).
+        bulk: marked bulk by its client (``schema.BULK_PARAMETER``).
+    """
+
+    rows: int
+    timeout_s: float = 0.0
+    bulk: bool = False
+
+
+@dataclass
+class Plan:
+    """One call's decisions, by request index: ``first`` scored and answered first (interactive),
+    ``bulk`` scored after them, ``refused`` answered UNAVAILABLE with the message given; ``crowded``:
+    the refused ones that would have met their deadline on their own (refused for the work ahead)."""
+
+    first: list[int] = field(default_factory=list)
+    bulk: list[int] = field(default_factory=list)
+    refused: dict[int, str] = field(default_factory=dict)
+    crowded: list[int] = field(default_factory=list)
+
+    @property
+    def taken(self) -> list[int]:
+        return self.first + self.bulk
+
+
+OBJECTIVE, TIMEOUT = "the server's latency objective", "the request's timeout"
+
+
+def refusal(predicted_s: float, deadline_s: float, which: str) -> str:
+    """The text of a refusal for a request that would miss its deadline."""
+    return (f"{schema.OVERLOAD_REFUSAL}it would miss its deadline (predicted {predicted_s * 1e3:.1f} ms > "
+            f"{deadline_s * 1e3:.1f} ms, {which}); retry with backoff")
+
+
+AT_CAPACITY = (f"{schema.OVERLOAD_REFUSAL}the ranker is at capacity (a call that refuses takes no more than lets "
+               "its refusals be answered within half their deadline); retry with backoff")
 
 
 class Admission:
     """Decides which requests of one call are scored (see the module docstring).
 
     Args:
-        budget_s: predicted seconds one call may take on small requests.
-        cost: the call-cost model (observed through :meth:`observe`).
+        objective_s: the server's latency objective in seconds.
+        cost: the scoring-cost model; hand_off: the per-request cost outside the model's code.
     """
 
-    def __init__(self, budget_s: float, cost: CostModel | None = None) -> None:
-        if budget_s <= 0:
-            raise ValueError(f"call budget must be > 0 s, got {budget_s}")
-        self.budget_s = budget_s
+    def __init__(self, objective_s: float, cost: CostModel | None = None,
+                 hand_off: HandOff | None = None) -> None:
+        if not objective_s > 0:
+            raise ValueError(f"latency objective must be > 0 ms, got {objective_s * 1e3:g}")
+        self.objective_s = objective_s
         self.cost = cost or CostModel()
+        self.hand_off = hand_off or HandOff()
         self.refused = 0
-        self._refusing = False  # the previous call refused a request: overload
+        self._last: tuple[float, float, int] | None = None  # (start, end, requests) of the previous call
 
-    def admit(self, rows: Sequence[int]) -> list[bool]:
-        """``rows[i]`` = rows of the call's i-th valid request, in arrival order -> taken or not."""
-        theta, prior = self.cost.theta, self.cost.prior
-        one = [float(theta[1] * r + theta[2]) for r in rows]  # each request's own marginal cost
-        always = ALWAYS_TAKEN_OVERLOADED if self._refusing else ALWAYS_TAKEN
-        taken: list[bool] = []
-        spent, count = float(theta[0]), 0
-        for r, cost in zip(rows, one):
-            # Bulk is judged on the prior (the unloaded machine), not on the live fit: the fit
-            # grows under overload, and judged by it every request became bulk and was waved
-            # through (measured: 32-row requests at 2x, latency without bound).
-            bulk = prior.fixed + prior.per_row * r + prior.per_request > self.budget_s
-            ok = bulk or count < always or spent + cost <= self.budget_s
-            if ok and not bulk:
-                spent += cost
-            count += ok
-            taken.append(ok)
-        refused = taken.count(False)
-        self.refused += refused
-        self._refusing = refused > 0
-        return taken
+    def waited(self, now: float, requests: int) -> float:
+        """How long the requests of a call starting ``now`` can have waited: since the previous call
+        started when it ran back to back with this one, else only the hand-off. It also records the
+        back-to-back gap for the hand-off fit."""
+        if self._last is None:
+            return self.hand_off.per_request * requests
+        start, end, before = self._last
+        gap, busy = now - end, self.hand_off.busy_gap(before + requests)
+        if requests > 1:  # requests queued while the previous call ran: most likely a back-to-back gap
+            self.hand_off.observe(min(gap, 2 * busy), before + requests)  # (bounded: it may hold idle time)
+        if gap <= busy:
+            return now - start
+        return self.hand_off.per_request * requests
 
-    def observe(self, rows: int, requests: int, seconds: float) -> None:
-        """Record a finished call: ``rows`` over ``requests`` scored in ``seconds``."""
-        self.cost.observe(rows, requests, seconds)
+    def deadline(self, request: Request) -> tuple[float, str]:
+        """Seconds from arrival, and what sets them."""
+        timeout = request.timeout_s if request.timeout_s > 0 else math.inf
+        if self.is_bulk(request) or timeout < self.objective_s:
+            return timeout, TIMEOUT
+        return self.objective_s, OBJECTIVE
+
+    def is_bulk(self, request: Request) -> bool:
+        return request.bulk or self.cost.optimistic_alone(request.rows) > self.objective_s
+
+    def plan(self, requests: Sequence[Request], now: float | None = None) -> Plan:
+        """The call's plan for ``requests`` (in arrival order) handed over at ``now``."""
+        now = time.perf_counter() if now is None else now
+        waited = self.waited(now, len(requests))
+        hand_off = self.hand_off.per_request * len(requests)
+        tail = self.cost.tail
+        priced = [(self.is_bulk(r), *self.deadline(r), tail * self.cost.marginal(r.rows)) for r in requests]
+        plan = self._greedy(priced, waited, hand_off, cap=math.inf)
+        # Keep the refusals prompt: wait (half the window on average) + call <= deadline / 2. The
+        # first request that meets its own deadline is taken even when it alone exceeds that (the
+        # ranker always makes progress): with no bound then, such a call took everything its
+        # deadlines allowed, ran long, and every request that arrived meanwhile missed its deadline
+        # in the next call (calls alternated between too long and empty under 2x overload).
+        if plan.crowded and plan.first:
+            cap = min(priced[i][1] for i in plan.crowded) / 2 - waited / 2 - hand_off
+            plan = self._greedy(priced, waited, hand_off, cap=cap)
+        self.refused += len(plan.refused)
+        return plan
+
+    def _greedy(self, priced: list[tuple[bool, float, str, float]], waited: float, hand_off: float,
+                cap: float) -> Plan:
+        """Take requests in arrival order while every taken one meets its deadline (and the call's
+        scoring stays within ``cap``); ``priced[i]`` = (bulk, deadline, what set it, marginal cost
+        at the 90th percentile)."""
+        plan = Plan()
+        fixed = self.cost.tail * self.cost.fixed
+        spent = fixed  # the call's scoring so far, at the 90th percentile
+        room = math.inf  # the most it may reach: the taken requests' deadlines, less wait and hand-off
+        for i, (bulk, deadline, which, marginal) in enumerate(priced):
+            if bulk:
+                continue  # after the interactive ones
+            own = deadline - waited - hand_off
+            if fixed + marginal > own:
+                plan.refused[i] = refusal(waited + fixed + marginal + hand_off, deadline, which)
+            elif spent + marginal <= min(room, own, cap if plan.first else math.inf):
+                plan.first.append(i)
+                spent += marginal
+                room = min(room, own)
+            else:
+                meets = spent + marginal <= min(room, own)
+                plan.refused[i] = AT_CAPACITY if meets else refusal(waited + spent + marginal + hand_off, deadline, which)
+                plan.crowded.append(i)
+        for i, (bulk, deadline, which, marginal) in enumerate(priced):
+            if not bulk:
+                continue
+            if waited + spent + marginal + hand_off > deadline:
+                plan.refused[i] = refusal(waited + spent + marginal + hand_off, deadline, which)
+            else:
+                plan.bulk.append(i)
+                spent += marginal
+        return plan
+
+    def finished(self, start: float, end: float, requests: int, rows: int, scored: int) -> None:
+        """Record a call: handed ``requests`` requests at ``start``; ``scored`` of them (``rows``
+        rows) were scored by ``end``."""
+        if scored:
+            self.cost.observe(rows, scored, end - start)
+        self._last = (start, end, requests)
 
 
 def calibrate(score, rows: tuple[int, int] = (1, 256), repeats: int = 5) -> CostPrior:

@@ -1,5 +1,12 @@
-"""Triton's model-repository and config API over HTTP, for ``ensemble deploy`` / ``rollback`` and
-the supervisor (urllib only: ``ensemble serve`` imports this).
+"""Triton's model-repository and config API, for ``ensemble deploy`` / ``rollback`` and the
+supervisor (urllib only at import: ``ensemble serve`` imports this).
+
+Loads and unloads go over gRPC when the server's gRPC address is known (``grpc_url``). Triton
+2.51's HTTP front end runs a model-control load inside the libevhtp worker thread that read it,
+for the whole load (the new python-backend stub's start and ``initialize``: seconds), and every
+HTTP connection owned by that worker, keep-alive inference connections included, gets no reply
+until it returns; gRPC runs repository calls on a thread of their own. Reads (index, config,
+stats, the checks' infer) stay on HTTP.
 
 Whoever can call the load API changes what serves. ``ensemble serve`` keeps it on loopback, and
 before it binds any other address requires :data:`ADMIN_KEY_ENV`: Triton then answers that API
@@ -31,24 +38,30 @@ class ControlError(RuntimeError):
         self.status = status
 
 
-# The ranker's overload answer (the call budget's 503): a check retries it after a short pause.
+# The ranker's refusal of a request that would miss its deadline (503): a check retries it after a short pause.
 BUSY_STATUS = 503
 BUSY_RETRIES = 20
 
 
 @dataclass(frozen=True)
 class Control:
-    """``url``: ``http://host:port``; ``key``: the admin key, when the server has one."""
+    """``url``: ``http://host:port``; ``key``: the admin key, when the server has one;
+    ``grpc_url``: ``host:port`` of the server's gRPC endpoint, for loads and unloads (None: over
+    HTTP, which stalls other HTTP clients for the length of a load, see the module docstring)."""
 
     url: str
     key: str | None = None
     model: str = Model.RANKER.value
+    grpc_url: str | None = None
 
     @classmethod
-    def of(cls, address: str, key: str | None = None) -> "Control":
-        """From ``host:port`` or ``http://host:port``; the key defaults to :data:`ADMIN_KEY_ENV`."""
+    def of(cls, address: str, key: str | None = None, grpc: str | None = None) -> "Control":
+        """From ``host:port`` or ``http://host:port`` (and ``grpc``: ``host:port`` or
+        ``grpc://host:port``); the key defaults to :data:`ADMIN_KEY_ENV`."""
         base = address if "://" in address else f"http://{address}"
-        return cls(base.rstrip("/"), key if key is not None else (os.environ.get(ADMIN_KEY_ENV) or None))
+        grpc_url = grpc.split("://", 1)[-1].rstrip("/") if grpc else None
+        return cls(base.rstrip("/"), key if key is not None else (os.environ.get(ADMIN_KEY_ENV) or None),
+                   grpc_url=grpc_url)
 
     def _request(self, path: str, body: dict | bytes | None = None, timeout: float = 10.0):
         headers = {"Content-Type": "application/json"}
@@ -85,14 +98,34 @@ class Control:
         """Load the model with ``config`` as an override (Triton skips a load whose config and
         versions are unchanged, so an override is how to force or pin one); None: the
         repository's config file."""
+        if self.grpc_url:
+            self._grpc("load_model", timeout, config=None if config is None else json.dumps(config))
+            return
         body = {} if config is None else {"parameters": {"config": json.dumps(config)}}
         self._request(f"/v2/repository/models/{self.model}/load", body, timeout=timeout)
 
     def unload(self, timeout: float = 60.0) -> None:
         """Unload the ranker and what only it uses (an ensemble's steps): from then on Triton's
         ready endpoints say not-ready and inference answers 404 "has no available versions"."""
+        if self.grpc_url:
+            self._grpc("unload_model", timeout, unload_dependents=True)
+            return
         self._request(f"/v2/repository/models/{self.model}/unload", {"parameters": {"unload_dependents": True}},
                       timeout=timeout)
+
+    def _grpc(self, call: str, timeout: float, **kwargs) -> None:
+        """One model-repository call over gRPC (imported here: only loads and unloads need it)."""
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        client = grpcclient.InferenceServerClient(self.grpc_url)
+        try:
+            getattr(client, call)(self.model, headers={ADMIN_HEADER: self.key} if self.key else None,
+                                  client_timeout=timeout, **kwargs)
+        except InferenceServerException as exc:
+            raise ControlError(f"gRPC {call} at {self.grpc_url}: {exc.status() or ''} {exc.message()}") from exc
+        finally:
+            client.close()
 
     def load_release(self, release: int, timeout: float = 300.0) -> None:
         """Serve version ``release`` (and only it) of the ranker."""
@@ -105,7 +138,7 @@ class Control:
         """Score rows through the ranker's v2 JSON endpoint: output name -> [B] float array.
 
         For checks (deploy's served == in-process); the clients (``clients.triton``) are the fast path.
-        A server at capacity refuses with 503 (the call budget): retried up to ``BUSY_RETRIES``
+        A request the ranker predicts would miss its deadline is refused with 503: retried up to ``BUSY_RETRIES``
         times with growing pauses (about 8 s in all), as the clients do.
         """
         import numpy as np

@@ -15,7 +15,9 @@ test AUC each release recorded at export). After the switch the served scores mu
 in-process ones (<= 1e-5) or the previous release is put back.
 
 The switch goes through Triton's model-repository API (:mod:`ensemble.serving.control`, which says who
-may call it).
+may call it), over gRPC when ``grpc_url`` is given (``ensemble deploy`` always gives it): a load over
+Triton's HTTP API holds one of its HTTP threads for the whole load, and the clients whose keep-alive
+connections that thread owns get no reply until it ends.
 """
 
 from __future__ import annotations
@@ -115,9 +117,10 @@ def _served_parity(url: str, pipeline: Pipeline) -> float:
 
 
 def switch_to(url: str, repository: str | Path, release: int, holdout: str | Path | None = None, log=print,
-              compare_auc: bool = True) -> int:
-    """Check ``release``, switch the server at ``url`` to it, verify; return the serving release."""
-    control = Control.of(url)
+              compare_auc: bool = True, grpc_url: str | None = None) -> int:
+    """Check ``release``, switch the server at ``url`` to it (loaded through ``grpc_url``, the
+    server's gRPC address, when given), verify; return the serving release."""
+    control = Control.of(url, grpc=grpc_url)
     config = control.config()
     layout = config.get("parameters", {}).get("layout", {}).get("string_value")
     if config.get("platform") == "ensemble" or layout != "fused":
@@ -144,19 +147,20 @@ def switch_to(url: str, repository: str | Path, release: int, holdout: str | Pat
 
 
 def deploy(url: str, repository: str | Path, release: int | None = None, holdout: str | Path | None = None,
-           log=print) -> int:
+           log=print, grpc_url: str | None = None) -> int:
     """Publish the newest exported release (or ``release``) to the running server."""
     releases = available_releases(repository)
     if not releases:
         raise DeployError(f"no release in {Path(repository) / Model.RANKER.value}: run `ensemble export` first")
-    return switch_to(url, repository, releases[-1] if release is None else release, holdout, log)
+    return switch_to(url, repository, releases[-1] if release is None else release, holdout, log, grpc_url=grpc_url)
 
 
-def rollback(url: str, repository: str | Path, holdout: str | Path | None = None, log=print) -> int:
+def rollback(url: str, repository: str | Path, holdout: str | Path | None = None, log=print,
+             grpc_url: str | None = None) -> int:
     """Switch back to the newest release older than the serving one (all checks but the AUC one)."""
     serving = Control.of(url).serving_release()
     older = [r for r in available_releases(repository) if serving is None or r < serving]
     if not older:
         raise DeployError(f"no release older than {serving} in {Path(repository) / Model.RANKER.value} "
                           "(export keeps the newest --keep versions)")
-    return switch_to(url, repository, older[-1], holdout, log, compare_auc=False)
+    return switch_to(url, repository, older[-1], holdout, log, compare_auc=False, grpc_url=grpc_url)

@@ -2,9 +2,10 @@
 step of the ``ensemble`` and ``gpu`` layouts, or the whole ranker in the ``fused`` layout.
 
 One dynamic batch = one call of the step; a request that fails validation gets its own error
-response and the rest of the batch is still scored. With a ``call_budget_us`` parameter (the
-fused ranker) the call first applies the overload policy (:mod:`ensemble.serving.admission`):
-requests beyond the call's budget are answered UNAVAILABLE at once.
+response and the rest of the batch is still scored. With a ``latency_objective_ms`` parameter (the
+fused ranker) the call first applies the admission policy (:mod:`ensemble.serving.admission`):
+requests that would miss their deadline are answered UNAVAILABLE, and bulk requests are scored
+after the interactive ones, whose answers go out first.
 """
 
 import json
@@ -30,9 +31,10 @@ class TritonPythonModel:
         else:
             self.runner = runtime.load_step(config["name"], version_dir, threads, layout=layout)
         self.admission = None
-        if params.get("call_budget_us"):
+        if params.get("latency_objective_ms"):
             prior = admission.calibrate(self._score_missing)
-            self.admission = admission.Admission(int(params["call_budget_us"]) * 1e-6, admission.CostModel(prior))
+            self.admission = admission.Admission(float(params["latency_objective_ms"]) / 1e3,
+                                                 admission.CostModel(prior))
 
     def _score_missing(self, rows):
         self.runner.run({schema.DENSE.name: np.full((rows, schema.N_DENSE), np.nan, np.float32),
@@ -40,42 +42,48 @@ class TritonPythonModel:
 
     def execute(self, requests):
         started = time.perf_counter()
-        responses, batch, sizes, members = [None] * len(requests), [], [], []
-        taken = self._admit(requests, responses) if self.admission else range(len(requests))
-        for i in taken:
-            request = requests[i]
+        responses = [None] * len(requests)
+        if self.admission is None:
+            self._score(requests, range(len(requests)), responses)
+            return responses
+        plan = self.admission.plan([_admission_request(r) for r in requests], started)
+        for i, message in plan.refused.items():
+            responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.UNAVAILABLE))
+        if plan.first and plan.bulk:  # the interactive answers go out before the bulk rows are scored
+            rows = self._score(requests, plan.first, responses)
+            early = [i for i in range(len(requests)) if i not in plan.bulk]
+            _send(requests, responses, early)
+            rows += self._score(requests, plan.bulk, responses)
+            _send(requests, responses, plan.bulk)
+            responses = None
+        else:
+            rows = self._score(requests, plan.taken, responses)
+        self.admission.finished(started, time.perf_counter(), len(requests), rows, len(plan.taken))
+        return responses
+
+    def _score(self, requests, indices, responses):
+        """Score ``requests[i]`` for ``i`` in ``indices`` as one batch into ``responses``; the rows scored."""
+        batch, sizes, members = [], [], []
+        for i in indices:
             try:
-                inputs = {t.name: _as_numpy(request, t.name) for t in self.runner.step.inputs}
+                inputs = {t.name: _as_numpy(requests[i], t.name) for t in self.runner.step.inputs}
                 sizes.append(self.runner.validate(inputs))
                 batch.append(inputs)
                 members.append(i)
             except runtime.BadInput as exc:
                 responses[i] = _error(exc, pb_utils.TritonError.INVALID_ARG)
-        if members:
-            try:
-                merged = {n: np.concatenate([b[n] for b in batch]) for n in batch[0]}
-                outputs = self.runner.run(merged)
-                bounds = np.cumsum([0, *sizes])
-                for k, i in enumerate(members):
-                    responses[i] = _response({n: o[bounds[k]:bounds[k + 1]] for n, o in outputs.items()},
-                                             requests[i])
-            except Exception:  # noqa: BLE001 - isolate the failing request(s)
-                for k, i in enumerate(members):
-                    responses[i] = self._score_alone(batch[k], requests[i])
-        if self.admission and members:
-            self.admission.observe(sum(sizes), len(members), time.perf_counter() - started)
-        return responses
-
-    def _admit(self, requests, responses):
-        """Indices of the requests this call scores; the others get UNAVAILABLE now. A request
-        whose rows cannot be read is kept: validation answers it."""
-        rows = [_rows(request) for request in requests]
-        decision = self.admission.admit(rows)
-        for i, ok in enumerate(decision):
-            if not ok:
-                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                    schema.OVERLOAD_REFUSAL, pb_utils.TritonError.UNAVAILABLE))
-        return [i for i, ok in enumerate(decision) if ok]
+        if not members:
+            return 0
+        try:
+            merged = {n: np.concatenate([b[n] for b in batch]) for n in batch[0]}
+            outputs = self.runner.run(merged)
+            bounds = np.cumsum([0, *sizes])
+            for k, i in enumerate(members):
+                responses[i] = _response({n: o[bounds[k]:bounds[k + 1]] for n, o in outputs.items()}, requests[i])
+        except Exception:  # noqa: BLE001 - isolate the failing request(s)
+            for k, i in enumerate(members):
+                responses[i] = self._score_alone(batch[k], requests[i])
+        return int(sum(sizes))
 
     def _score_alone(self, inputs, request):
         try:
@@ -84,11 +92,20 @@ class TritonPythonModel:
             return _error(exc, pb_utils.TritonError.INTERNAL)
 
 
-def _rows(request):
-    """Rows of a request, from its dense tensor's shape (no copy); 1 when it has none."""
+def _admission_request(request):
+    """What admission needs of a request: its rows (from the dense tensor's shape, no copy; 1 when
+    it has none: validation answers it), its client's timeout and whether it is marked bulk."""
     tensor = pb_utils.get_input_tensor_by_name(request, schema.DENSE.name)
     shape = tensor.shape() if tensor is not None else ()
-    return int(shape[0]) if len(shape) else 1
+    parameters = request.parameters()
+    bulk = parameters not in ("", "{}") and json.loads(parameters).get(schema.BULK_PARAMETER) is True
+    return admission.Request(int(shape[0]) if len(shape) else 1, request.timeout() * 1e-6, bulk)
+
+
+def _send(requests, responses, indices):
+    """Answer ``requests[i]`` now through its response sender (the call then returns None)."""
+    for i in indices:
+        requests[i].get_response_sender().send(responses[i], flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
 def _as_numpy(request, name):

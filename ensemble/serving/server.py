@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ensemble.repository.configs import config_name
+from ensemble.repository.configs import LATENCY_OBJECTIVE_PARAMETER, config_file, config_name
 from ensemble.serving import lifecycle, processes
-from ensemble.serving.control import ADMIN_HEADER
+from ensemble.serving.control import ADMIN_HEADER, Control, ControlError
 from ensemble.models.registry import Layout
 from ensemble.schema import Model
 from ensemble.serving.monitoring import LatencySummaries
@@ -57,6 +57,9 @@ class ServerOptions:
             non-loopback address.
         latency_summaries: Prometheus latency summaries on the metrics port (on by default; see
             :mod:`ensemble.serving.monitoring`).
+        latency_objective_ms: the fused ranker's latency objective (:mod:`ensemble.serving.admission`):
+            the ranker is loaded with it in its config. None: the repository config's own
+            (``configs.DEFAULT_OBJECTIVE_MS`` as exported).
     """
 
     repository: Path
@@ -70,6 +73,7 @@ class ServerOptions:
     cpu_list: str | None = None
     admin_key: str | None = None
     latency_summaries: LatencySummaries = LatencySummaries()
+    latency_objective_ms: float | None = None
 
     @property
     def loopback(self) -> bool:
@@ -166,7 +170,9 @@ class TritonServer:
         name = config_name(Layout(o.layout))
         if name:
             cmd.append(f"--model-config-name={name}")
-        cmd += ["--model-control-mode=explicit", f"--load-model={Model.RANKER.value}"]
+        cmd.append("--model-control-mode=explicit")
+        if o.latency_objective_ms is None:  # else start() loads it with the objective in its config
+            cmd.append(f"--load-model={Model.RANKER.value}")
         cmd += door_options(binary, self.environment(binary))
         if o.admin_key:
             cmd += [f"--http-restricted-api=model-repository:{ADMIN_HEADER}={o.admin_key}",
@@ -187,6 +193,11 @@ class TritonServer:
         return env
 
     def start(self) -> "TritonServer":
+        if self.options.latency_objective_ms is not None and Layout(self.options.layout) is not Layout.FUSED:
+            raise ServerError("a latency objective applies to the fused layout's ranker (the other layouts "
+                              "do not refuse requests)")
+        if self.options.latency_objective_ms is not None and not self.options.latency_objective_ms > 0:
+            raise ServerError(f"the latency objective must be > 0 ms, got {self.options.latency_objective_ms:g}")
         if not self.options.loopback and not self.options.admin_key:
             raise ServerError(f"binding {self.options.host} would open Triton's model control (load/unload) to "
                               "anyone who reaches the port: set ENSEMBLE_ADMIN_KEY (the clients' inference API "
@@ -211,11 +222,31 @@ class TritonServer:
                 self._cleanup()
                 raise ServerError(f"tritonserver exited with code {self.process.returncode}\n{self.log_tail()}")
             if self.ready():
+                if self.options.latency_objective_ms is not None:
+                    self._load_ranker_with_objective()
                 return self
             time.sleep(0.25)
         tail = self.log_tail()
         self.stop()
         raise ServerError(f"tritonserver not ready after {self.options.startup_timeout:.0f}s\n{tail}")
+
+    def _load_ranker_with_objective(self) -> None:
+        """Load the ranker from the repository's config file of this layout, with the server's
+        latency objective in place of the file's (a config override: Triton then reports it)."""
+        from google.protobuf import json_format, text_format
+        from tritonclient.grpc import model_config_pb2
+
+        o = self.options
+        path = Path(o.repository) / Model.RANKER.value / config_file(Layout(o.layout))
+        config = json_format.MessageToDict(text_format.Parse(path.read_text(), model_config_pb2.ModelConfig()),
+                                           preserving_proto_field_name=True)
+        config.setdefault("parameters", {})[LATENCY_OBJECTIVE_PARAMETER] = {"string_value": f"{o.latency_objective_ms:g}"}
+        try:
+            Control.of(self.http_url, key=o.admin_key or "", grpc=self.grpc_url).load(config)
+        except ControlError as exc:
+            tail = self.log_tail()
+            self.stop()
+            raise ServerError(f"the ranker did not load: {exc}\n{tail}") from exc
 
     def ready(self) -> bool:
         return lifecycle.http_ready(f"http://{self.http_url}")

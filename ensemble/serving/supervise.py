@@ -15,7 +15,7 @@ Two faults seen here, and what the supervisor does about them:
   balancer routes around this server; inference answers 404 "has no available versions", which
   the clients retry. Nothing is lost by it: the broken instance could only answer errors.
   A probe refused or timed out while the ranker keeps scoring other requests (Triton's success
-  count grows) is overload, not a fault: the queue policy refuses the excess, and a reload
+  count grows) is overload, not a fault: the ranker refuses what would miss its deadline, and a reload
   would only take the ranker away from the requests it does serve.
 - **tritonserver itself dies.** The supervisor kills what is left of its process group (the
   backend stubs would otherwise stay behind as orphans), then starts a new server on the same
@@ -78,7 +78,7 @@ class Supervisor:
         self.heals = 0
         self._failures = 0
         self._body = _probe_body()
-        self.control = Control.of(server.http_url, key=server.options.admin_key or "")
+        self.control = Control.of(server.http_url, key=server.options.admin_key or "", grpc=server.grpc_url)
         self.release: int | None = None  # the release last seen serving: restored after a restart
         self._config: dict | None = None
         self._scored: int | None = None  # successful requests at the last failed probe

@@ -1,26 +1,54 @@
-"""More requests than the ranker takes: the excess is refused with a retryable status, the accepted
-ones are scored correctly, the server keeps serving, and the clients' retries carry every request
-through. The policy is the fused ranker's call budget (ensemble/serving/admission.py): small
-requests beyond a call's budget are refused, bulk (batch-scoring) requests are always taken.
-No timing is asserted: the figures are printed (run with -s) and measured by
-``python -m loadtest.openloop``."""
+"""More requests than the ranker can score in time: what would miss its deadline is refused with a
+retryable status, the accepted requests are scored correctly, the server keeps serving, and the
+clients' retries carry every request through. The policy is the fused ranker's admission
+(ensemble/serving/admission.py); a server started with a tight latency objective
+(``ServerOptions.latency_objective_ms``, what ``ensemble serve --latency-objective-ms`` sets)
+shows it at loads one machine can offer. No timing is asserted: the figures are printed (run with
+-s) and measured by ``python -m loadtest.openloop``."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 import time
+import urllib.request
 
 import numpy as np
+import pytest
 
-from clients.triton import AsyncRankerClient, Retry, ScoringError
+from clients.triton import AsyncRankerClient, RankerClient, Retry, ScoringError
 from ensemble import schema
+from ensemble.repository.configs import LATENCY_OBJECTIVE_PARAMETER
 from ensemble.schema import Priority
+from ensemble.serving.server import ServerOptions, TritonServer, free_port
 from tests.helpers import fresh_rows
 
 # Requests of 4,096 rows (batch scoring's size), more at once than one model call takes.
 ROWS = 4096
 IN_FLIGHT = 16
 REFUSAL = schema.OVERLOAD_REFUSAL
+OBJECTIVE_MS = 20.0
+
+
+@pytest.fixture(scope="module")
+def tight_server(trained, tmp_path_factory):
+    """A fused-layout server whose ranker has a 20 ms latency objective."""
+    log = tmp_path_factory.mktemp("server-objective") / "tritonserver.log"
+    server = TritonServer(ServerOptions(trained.repository, http_port=free_port(), grpc_port=free_port(),
+                                        metrics_port=free_port(), log_file=log, latency_objective_ms=OBJECTIVE_MS))
+    server.start()
+    yield server
+    alive = server.alive() and server.ready()
+    tail = server.log_tail(80)
+    server.stop()
+    assert alive, f"server stopped serving:\n{tail}"
+
+
+def test_the_objective_is_in_the_served_config(tight_server):
+    with urllib.request.urlopen(f"http://{tight_server.http_url}/v2/models/{schema.Model.RANKER.value}/config") as reply:
+        parameters = json.load(reply)["parameters"]
+    assert float(parameters[LATENCY_OBJECTIVE_PARAMETER]["string_value"]) == OBJECTIVE_MS
 
 
 async def _burst(url: str, dense, cats, retry: Retry):
@@ -40,13 +68,13 @@ async def _burst(url: str, dense, cats, retry: Retry):
         await client.close()
 
 
-def test_a_burst_of_bulk_requests_is_scored_without_refusals(server, pipeline):
-    """Bulk requests cost more than a call's budget on their own: refusing them would only buy a
-    retry (their client bounds its concurrency), so each is taken, queued behind the others."""
+def test_a_burst_of_bulk_requests_is_scored_without_refusals(tight_server, pipeline):
+    """Batch scoring marks its requests bulk: held to their own timeout, never to the objective
+    (16 of them queue for seconds here, far past 20 ms), so none is refused."""
     dense, cats = fresh_rows(2 * ROWS, seed=61)
     dense, cats = dense[:2 * ROWS], cats[:2 * ROWS]
     expected = pipeline.score(dense, cats)["score"].ravel()
-    results = asyncio.run(_burst(server.http_url, dense, cats, Retry(attempts=1)))
+    results = asyncio.run(_burst(tight_server.http_url, dense, cats, Retry(attempts=1)))
     refused = [r for _, r, _ in results if isinstance(r, ScoringError)]
     print(f"\nburst of {IN_FLIGHT} {ROWS}-row requests: {len(refused)} refused; "
           f"latency max {max(t for *_, t in results):.2f} s")
@@ -55,20 +83,57 @@ def test_a_burst_of_bulk_requests_is_scored_without_refusals(server, pipeline):
         np.testing.assert_allclose(scores, expected[k % 2 * ROWS:k % 2 * ROWS + ROWS], atol=1e-5)
 
 
+def test_interactive_requests_beside_bulk_ones_are_answered_correctly(tight_server, pipeline):
+    """Bulk and interactive requests in the same calls: the interactive answers go out first
+    (through the response sender), the bulk ones after; every answer is the in-process score."""
+    dense, cats = fresh_rows(ROWS, seed=62)
+    dense, cats = dense[:ROWS], cats[:ROWS]
+    expected = pipeline.score(dense, cats)["score"].ravel()
+    bulk = RankerClient(tight_server.http_url, retry=Retry(attempts=1), priority=Priority.BATCH)
+    answers: list[tuple[int, np.ndarray]] = []
+    refusals: list[str] = []
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def interactive(k: int) -> None:
+        client = RankerClient(tight_server.http_url, retry=Retry(attempts=1))
+        i = k
+        while not stop.is_set():
+            try:
+                answers.append((i, client.score(dense[i:i + 1], cats[i:i + 1])))
+            except ScoringError as exc:  # what queued behind a bulk call misses 20 ms: refused
+                refused = str(getattr(exc.cause, "status", lambda: "")()) == "503" and REFUSAL in str(exc.cause)
+                (refusals if refused else errors).append(str(exc))
+            i = (i + 4) % ROWS
+
+    threads = [threading.Thread(target=interactive, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(3):
+            np.testing.assert_allclose(bulk.score(dense, cats), expected, atol=1e-5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    print(f"\n{len(answers)} interactive answers beside 3 bulk requests, {len(refusals)} refused")
+    assert answers and not errors, errors[:3]
+    for i, scores in answers:
+        np.testing.assert_allclose(scores, expected[i:i + 1], atol=1e-5)
+
+
 OVERLOAD_MULTIPLE = 3.0  # of the closed-loop capacity: clearly more than the server takes, even if
 # the short capacity run underestimates it on a busy machine
 
 
-def test_open_loop_overload_refuses_the_excess_retryably_and_keeps_serving(server, pipeline):
-    import json
-    import threading
-
+def test_open_loop_overload_refuses_the_excess_retryably_and_keeps_serving(tight_server, pipeline):
     from ensemble.serving.supervise import Supervisor, SupervisorPolicy
     from loadtest.openloop import closed_loop, open_loop, request_bodies, server_counters, server_view, summarize
 
+    server = tight_server
     # 96-row requests: the model (not the HTTP front end, which parses every request before any
     # policy can see it) is what runs out, and the server's capacity in requests/s stays within
-    # what one asyncio generator can offer (1-row requests: the batcher absorbs more than it sends).
+    # what one asyncio generator can offer.
     bodies, arrays = request_bodies(rows=96, count=64, seed=71, timeout_s=1.0)
     expected = [pipeline.score(d, c)["score"].ravel() for d, c in arrays]
     lines: list[str] = []
@@ -79,7 +144,7 @@ def test_open_loop_overload_refuses_the_excess_retryably_and_keeps_serving(serve
     try:
         capacity = asyncio.run(closed_loop(server.http_url, bodies, 8, 2.0))
         # A closed loop of 8 underestimates what batching absorbs: raise the offered load until
-        # the queue overflows (on a busy machine the first multiple already does).
+        # requests miss the objective (on a busy machine the first multiple already does).
         for multiple in (OVERLOAD_MULTIPLE, 2 * OVERLOAD_MULTIPLE, 4 * OVERLOAD_MULTIPLE):
             before = server_counters(server.http_url)
             outcomes = asyncio.run(open_loop(server.http_url, bodies, multiple * capacity, 3.0))
@@ -96,10 +161,10 @@ def test_open_loop_overload_refuses_the_excess_retryably_and_keeps_serving(serve
           f"server view {view}")
     assert result.errors == 0, result.error_samples
     assert result.accepted and result.refused, result
-    # refused = 503 from the call budget: retryable
+    # refused = 503 from the ranker's admission: retryable, and it says why
     assert {o.status for o in outcomes if o.status != 200} == {503}
     assert all(REFUSAL in r for r in result.refusal_reasons), result.refusal_reasons
-    # Triton's own statistics saw the same run: refusals mean calls of several requests
+    # Triton's own statistics saw the same run: refusals come with calls of several requests
     assert view["requests_per_call"] > 1 and view["server_call_ms"] > 0 and view["server_queue_ms"] >= 0, view
     for k, outcome in enumerate(outcomes):
         if outcome.status == 200:
@@ -110,29 +175,30 @@ def test_open_loop_overload_refuses_the_excess_retryably_and_keeps_serving(serve
     assert server.ready() and supervisor.probe() is None
 
 
-def test_grpc_refusals_are_unavailable_and_retried(server):
-    """64 interactive 1-row requests at once over gRPC, more than one call's budget may take: what is
-    refused is UNAVAILABLE (retryable); with retries every request is scored."""
+def test_grpc_refusals_are_unavailable_and_retried(tight_server):
+    """128 interactive 1-row requests at once over gRPC: what would miss the 20 ms objective is
+    refused UNAVAILABLE (retryable); with retries every request is scored."""
     from clients.triton import is_transient
 
-    dense, cats = fresh_rows(64, seed=73)
+    dense, cats = fresh_rows(128, seed=73)
 
     async def burst(retry: Retry):
-        client = AsyncRankerClient(server.grpc_url, "grpc", retry=retry, max_in_flight=64)
+        client = AsyncRankerClient(tight_server.grpc_url, "grpc", retry=retry, max_in_flight=128)
         try:
             async def one(k: int):
                 try:
                     return await client.score(dense[k:k + 1], cats[k:k + 1])
                 except ScoringError as exc:
                     return exc
-            return await asyncio.gather(*(one(k) for k in range(64)))
+            return await asyncio.gather(*(one(k) for k in range(128)))
         finally:
             await client.close()
 
     once = asyncio.run(burst(Retry(attempts=1)))
     refused = [r for r in once if isinstance(r, ScoringError)]
-    print(f"\ngRPC burst of 64: {len(refused)} refused")
+    print(f"\ngRPC burst of 128: {len(refused)} refused")
     for r in refused:
         assert str(r.cause.status()) == "StatusCode.UNAVAILABLE" and is_transient(r.cause), r
+        assert REFUSAL in str(r.cause), r
     again = asyncio.run(burst(Retry(attempts=10, backoff=0.02, max_sleep=0.5)))
     assert not [r for r in again if isinstance(r, ScoringError)]

@@ -1,13 +1,15 @@
-"""The fused ranker's overload policy: the online cost model and which requests a call takes."""
+"""The fused ranker's admission: the online cost models and which requests a call takes."""
 
 import time
 
 import numpy as np
 import pytest
 
-from ensemble.serving.admission import Admission, CostModel, CostPrior, calibrate
+from ensemble import schema
+from ensemble.serving.admission import AT_CAPACITY, Admission, CostModel, CostPrior, HandOff, Request, calibrate
 
 TRUE = CostPrior(fixed=6e-4, per_row=2e-5, per_request=4e-5)
+HAND_OFF = 1e-4  # seconds per request outside the model's code
 
 
 def observe_calls(model: CostModel, calls: int, seed: int = 0) -> None:
@@ -17,6 +19,24 @@ def observe_calls(model: CostModel, calls: int, seed: int = 0) -> None:
         rows = int(rng.integers(requests, 40 * requests))
         seconds = TRUE.fixed + TRUE.per_row * rows + TRUE.per_request * requests
         model.observe(rows, requests, seconds * rng.normal(1.0, 0.02))
+
+
+def admission(objective_ms: float) -> Admission:
+    return Admission(objective_ms / 1e3, CostModel(TRUE), HandOff(HAND_OFF))
+
+
+def back_to_back(policy: Admission, calls: list[list[Request]], start: float = 0.0) -> list:
+    """Run calls one after another, each lasting what the cost model predicts for what it took;
+    the plans."""
+    plans, now = [], start
+    for requests in calls:
+        plan = policy.plan(requests, now)
+        rows = sum(requests[i].rows for i in plan.taken)
+        end = now + policy.cost.predict(rows, len(plan.taken))
+        policy.finished(now, end, len(requests), rows, len(plan.taken))
+        plans.append(plan)
+        now = end + HAND_OFF * len(requests)
+    return plans
 
 
 def test_cost_model_converges_to_the_observed_costs_from_a_wrong_prior():
@@ -47,63 +67,122 @@ def test_cost_model_follows_a_machine_that_slows_down():
     assert model.predict(320, 10) == pytest.approx(slow, rel=0.1)
 
 
-def test_a_call_takes_requests_in_order_while_its_predicted_cost_fits():
-    admission = Admission(budget_s=3.01e-3, cost=CostModel(TRUE))
-    one_row = TRUE.per_row + TRUE.per_request  # 60 us each after the 600 us fixed cost
-    fits = int((3.01e-3 - TRUE.fixed) / one_row)  # 40
-    taken = admission.admit([1] * 100)
-    assert taken == [True] * fits + [False] * (100 - fits)
-    assert admission.refused == 100 - fits
-    # a light call takes everything
-    assert admission.admit([1] * 5) == [True] * 5
-    # one request too big for the rest of the budget is refused; smaller ones after it still fit
-    assert admission.admit([1] * 20 + [80, 1]) == [True] * 20 + [False, True]
+def test_hand_off_follows_the_gaps_between_back_to_back_calls():
+    hand_off = HandOff(per_request=1e-4)
+    for _ in range(200):
+        hand_off.observe(gap_s=3e-4 * 10, requests=10)
+    assert hand_off.per_request == pytest.approx(3e-4, rel=0.01)
 
 
-def test_two_requests_at_once_are_not_refused_while_the_ranker_is_not_refusing():
-    admission = Admission(budget_s=3e-3, cost=CostModel(TRUE))
-    # 100 rows: 2.04 ms each, under the budget alone (not bulk), two of them over it
-    assert admission.admit([100, 100]) == [True, True]
-    assert admission.admit([100, 100, 100]) == [True, True, False]
+def test_ordinary_concurrency_is_never_refused():
+    """32 clients in a closed loop of 100-row requests: each call holds what arrived during the
+    previous one, and every request still completes well within the default objective."""
+    policy = admission(500)
+    calls = [[Request(100, timeout_s=60.0) for _ in range(n)] for n in (1, 31, 1, 31, 16, 16, 32, 32)]
+    plans = back_to_back(policy, calls)
+    assert all(not plan.refused for plan in plans)
+    assert [len(plan.taken) for plan in plans] == [len(c) for c in calls]
 
 
-def test_while_refusing_a_call_takes_only_its_first_request_beyond_the_budget():
-    admission = Admission(budget_s=3e-3, cost=CostModel(TRUE))
-    assert admission.admit([100, 100, 100]) == [True, True, False]  # overload begins
-    # a backlog: two 100-row requests (4.7 ms predicted) would stretch the call past the budget
-    assert admission.admit([100, 100, 100]) == [True, False, False]
-    assert admission.admit([1] * 10 + [100]) == [True] * 10 + [False]  # the budget fills as usual
-    assert admission.admit([100]) == [True]  # refused nothing: two at once are safe again
-    assert admission.admit([100, 100]) == [True, True]
+def test_a_call_takes_requests_in_arrival_order_and_says_why_it_refuses_the_others():
+    policy = admission(10)
+    # the first call after an idle instance: no wait but the inputs' hand-off; 1-row requests cost
+    # 60 us each after the 600 us fixed cost, and every request's answer is handed off after the call
+    requests = [Request(1)] * 40
+    plan = policy.plan(requests, now=0.0)
+    hand_off = HAND_OFF * 40
+    within_cap = max(1, int((10e-3 / 2 - hand_off / 2 - hand_off - TRUE.fixed) / (TRUE.per_row + TRUE.per_request)))
+    assert plan.first == list(range(within_cap))
+    assert sorted(plan.refused) == list(range(within_cap, 40))
+    # each of the others could have been scored in time alone: refused for capacity, and told so
+    assert set(plan.refused.values()) == {AT_CAPACITY} and AT_CAPACITY.startswith(schema.OVERLOAD_REFUSAL)
+    # with the same requests queued for longer than the objective, they would miss it: told so
+    late = admission(10)
+    late.finished(start=0.0, end=11e-3, requests=1, rows=400, scored=1)  # they arrived while it ran
+    missed = late.plan(requests, now=11.1e-3)
+    assert not missed.first and "would miss its deadline" in missed.refused[0]
+    assert "the server's latency objective" in missed.refused[0]
 
 
-def test_the_first_request_and_bulk_requests_are_always_taken():
-    admission = Admission(budget_s=1e-3, cost=CostModel(TRUE))
-    # 30 rows alone cost 600 + 600 + 40 us > 1 ms: still taken when it comes first
-    assert admission.admit([30]) == [True]
-    # bulk (its own cost beyond the budget: batch scoring's big requests) is taken wherever it is,
-    # and does not use up the small requests' budget
-    taken = admission.admit([1, 4096, 1, 1, 4096])
-    assert taken == [True, True, True, True, True]
-    assert Admission(budget_s=1e-3, cost=CostModel(TRUE)).admit([1] * 10).count(True) == 6
+def test_a_request_whose_own_timeout_cannot_be_met_is_refused_at_once():
+    policy = admission(500)
+    # 100 rows cost 2.64 ms: a 1 ms timeout cannot be met even on an idle server; the others can
+    plan = policy.plan([Request(1), Request(100, timeout_s=1e-3), Request(100, timeout_s=5.0)], now=0.0)
+    assert plan.first == [0, 2] and list(plan.refused) == [1]
+    assert "the request's timeout" in plan.refused[1] and "> 1.0 ms" in plan.refused[1]
 
 
-def test_bulk_is_judged_on_the_prior_so_an_overloaded_fit_waves_nothing_through():
-    admission = Admission(budget_s=3e-3, cost=CostModel(TRUE))
+def test_the_wait_counts_from_the_previous_call_only_when_the_instance_ran_back_to_back():
+    policy = admission(500)
+    policy.finished(start=0.0, end=5e-3, requests=4, rows=400, scored=4)
+    assert policy.waited(5.5e-3, 4) == pytest.approx(5.5e-3)  # queued during the previous call
+    policy.finished(start=5.5e-3, end=9e-3, requests=4, rows=400, scored=4)
+    assert policy.waited(0.5, 2) == pytest.approx(2 * policy.hand_off.per_request)  # idle in between
+
+
+def test_requests_that_waited_through_a_long_call_are_refused_for_a_tight_objective():
+    policy = admission(10)
+    policy.finished(start=0.0, end=0.1, requests=1, rows=4096, scored=1)  # a 100 ms bulk call
+    plan = policy.plan([Request(1)] * 4, now=0.1002)
+    assert not plan.taken and len(plan.refused) == 4
+
+
+def test_once_a_call_refuses_it_stays_short_so_its_refusals_come_back_promptly():
+    """At 2x overload the backlog is long: the call takes only what lets its refusals out within
+    half the objective (wait: half the window on average)."""
+    policy = admission(10)
+    policy.finished(start=0.0, end=2.5e-3, requests=10, rows=96, scored=3)
+    now = 2.5e-3 + HAND_OFF * 20  # back to back: the hand-off of both calls' requests
+    requests = [Request(32)] * 10
+    plan = policy.plan(requests, now)
+    waited, hand_off = now, HAND_OFF * 10
+    scoring = policy.cost.predict(32 * len(plan.taken), len(plan.taken))
+    assert plan.taken and plan.refused
+    assert scoring <= 10e-3 / 2 - waited / 2 - hand_off
+    # the deadlines alone would have let it take more: those beyond the bound are refused for capacity
+    assert waited + scoring + policy.cost.marginal(32) + hand_off < 10e-3
+    assert plan.refused[len(plan.taken)] == AT_CAPACITY
+
+
+def test_a_call_that_refuses_still_takes_its_first_request_that_meets_its_deadline():
+    policy = admission(10)
+    policy.finished(start=0.0, end=4.4e-3, requests=2, rows=192, scored=2)
+    # 96 rows cost 2.6 ms: over the refusal bound (5 - 2.25 - hand-off ms) on its own, but the first
+    # request meets its 10 ms deadline, so the call makes progress (and stays short)
+    plan = policy.plan([Request(96)] * 6, now=4.5e-3)
+    assert plan.first == [0] and len(plan.refused) == 5
+    assert set(plan.refused.values()) == {AT_CAPACITY} | {m for m in plan.refused.values() if "deadline" in m}
+
+
+def test_bulk_requests_are_taken_after_the_interactive_ones_and_held_to_their_timeout_only():
+    policy = admission(10)
+    requests = [Request(4096, bulk=True, timeout_s=120.0), Request(1), Request(1),
+                Request(64, bulk=True, timeout_s=120.0), Request(4096, bulk=True, timeout_s=0.01)]
+    plan = policy.plan(requests, now=0.0)
+    assert plan.first == [1, 2] and plan.bulk == [0, 3]
+    assert list(plan.refused) == [4] and "the request's timeout" in plan.refused[4]
+
+
+def test_a_request_that_cannot_meet_the_objective_even_alone_is_bulk():
+    policy = admission(10)
+    assert policy.is_bulk(Request(4096)) and not policy.is_bulk(Request(100))
+    plan = policy.plan([Request(1), Request(4096), Request(4096)], now=0.0)
+    assert plan.first == [0] and plan.bulk == [1, 2] and not plan.refused
+
+
+def test_bulk_is_judged_on_the_cheaper_price_so_an_overloaded_fit_waves_nothing_through():
+    policy = admission(3)
     rng = np.random.default_rng(2)
     for _ in range(300):  # overload: every call takes three times what the prior says
         requests = int(rng.integers(1, 40))
         rows = int(rng.integers(requests, 40 * requests))
-        admission.observe(rows, requests, 3 * (TRUE.fixed + TRUE.per_row * rows + TRUE.per_request * requests))
-    # a 32-row request alone is now predicted over the budget (~3.8 ms), but it is 1.3 ms on the
-    # prior: not bulk, so past the first two such requests are refused, not all taken
-    assert admission.cost.predict(32, 1) > admission.budget_s
-    assert admission.admit([32] * 6) == [True, True] + [False] * 4
-    # what is bulk on the prior still is
-    assert admission.admit([4096, 4096, 4096]) == [True, True, True]
+        policy.cost.observe(rows, requests, 3 * (TRUE.fixed + TRUE.per_row * rows + TRUE.per_request * requests))
+    assert policy.cost.predict(64, 1) > policy.objective_s  # alone over the objective on the fit,
+    assert not policy.is_bulk(Request(64))  # but not on the prior: judged by its deadline, not waved through
+    assert policy.is_bulk(Request(4096))
 
 
-def test_budget_must_be_positive():
+def test_objective_must_be_positive():
     with pytest.raises(ValueError):
         Admission(0.0)
 
@@ -115,3 +194,13 @@ def test_calibrate_times_the_scorer_at_two_sizes():
     prior = calibrate(score, rows=(1, 256), repeats=3)
     assert prior.per_row == pytest.approx(2e-5, rel=0.5)
     assert prior.fixed == pytest.approx(2e-3, rel=0.5)
+
+
+def test_the_cost_model_tracks_how_far_slow_calls_run_past_its_prediction():
+    model = CostModel(TRUE)
+    rng = np.random.default_rng(3)
+    ratios = rng.uniform(1.0, 1.5, 4000)  # calls take 1-1.5x the true cost, uniformly
+    for ratio in ratios:
+        model.observe(64, 2, ratio * (TRUE.fixed + 64 * TRUE.per_row + 2 * TRUE.per_request))
+    # the fit follows the mean (1.25x); the tail ratio is the 90th percentile over it: 1.45 / 1.25
+    assert model.tail == pytest.approx(1.45 / 1.25, abs=0.06)

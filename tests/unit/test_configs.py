@@ -68,9 +68,11 @@ def test_no_cpu_model_has_a_queue_policy_so_triton_prefetches():
             assert not batching.HasField("default_queue_policy")
 
 
-def test_the_fused_ranker_bounds_each_call_by_its_budget():
+def test_the_fused_ranker_carries_the_default_latency_objective():
     (ranker,), _ = configs.layout_specs(Layout.FUSED)
     config = configs.model_config(ranker)
-    assert config.parameters["call_budget_us"].string_value == str(configs.CALL_BUDGET_US)
-    # two calls (the one running when a request arrives, and its own) fit the 10 ms latency budget
-    assert 2 * configs.CALL_BUDGET_US < 10_000
+    objective = config.parameters[configs.LATENCY_OBJECTIVE_PARAMETER].string_value
+    assert float(objective) == configs.DEFAULT_OBJECTIVE_MS
+    # the per-model layout's steps refuse nothing
+    for spec in configs.layout_specs(Layout.ENSEMBLE)[0]:
+        assert configs.LATENCY_OBJECTIVE_PARAMETER not in configs.model_config(spec).parameters
