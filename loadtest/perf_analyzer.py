@@ -171,7 +171,9 @@ def measure(tool: PerfAnalyzer, url: str, protocol: str, rows: int, concurrency:
         except subprocess.TimeoutExpired:
             return Point(protocol, rows, concurrency, error=f"no result within {timeout:.0f} s")
         output = done.stdout + done.stderr
-        errors = [line.strip() for line in output.splitlines() if "error" in line.lower() or "failed" in line.lower()]
+        # the server's answer ("Thread [k] had error: ...") first, perf_analyzer's own summary after
+        errors = sorted((line.strip() for line in output.splitlines() if "error" in line.lower() or "failed" in line.lower()),
+                        key=lambda line: "had error" not in line)
         if done.returncode != 0 or not report.is_file():
             return Point(protocol, rows, concurrency, error="; ".join(dict.fromkeys(errors))[:500]
                          or f"exit code {done.returncode}")
