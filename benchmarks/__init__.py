@@ -1,1 +1,1 @@
-"""Benchmark scripts: each prints a table and writes its results under docs/ (not timed tests)."""
+"""Benchmark scripts: each prints a table and writes its results (committed runs live in docs/results/; not timed tests)."""

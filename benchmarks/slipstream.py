@@ -7,9 +7,9 @@ the PyTorch DLRM trains from the same shards, plainly (``dlrm_torch.train``) and
 both alike. A seed changes the initialisation and the batch order, so the spread of plain
 training over seeds is the yardstick for an AUC difference.
 
-Prints a table and writes ``docs/benchmarks/slipstream.md`` and ``.json``::
+Prints a table and writes ``OUT.md`` and ``OUT.json`` (``--out``, default ``docs/results/slipstream``)::
 
-    python -m benchmarks.slipstream --rows 4000000 --seeds 3
+    python -m benchmarks.slipstream --rows 4000000 --seeds 2 --epochs 2 --out docs/results/slipstream-4m-rows-2-epochs
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=defaults.window)
     p.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
     p.add_argument("--workdir", default="/tmp/slipstream-benchmark", help="data and shards (reused when present)")
-    p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "slipstream"), help="writes OUT.md and OUT.json")
+    p.add_argument("--out", default=str(ROOT / "docs" / "results" / "slipstream"), help="writes OUT.md and OUT.json")
     args = p.parse_args(argv)
 
     load_before = " ".join(Path("/proc/loadavg").read_text().split()[:3])

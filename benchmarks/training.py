@@ -3,7 +3,7 @@ in-memory path, and on a local Dask cluster) -> export -> serve -> score a few r
 
 Every stage runs as its own process; its peak RSS is the largest resident set of that process
 or any child it waited for (``wait4``'s ``ru_maxrss``). Prints a table and writes
-``docs/benchmarks/training-<name>.json`` and ``.md``.
+``docs/results/training-<name>.json`` and ``.md``.
 
     python -m benchmarks.training --rows 200000 --scale 0.01 --name small --in-memory \\
         --baseline-tree /tmp/old-tree
@@ -28,8 +28,8 @@ ENSEMBLE = [sys.executable, "-m", "ensemble"]
 MODELS = ("xgb", "dlrm_torch", "dlrm_tf", "blend")
 STAGES = ("features", "xgb", "dlrm_torch", "dlrm_tf")
 
-# In-memory training as `ensemble train` did it before streaming: read the whole file, split,
-# train_all. Run with the tree under test, or with an older tree on PYTHONPATH.
+# In-memory training, the comparison for the streaming path: read the whole file, split, train_all.
+# Run with the tree under test, or with another checkout on PYTHONPATH (--baseline-tree).
 IN_MEMORY = """
 import sys
 from ensemble import training
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--scale", type=float, default=0.01)
     parser.add_argument("--input", default=None, help="an existing Criteo TSV instead of synthesizing")
-    parser.add_argument("--name", default="small", help="results go to docs/benchmarks/training-NAME.*")
+    parser.add_argument("--name", default="small", help="results go to docs/results/training-NAME.*")
     parser.add_argument("--work", default=None, help="work folder (default build/bench-training-NAME)")
     parser.add_argument("--xgb-rounds", type=int, default=50)
     parser.add_argument("--epochs", type=int, default=1)
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         "served": served,
         "reports": {t.name: t.report for t in trains},
     }
-    out = ROOT / "docs" / "benchmarks"
+    out = ROOT / "docs" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"training-{args.name}.json").write_text(json.dumps(results, indent=1, default=str))
     (out / f"training-{args.name}.md").write_text(markdown(results))

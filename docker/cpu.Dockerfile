@@ -2,7 +2,7 @@
 # The embedded CPU configuration (pip tritonserver + python backend), the naive baseline and
 # locust, for machines without a GPU. Debian's python3.11 is the interpreter build the CPU path
 # was run with: the python backend stub in the nvidia-pytriton wheel embeds libpython3.11, and
-# stdlib extension modules of another 3.11 build fail to load inside it (README).
+# stdlib extension modules of another 3.11 build fail to load inside it (docs/development.md).
 FROM debian:bookworm-slim
 
 # Debian's package versions move with security updates; pinning them (DL3008) would break

@@ -73,8 +73,8 @@ def _slipstream_config(args) -> SlipstreamConfig | None:
 def _add_slipstream(p: argparse.ArgumentParser) -> None:
     defaults = SlipstreamConfig()
     p.add_argument("--slipstream", action="store_true",
-                   help="train dlrm_torch with Slipstream: skip inputs whose hot embeddings went stale (README "
-                        "Slipstream; dlrm_tf trains as usual)")
+                   help="train dlrm_torch with Slipstream: skip inputs whose hot embeddings went stale "
+                        "(docs/training.md; dlrm_tf trains as usual)")
     p.add_argument("--slip-hot-share", type=float, default=defaults.hot_share,
                    help="Λ: a table row is hot when this share of training inputs looks it up")
     p.add_argument("--slip-drop-share", type=float, default=defaults.drop_share,
@@ -298,7 +298,7 @@ def _quantiles(text: str) -> tuple[tuple[float, float], ...]:
 def _add_server(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repository", default="model_repository", help="the Triton model repository")
     p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (another than loopback needs ENSEMBLE_ADMIN_KEY, see README Reliability)")
+                   help="address to bind (another than loopback needs ENSEMBLE_ADMIN_KEY, see docs/reliability.md)")
     p.add_argument("--http-port", type=int, default=8000, help="HTTP/REST port (v2 protocol)")
     p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port")
     p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port")

@@ -226,7 +226,7 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
         if on_cluster and module is dlrm_torch:
             model, _ = distributed.train_torch(dlrm_config, sources.train.shards, sources.valid.shards, workdir / "ddp",
                                                client, buffer_rows=config.shuffle_rows, log=log)
-        elif module is dlrm_torch and config.slipstream is not None:  # Slipstream hook (issue 13)
+        elif module is dlrm_torch and config.slipstream is not None:  # Slipstream (docs/training.md)
             model, slip_stats = slipstream.train(dlrm_config, config.slipstream, sources.train, sources.valid,
                                                  config.device, log)
             extra["slipstream"] = asdict(slip_stats) | {"skipped_share": slip_stats.skipped_share}

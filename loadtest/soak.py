@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", default=None, help="host:port of a running server's HTTP endpoint (needs --pid)")
     p.add_argument("--pid", type=int, default=None, help="that server's tritonserver pid (memory is read from /proc)")
     p.add_argument("--note", default="", help="added to the report's machine line (e.g. what else ran)")
-    p.add_argument("--out", default="docs/soak.md", help="report file (and .json beside it)")
+    p.add_argument("--out", default="docs/results/soak-1row-70pct-10min.md", help="report file (and .json beside it)")
     args = p.parse_args(argv)
     plan = SoakPlan(seconds=args.minutes * 60, fraction=args.fraction, window=args.window)
     if args.url:

@@ -8,7 +8,7 @@ The largest request the ranker takes is ``MAX_BATCH_SIZE`` rows (8,192): about 4
 Triton added ``--http-max-input-size`` after 2.51 (the pip wheel's server does not know it; it
 accepts any body, and decompresses gzip/deflate bodies without a bound), so the launcher passes
 it only when the binary lists it in ``--help``. Where it cannot, the limit belongs in the load
-balancer in front (README "Hostile input").
+balancer in front (docs/reliability.md, "Hostile input").
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ from ensemble.serving.monitoring import LatencySummaries
 from ensemble.serving.door import door_options
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-# What `ensemble serve` serves on CPU unless told otherwise: the layout that won the load test
-# (docs/loadtest/report.md).
+# What `ensemble serve` serves on CPU unless told otherwise: one backend process for the whole chain
+# (docs/serving.md, "Layouts").
 DEFAULT_LAYOUT = Layout.FUSED
 
 

@@ -1,6 +1,6 @@
 """Faults injected for real into a supervised server under concurrent load: a backend process
 killed, a backend process stalled, tritonserver killed. Each test prints its recovery time (run
-with -s to see them; the README's reliability table quotes such a run)."""
+with -s to see them; docs/reliability.md quotes such a run)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ensemble.serving.server import ServerError, ServerOptions, TritonServer, fr
 from ensemble.serving.supervise import Supervisor, SupervisorPolicy
 from tests.helpers import Load, fresh_rows
 
-RECOVERY_BOUND_S = 30.0  # the test's failure bound; the issue's target (10 s) is reported, not asserted
+RECOVERY_BOUND_S = 30.0  # the test's failure bound; the 10 s recovery target is reported, not asserted
 
 
 @pytest.fixture()

@@ -87,7 +87,7 @@ def test_runner_writes_a_complete_report(ensemble_server, trained, tmp_path):
 
 def test_runner_report_has_the_overload_scenario(server, trained, tmp_path):
     """The open-loop run at 2x capacity on triton-http (the fused layout: Triton 2.51 crashed or
-    wedged the per-model ensemble layout under open-loop overload, README "Overload")."""
+    wedged the per-model ensemble layout under open-loop overload, docs/reliability.md)."""
     options = RunnerOptions(repository=trained.repository, out=tmp_path / "report", targets=("triton-http",),
                             rows=(1,), users=(2,), duration=2, warmup=1,
                             urls={"triton-http": f"http://{server.http_url}"}, overload_seconds=2)

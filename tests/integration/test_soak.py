@@ -1,5 +1,5 @@
 """A short soak against the real server: the same code as ``python -m loadtest.soak`` (10 minutes
-in the README), for seconds."""
+in docs/reliability.md), for seconds."""
 
 from __future__ import annotations
 

@@ -41,22 +41,25 @@ def test_every_option_has_help_and_shows_its_default():
                     f"{name} {action.option_strings[0]}: default {action.default!r} not shown"
 
 
-def test_every_subcommand_and_option_is_in_the_readme_cli_block():
-    """The README's CLI block cannot drift from the parser: each subcommand's line(s) name every
-    option it has (`demo` refers to the synth/train/serve flags)."""
-    import re
-    from pathlib import Path
+def test_cli_reference_page_is_the_parser():
+    """docs/cli.md is generated from the parser; it cannot drift from it."""
+    from ensemble import cli_reference
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme.split("## CLI", 1)[1].split("```", 2)[1]
-    segments = dict(re.findall(r"^ensemble ([a-z-]+)(.*?)(?=^ensemble |\Z)", block, re.M | re.S))
-    subparsers = _subparsers()
-    assert set(segments) == set(subparsers)
-    for name, parser in subparsers.items():
-        options = [a.option_strings[-1] for a in parser._actions if a.option_strings and a.dest != "help"]
-        text = segments[name] + (segments["synth"] + segments["train"] + segments["serve"] if name == "demo" else "")
-        missing = [o for o in options if not re.search(re.escape(o) + r"\b", text)]
-        assert not missing, f"README CLI block: `ensemble {name}` lacks {missing}"
+    committed = cli_reference.PAGE.read_text() if cli_reference.PAGE.is_file() else ""
+    assert committed == cli_reference.render(), (
+        f"{cli_reference.PAGE.relative_to(cli_reference.ROOT)} differs from the parser: "
+        f"regenerate it with `{cli_reference.COMMAND}`")
+
+
+def test_cli_reference_names_every_subcommand_and_option():
+    from ensemble import cli_reference
+
+    page = cli_reference.render()
+    for name, parser in _subparsers().items():
+        section = page.split(f"## ensemble {name}\n", 1)[1].split("\n## ", 1)[0]
+        for action in parser._actions:
+            if action.option_strings and action.dest != "help":
+                assert f"`{action.option_strings[-1]}" in section, f"ensemble {name} {action.option_strings[-1]}"
 
 
 def test_help_answers_without_importing_pandas():
