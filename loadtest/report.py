@@ -270,7 +270,7 @@ def write_report(out: Path, results: list[dict], options, pinning, seconds: floa
     return report
 
 
-if __name__ == "__main__":  # python -m loadtest.report docs/loadtest: redraw the plots from results.json
+if __name__ == "__main__":  # python -m loadtest.report docs/results/loadtest: redraw the plots from results.json
     import sys
 
     for name in replot(Path(sys.argv[1] if len(sys.argv) > 1 else "build/loadtest/report")):
