@@ -383,8 +383,13 @@ def main(argv: list[str] | None = None) -> int:
                                            rows=args.rows, rates=tuple(args.rates), binary=args.binary))
     print(format_table(found))
     if args.json:
+        import sys
+
+        from ensemble.machine import describe
+
         with open(args.json, "w") as handle:
-            json.dump(found, handle, indent=2)
+            json.dump({"machine": describe(), "command": " ".join(["python -m loadtest.openloop", *sys.argv[1:]]),
+                       **found}, handle, indent=2)
     return 1 if any(r["errors"] for r in found["runs"]) else 0
 
 

@@ -256,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         from ensemble.machine import describe
 
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"machine": describe(), "command": " ".join(sys.argv),
+        Path(args.json).write_text(json.dumps({"machine": describe(),
+                                               "command": " ".join(["python -m loadtest.perf_analyzer", *sys.argv[1:]]),
                                                "points": [asdict(pt) for pt in points]}, indent=1))
     return 0 if all(pt.measured for pt in points) else 1
 
