@@ -330,7 +330,7 @@ def local_pipeline(repository: str):
     up on one row: the frameworks' start-up lines come now, not through the progress bar."""
     import os
 
-    from clients.progress import native_info_quieted
+    from ensemble.console import native_info_quieted
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # read when TensorFlow is imported (if it is)
     from ensemble.serving.runtime import Pipeline

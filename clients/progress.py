@@ -1,6 +1,6 @@
 """What `ensemble score` shows while it runs: a progress bar over the input's bytes (known before
-the run, so the bar has a total and an ETA) with rows and rows/s beside it, and framework log
-lines kept off the terminal while the bar is drawn.
+the run, so the bar has a total and an ETA) with rows and rows/s beside it (framework log lines are
+kept off the terminal while the bar is drawn: :mod:`ensemble.console`).
 
 Rows are not known before a TSV file is read to its end; bytes are: a plain TSV partition is a
 byte range, a .gz file counts its compressed size (read position of the compressed stream), and
@@ -9,23 +9,13 @@ a Parquet row group its share of the file by rows.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
+
 import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
 
 # DataFrame.attrs key: how many input bytes a chunk was read from (set by read_partition).
 INPUT_BYTES = "input_bytes"
-
-# Framework lines written straight to file descriptor 2 from C++: LiteRT's "INFO: Created
-# TensorFlow Lite XNNPACK delegate for CPU." (no switch turns it off) and absl/TF info lines
-# ("I0000 00:00:... file.cc:12] ..."). Warnings and errors are passed on.
-_INFO_LINE = re.compile(r"^(INFO: |I\d{4} \d\d:\d\d:\d\d)")
-
 
 def partition_bytes(part) -> int:
     """The input bytes a :class:`clients.partitions.Partition` covers (its share of the bar)."""
@@ -46,7 +36,8 @@ class Progress:
 
     Args:
         parts: the run's partitions (their bytes make the total).
-        enabled: False draws nothing (the counts are still kept).
+        enabled: False draws nothing (the counts are still kept). Nor is anything drawn when
+            stderr is not a terminal: in a log file each redraw is another copy of the bar.
     """
 
     def __init__(self, parts: list, enabled: bool = True):
@@ -57,7 +48,8 @@ class Progress:
         self.rows = 0
         self._started = time.perf_counter()
         self.bar = tqdm(total=self.total, unit="B", unit_scale=True, unit_divisor=1024,
-                        disable=not enabled, file=sys.stderr, dynamic_ncols=True, smoothing=0.1)
+                        disable=not enabled or not sys.stderr.isatty(), file=sys.stderr, dynamic_ncols=True,
+                        smoothing=0.1)
 
     @property
     def total(self) -> int:
@@ -84,25 +76,3 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
-
-
-@contextlib.contextmanager
-def native_info_quieted() -> Iterator[None]:
-    """Hold what C++ code writes to stderr (fd 2) while the block runs, then pass on everything
-    but its info lines. For loading and warming up the frameworks, before the bar is drawn."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            kept = [line for line in held.read().decode(errors="replace").splitlines(keepends=True)
-                    if not _INFO_LINE.match(line)]
-            if kept:
-                sys.stderr.write("".join(kept))
-                sys.stderr.flush()

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import warnings
 from pathlib import Path
 
 from ensemble.models.registry import Layout
@@ -89,8 +91,6 @@ def _add_slipstream(p: argparse.ArgumentParser) -> None:
 
 def _server_options(args):
     from ensemble.serving.server import ServerOptions
-
-    import os
 
     from ensemble.serving.control import ADMIN_KEY_ENV
 
@@ -440,6 +440,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # TensorFlow's C++ info and warning lines (CPU features, SavedModel loading, the TFLite
+    # converter's notes) say nothing a user of these commands acts on; its errors still show.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # NVTabular calls its CPU mode experimental on every Dataset; the CPU is this project's default
+    # path on purpose (the GPU one: docs/gpu-deployment.md).
+    warnings.filterwarnings("ignore", message="Initializing an NVTabular Dataset in CPU mode")
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 
 from ensemble import machine, schema, training
+from ensemble.console import native_info_quieted
 from ensemble.data import criteo
 from ensemble.data.edge_cases import edge_case_rows
 from ensemble.features import transforms
@@ -100,12 +101,14 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
                                                  seed=options.synth.seed + 1000)).frame
         dense = np.concatenate([transforms.dense_array(fresh), edge_case_rows(np.random.default_rng(7))[0]])
         cats = np.concatenate([transforms.encode_categorical(fresh), edge_case_rows(np.random.default_rng(7))[1]])
-        pipeline = Pipeline.from_repository(options.repository, threads=1)
-        local = pipeline.score(dense, cats)
+        with native_info_quieted():  # LiteRT's XNNPACK line, at the first TFLite call
+            pipeline = Pipeline.from_repository(options.repository, threads=1)
+            local = pipeline.score(dense, cats)
         served = http.score(dense, cats, all_scores=True)
         diffs = {k: float(np.max(np.abs(served[k] - local[k].ravel()))) for k in served}
         summary["parity_max_abs_diff"] = diffs
         summary["parity_rows"] = int(len(dense))
+        summary["example"] = _example_scores(pipeline, synth.frame)
         ok = max(diffs.values()) <= 1e-5
         log(f"    {len(dense)} rows, max |served - in-process|: "
             + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()) + ("  OK" if ok else "  MISMATCH"))
@@ -132,6 +135,7 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
         summary["seconds_total"] = time.perf_counter() - started
         (workdir / "demo_summary.json").write_text(json.dumps(summary, indent=1, default=str))
         log(f"done in {summary['seconds_total']:.0f}s; summary in {workdir / 'demo_summary.json'}")
+        _check_readme(summary, log)
         if not ok:
             raise SystemExit("served scores differ from the in-process pipeline")
         if options.keep_serving:
@@ -140,6 +144,35 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
     finally:
         server.stop()
     return summary
+
+
+# The README's example row: line 1,535 of the demo's synthetic data, all 26 of whose category values
+# are in the demo model's vocabulary (README "Calling it").
+EXAMPLE_ROW = 1534
+EXAMPLE_UNSEEN_COLUMN = 3  # C4
+
+
+def _example_scores(pipeline: Pipeline, frame) -> dict[str, float]:
+    """In-process scores of the README's example row, as is and with C4 replaced by a value the
+    model never saw."""
+    row = frame.iloc[[EXAMPLE_ROW]]
+    dense, cats = transforms.dense_array(row), transforms.encode_categorical(row)
+    unseen = cats.copy()
+    unseen[0, EXAMPLE_UNSEEN_COLUMN] = b"unseen00"
+    score = lambda c: float(pipeline.score(dense, c)[schema.SCORE.name].ravel()[0])  # noqa: E731
+    return {"row": EXAMPLE_ROW + 1, "score": score(cats), "score_c4_unseen": score(unseen)}
+
+
+def _check_readme(summary: dict, log: Callable[[str], None]) -> None:
+    """Say whether the README's demo figures are this build's (ensemble.readme_figures)."""
+    from ensemble import readme_figures
+
+    if not readme_figures.README.is_file():
+        return
+    differ = readme_figures.stale(readme_figures.README.read_text(), summary)
+    log("README figures match this build" if not differ else
+        f"README figures ({', '.join(differ)}) differ from this build: "
+        "python -m ensemble.readme_figures --write updates them")
 
 
 def _step_timings(pipeline: Pipeline, dense: np.ndarray, cats: np.ndarray) -> dict[str, dict[str, float]]:

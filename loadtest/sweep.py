@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +35,8 @@ def _repository_with(source: Path, into: Path, queue_delay_us: int, instances: i
 
 def main(argv: list[str] | None = None) -> int:
     from ensemble.serving.server import ServerOptions, TritonServer, free_port
-    from loadtest.runner import Pinning, RunnerOptions, holdout_file, locust_command, read_locust_csv
+    from ensemble.machine import describe
+    from loadtest.runner import Pinning, RunnerOptions, holdout_file, locust_command, read_locust_csv, served_rows_per_s
 
     p = argparse.ArgumentParser(prog="python -m loadtest.sweep", description=__doc__.splitlines()[0])
     p.add_argument("--repository", default="model_repository", help="an exported repository")
@@ -47,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    options = RunnerOptions(repository=Path(args.repository), out=out, duration=args.duration, warmup=2.0)
+    (out / "raw").mkdir(parents=True, exist_ok=True)  # locust's CSVs, the held-out rows, the server log
+    options = RunnerOptions(repository=Path(args.repository), out=out / "raw", duration=args.duration, warmup=2.0)
     pinning, data_file = Pinning.choose(True), holdout_file(options)
     results = []
     with tempfile.TemporaryDirectory(prefix="sweep-") as scratch:
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                 repo = _repository_with(Path(args.repository), Path(scratch), delay, instances)
                 server = TritonServer(ServerOptions(repo, http_port=free_port(), grpc_port=free_port(),
                                                     metrics_port=free_port(), cpu_list=pinning.server,
-                                                    log_file=out / "tritonserver.log", layout=Layout.FUSED))
+                                                    log_file=out / "raw" / "tritonserver.log", layout=Layout.FUSED))
                 with server:
                     url = f"http://{server.http_url}"
                     for rows in args.rows:
@@ -65,21 +67,26 @@ def main(argv: list[str] | None = None) -> int:
 
                         warm = locust_command("triton-http", url, rows, args.users, 2, options, data_file, pinning, None)
                         subprocess.run(warm, capture_output=True, timeout=60, check=False)
-                        prefix = out / f"d{delay}_i{instances}_r{rows}"
+                        prefix = out / "raw" / f"d{delay}_i{instances}_r{rows}"
                         cmd = locust_command("triton-http", url, rows, args.users, args.duration, options,
                                              data_file, pinning, prefix)
                         subprocess.run(cmd, capture_output=True, timeout=args.duration + 60, check=False)
                         stats = read_locust_csv(prefix)
                         row = {"queue_delay_us": delay, "instances": instances, "rows": rows,
-                               "users": args.users, "rows_per_s": stats["requests_per_s"] * rows,
+                               "users": args.users, "rows_per_s": served_rows_per_s(stats, rows),
                                "p50_ms": stats["p50_ms"], "p99_ms": stats["p99_ms"], "failures": stats["failures"]}
                         results.append(row)
                         print(f"queue delay {delay:>5} us  instances {instances}  rows {rows:>3}: "
                               f"{row['rows_per_s']:>9,.0f} rows/s  p50 {row['p50_ms']:.0f} ms  "
                               f"p99 {row['p99_ms']:.0f} ms  failures {row['failures']:.0f}", flush=True)
-    (out / "sweep.json").write_text(json.dumps({"pinning": {"server": pinning.server, "load": pinning.load},
+    command = " ".join(["python -m loadtest.sweep", *(argv if argv is not None else sys.argv[1:])])
+    (out / "sweep.json").write_text(json.dumps({"machine": describe(), "command": command,
+                                                "pinning": {"server": pinning.server, "load": pinning.load},
                                                 "results": results}, indent=1))
-    lines = ["| queue delay (us) | instances | rows/request | rows/s | p50 ms | p99 ms | failures |",
+    m = describe()
+    lines = [f"Measured on {m['arch']}, {m['cores']} cores ({m['cpu']}), no GPU, server on CPU {pinning.server}, locust on "
+             f"CPU {pinning.load}, {args.users} users, {args.duration:g} s per scenario: `{command}`", "",
+             "| queue delay (us) | instances | rows/request | rows/s | p50 ms | p99 ms | failures |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['queue_delay_us']} | {r['instances']} | {r['rows']} | {r['rows_per_s']:,.0f} | "
               f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['failures']:.0f} |" for r in results]

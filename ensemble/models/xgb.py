@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -201,9 +202,11 @@ def compile_trees(model_dir: str | Path, threads: int = 2) -> Path | None:
     import tl2cgen
     import treelite
 
+    from ensemble.console import native_info_quieted
+
     model_dir = Path(model_dir)
     model = treelite.frontend.load_xgboost_model(str(model_dir / MODEL_FILE))
-    with tempfile.TemporaryDirectory(prefix="trees-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="trees-") as tmp, native_info_quieted(*_TL2CGEN_NOTICES):
         code = Path(tmp) / "code"
         # quantize=0: TL2cgen 1.0.0's quantized thresholds sent 1.3% of fresh rows down other
         # branches than XGBoost (score off by up to 0.026 on the demo model); plain float
@@ -219,6 +222,17 @@ def compile_trees(model_dir: str | Path, threads: int = 2) -> Path | None:
         path = model_dir / TREES_LIBRARY
         shutil.copyfile(built, path)
     return path
+
+
+# What TL2cgen prints while it compiles, dropped from the terminal. TL2cgen 1.0.0 bundles Treelite
+# 4.1.2 and reads the model that the installed Treelite (4.8.1: the GPU layout's FIL checkpoint needs
+# it to read XGBoost 3.x JSON) hands it: a same-major-version checkpoint, which it loads in full but
+# announces in three lines ("The model you are loading originated from a newer Treelite version ...",
+# then both version numbers). The compiled trees are checked against XGBoost on the exported
+# model's own rows (tests/unit/test_models.py), so the notice carries nothing a user can act on.
+_TL2CGEN_NOTICES = tuple(re.compile(p) for p in (
+    r"originated from a newer Treelite version", r"^Currently running Treelite version",
+    r"^The model checkpoint was generated from Treelite version", r"Parallel compilation enabled"))
 
 
 class CompiledTrees:

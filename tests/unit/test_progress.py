@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from clients.partitions import plan_partitions, read_partition
-from clients.progress import INPUT_BYTES, Progress, native_info_quieted, partition_bytes
+from clients.progress import INPUT_BYTES, Progress, partition_bytes
+from ensemble.console import native_info_quieted
 from ensemble.data import criteo
 
 
