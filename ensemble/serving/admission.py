@@ -13,9 +13,10 @@ wait their turn behind the work ahead of them.
 arrived while the previous call ran, in arrival order (dynamic batching with prefetching). A
 request of this call waited at most since the previous call started (when the instance ran back to
 back; after an idle instance, only the hand-off). It completes when this call's scoring ends plus
-the response hand-off of every request in the call. Scoring is priced by :class:`CostModel` (fitted
-online to the model's own calls), the hand-off by :class:`HandOff` (fitted online to the gaps
-between back-to-back calls). Requests are taken in arrival order while every taken request's
+the response hand-off of every request in the call and the front end's share (:data:`DOOR_S`).
+Scoring is priced by :class:`CostModel` (fitted online to the model's own calls, at the 90th
+percentile of how far calls run past the fit), the hand-off by :class:`HandOff` (fitted online to
+the gaps between back-to-back calls). Requests are taken in arrival order while every taken request's
 predicted completion stays within its deadline; the others are answered at once with UNAVAILABLE
 (HTTP 503 / gRPC UNAVAILABLE, retryable) and a message that says by how much they would miss.
 
@@ -23,9 +24,9 @@ predicted completion stays within its deadline; the others are answered at once 
 call must refuse for capacity, it also keeps itself short enough that its refusals come back
 within half of their deadline (half the time the client had, left for it to retry elsewhere):
 predicted wait (half the window, on average) + the call <= deadline / 2; its first request that
-meets its own deadline is still taken (progress). Under ordinary load
-nothing is refused and no such bound applies: a closed loop of clients is queued and batched,
-whatever its concurrency, as long as each request still completes within its deadline.
+meets its own deadline is still taken (progress). Under ordinary load nothing is refused and no
+such bound applies: a closed loop of clients is queued and batched, whatever its concurrency, as
+long as each request still completes within its deadline.
 
 **Bulk requests in a call with interactive ones** are scored after them; the interactive
 responses are sent first (through Triton's response sender), so a batch-scoring request does not
@@ -220,7 +221,6 @@ class Admission:
         self.objective_s = objective_s
         self.cost = cost or CostModel()
         self.hand_off = hand_off or HandOff()
-        self.refused = 0
         self._last: tuple[float, float, int] | None = None  # (start, end, requests) of the previous call
 
     def waited(self, now: float, requests: int) -> float:
@@ -263,7 +263,6 @@ class Admission:
         if plan.crowded and plan.first:
             cap = min(priced[i][1] for i in plan.crowded) / 2 - waited / 2 - hand_off
             plan = self._greedy(priced, waited, hand_off, cap=cap)
-        self.refused += len(plan.refused)
         return plan
 
     def _greedy(self, priced: list[tuple[bool, float, str, float]], waited: float, hand_off: float,
