@@ -51,8 +51,8 @@ class TritonPythonModel:
             responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.UNAVAILABLE))
         if plan.first and plan.bulk:  # the interactive answers go out before the bulk rows are scored
             rows = self._score(requests, plan.first, responses)
-            early = [i for i in range(len(requests)) if i not in plan.bulk]
-            _send(requests, responses, early)
+            bulk = set(plan.bulk)
+            _send(requests, responses, [i for i in range(len(requests)) if i not in bulk])
             rows += self._score(requests, plan.bulk, responses)
             _send(requests, responses, plan.bulk)
             responses = None
