@@ -31,11 +31,14 @@ class Layout(str, enum.Enum):
 
     ENSEMBLE: CPU, a Triton ensemble of five python-backend models (one process each).
     FUSED: CPU, ``ranker`` is one python-backend model running the five steps in one process.
+    NATIVE: CPU, ``ranker`` is one model of the project's own backend (``libtriton_fused.so``), which
+        runs the same five steps inside Triton's process (:mod:`ensemble.serving.embedded`).
     GPU: the NGC container: FIL, libtorch and TensorFlow backends plus python features/blend.
     """
 
     ENSEMBLE = "ensemble"
     FUSED = "fused"
+    NATIVE = "native"
     GPU = "gpu"
 
 

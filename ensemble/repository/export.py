@@ -18,6 +18,7 @@ from pathlib import Path
 from ensemble.repository import configs
 from ensemble.repository import manifest
 from ensemble.models.registry import COMPONENTS, Component
+from ensemble.serving import backend
 from ensemble.serving.runtime import RELEASE_FILE
 from ensemble.schema import Model
 
@@ -116,6 +117,10 @@ def export_repository(artifacts: TrainedArtifacts, repository: str | Path, keep:
     def fill_release(staging: Path) -> None:
         (staging / RELEASE_FILE).write_text(json.dumps(release_info, indent=1, sort_keys=True))
         shutil.copy2(MODEL_PY, staging / "model.py")
+        try:  # the native layout's backend, found by Triton in the version folder it serves
+            shutil.copy2(backend.library(), staging / backend.FILE_NAME)
+        except backend.NotBuilt:
+            pass  # the python-backend layouts still serve; `ensemble serve --layout native` says why not
         manifest.write(staging, Model.RANKER)
 
     written[Model.RANKER] = _publish(ranker_dir, _next_version(ranker_dir), fill_release)

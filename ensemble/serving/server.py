@@ -92,6 +92,22 @@ def _pytriton_dir() -> Path | None:
     return Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
 
 
+def _check_native_backend(repository: Path) -> None:
+    """The native layout serves a release only when its folder holds the backend library (``ensemble
+    export`` copies it there when the project's install built it)."""
+    from ensemble.serving import backend
+
+    ranker = repository / Model.RANKER.value
+    releases = [p for p in ranker.iterdir() if p.is_dir() and p.name.isdigit()] if ranker.is_dir() else []
+    if releases and not any((p / backend.FILE_NAME).is_file() for p in releases):
+        try:
+            backend.library()
+            why = "export the repository again (ensemble export) to add it"
+        except backend.NotBuilt as exc:
+            why = str(exc)
+        raise ServerError(f"the native layout needs {backend.FILE_NAME} in a release folder of {ranker}: {why}")
+
+
 def find_tritonserver() -> Path:
     """The wheel's binary, else ``tritonserver`` on PATH."""
     bundled = _pytriton_dir()
@@ -193,9 +209,12 @@ class TritonServer:
         return env
 
     def start(self) -> "TritonServer":
-        if self.options.latency_objective_ms is not None and Layout(self.options.layout) is not Layout.FUSED:
-            raise ServerError("a latency objective applies to the fused layout's ranker (the other layouts "
-                              "do not refuse requests)")
+        layout = Layout(self.options.layout)
+        if self.options.latency_objective_ms is not None and layout not in (Layout.FUSED, Layout.NATIVE):
+            raise ServerError("a latency objective applies to the fused and native layouts' ranker (the "
+                              "ensemble layout does not refuse requests)")
+        if layout is Layout.NATIVE:
+            _check_native_backend(Path(self.options.repository))
         if self.options.latency_objective_ms is not None and not self.options.latency_objective_ms > 0:
             raise ServerError(f"the latency objective must be > 0 ms, got {self.options.latency_objective_ms:g}")
         if not self.options.loopback and not self.options.admin_key:

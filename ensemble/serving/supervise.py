@@ -17,6 +17,9 @@ Two faults seen here, and what the supervisor does about them:
   A probe refused or timed out while the ranker keeps scoring other requests (Triton's success
   count grows) is overload, not a fault: the ranker refuses what would miss its deadline, and a reload
   would only take the ranker away from the requests it does serve.
+- **The native layout's ranker stalls.** It runs inside tritonserver (``libtriton_fused.so``), so
+  there is no process of its own to end: after ``failures_to_heal`` failed probes with no progress
+  the supervisor restarts the server as below (a crash of that code is a crash of the server).
 - **tritonserver itself dies.** The supervisor kills what is left of its process group (the
   backend stubs would otherwise stay behind as orphans), then starts a new server on the same
   ports after a backoff that doubles from ``backoff`` up to ``max_backoff``. More than
@@ -39,6 +42,7 @@ from typing import Callable
 import numpy as np
 
 from ensemble import schema
+from ensemble.models.registry import Layout
 from ensemble.serving.control import Control, ControlError
 from ensemble.serving.server import ServerError, TritonServer
 
@@ -203,6 +207,11 @@ class Supervisor:
             return
         self._failures += 1
         if (self._failures < self.policy.failures_to_heal and not broken) or not self.server.alive():
+            return
+        if Layout(self.server.options.layout) is Layout.NATIVE:  # no process of its own to end
+            self.log(f"ranker not answering ({problem}); it runs inside tritonserver: restarting the server")
+            self.restart()
+            self._failures = 0
             return
         ended = self.end_broken_stubs(problem)
         self.log(f"ranker not answering ({problem}); ended backend process(es) {ended}, unloading and reloading it")

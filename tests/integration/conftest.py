@@ -8,7 +8,7 @@ import pytest
 from ensemble.models.registry import Layout
 from ensemble.serving.server import DEFAULT_LAYOUT, ServerOptions, TritonServer, free_port
 
-CPU_LAYOUTS = (Layout.FUSED, Layout.ENSEMBLE)
+CPU_LAYOUTS = (Layout.FUSED, Layout.NATIVE, Layout.ENSEMBLE)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,8 @@ import urllib.request
 
 import pytest
 
-from ensemble.serving.server import ServerError, ServerOptions, TritonServer, free_port
+from ensemble.models.registry import Layout
+from ensemble.serving.server import DEFAULT_LAYOUT, ServerError, ServerOptions, TritonServer, free_port
 from ensemble.serving.supervise import Supervisor, SupervisorPolicy
 from tests.helpers import Load, fresh_rows
 
@@ -22,9 +23,11 @@ RECOVERY_BOUND_S = 30.0  # the test's failure bound; the 10 s recovery target is
 
 
 @pytest.fixture()
-def supervised(trained, tmp_path):
+def supervised(trained, tmp_path, request):
+    layout = getattr(request, "param", DEFAULT_LAYOUT)
     server = TritonServer(ServerOptions(trained.repository, http_port=free_port(), grpc_port=free_port(),
-                                        metrics_port=free_port(), log_file=tmp_path / "tritonserver.log"))
+                                        metrics_port=free_port(), log_file=tmp_path / "tritonserver.log",
+                                        layout=layout))
     server.start()
     lines: list[str] = []
     supervisor = Supervisor(server, SupervisorPolicy(probe_interval=0.5, probe_timeout=1.0, backoff=0.5),
@@ -158,11 +161,13 @@ def test_an_unloaded_ranker_is_not_ready_its_errors_are_retried_and_it_is_healed
         client.close()
 
 
+@pytest.mark.parametrize("supervised", [Layout.FUSED, Layout.NATIVE], ids=lambda layout: layout.value,
+                         indirect=True)
 def test_server_killed_is_restarted_without_orphans(supervised):
     server, supervisor, lines = supervised
     with Load(server.http_url, fresh_rows(64, seed=41)) as load:
         time.sleep(1.0)
-        old = [server.process.pid, _stub_pid(server)]
+        old = [server.process.pid, *server.stub_pids().values()]
         started = time.monotonic()
         os.kill(server.process.pid, signal.SIGKILL)
         _wait_answering(supervisor, RECOVERY_BOUND_S + 15)
@@ -174,6 +179,28 @@ def test_server_killed_is_restarted_without_orphans(supervised):
     for pid in old:  # the dead server's backend process did not outlive it
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
     assert load.failed == 0 and load.refused == 0, (load.refused, load.errors[:3])
+
+
+@pytest.mark.parametrize("supervised", [Layout.NATIVE], ids=lambda layout: layout.value, indirect=True)
+def test_native_ranker_stalled_restarts_the_server(supervised):
+    """The native layout's ranker runs inside tritonserver: a stall (here the whole process, as a
+    hung call would hold the ranker) is healed by restarting the server, with nothing lost."""
+    server, supervisor, lines = supervised
+    assert server.stub_pids() == {}  # no backend process: the ranker is in tritonserver
+    with Load(server.http_url, fresh_rows(64, seed=41)) as load, Readiness(server) as readiness:
+        time.sleep(1.0)
+        pid = server.process.pid
+        started = time.monotonic()
+        os.kill(pid, signal.SIGSTOP)
+        _wait_answering(supervisor, RECOVERY_BOUND_S + 15)
+        recovery = time.monotonic() - started
+        time.sleep(1.0)
+    print(f"\nnative ranker stalled: answering again {recovery:.1f}s after the fault; {load.sent} requests, "
+          f"{load.failed} failed after retries; supervisor: {lines}")
+    assert supervisor.restarts and server.process.pid != pid, lines
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    assert load.failed == 0 and load.refused == 0, (load.refused, load.errors[:3])
+    assert readiness.seen[-1][1:] == (200, 200), readiness.seen[-5:]
 
 
 def test_a_port_in_use_is_refused_before_starting(trained, tmp_path):

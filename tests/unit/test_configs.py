@@ -17,7 +17,7 @@ def test_committed_configs_are_generated(tmp_path, relative):
     written = configs.write_configs(tmp_path)
     assert {p.relative_to(tmp_path).as_posix() for p in written} == {
         f"{m.value}/{r}" for m in Model for r in (configs.CONFIG_FILE, configs.GPU_CONFIG_FILE)} | {
-        f"ranker/{configs.config_file(Layout.FUSED)}"}
+        f"ranker/{configs.config_file(Layout.FUSED)}", f"ranker/{configs.config_file(Layout.NATIVE)}"}
     for name in configs.all_configs():
         committed = REPO / name / relative
         assert committed.read_text() == (tmp_path / name / relative).read_text(), (
@@ -30,6 +30,16 @@ def test_config_parses_as_triton_model_config(name, relative):
     config = configs.parse((REPO / name / relative).read_text())
     assert config.name == name
     assert config.max_batch_size >= 8192
+
+
+def test_native_layout_is_the_fused_ranker_in_the_projects_backend():
+    fused, native = (configs.layout_configs(layout)["ranker"] for layout in (Layout.FUSED, Layout.NATIVE))
+    assert native.backend == configs.NATIVE_BACKEND and fused.backend == "python"
+    native.backend = fused.backend
+    assert native == fused  # same tensors, batching and parameters: one contract, two backends
+    for layout in (Layout.FUSED, Layout.NATIVE):
+        committed = REPO / "ranker" / configs.config_file(layout)
+        assert committed.read_text() == configs.layout_texts(layout)["ranker"], committed
 
 
 def test_ranker_contract():

@@ -1,0 +1,458 @@
+/* The fused ranker as a Triton backend of the project's own: Triton loads it into its own process
+ * (``libtriton_fused.so`` in the model's folder, ``backend: "fused"`` in its config), so a request
+ * reaches the ranker without the python backend's stub process and its shared-memory round trip.
+ *
+ * The ranker's model code runs in a Python interpreter embedded here (ensemble.serving.embedded):
+ * this file moves tensors between Triton and that code, answers each request, and reports the
+ * statistics Triton's metrics and perf_analyzer read. It holds the interpreter's lock only while the
+ * Python side plans and scores a call.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "triton_api.h"
+
+#ifndef PYTHON_LIBRARY /* setup.py names the one this interpreter was built with */
+#define PYTHON_LIBRARY "libpython3.11.so.1.0"
+#endif
+#define ENTRY_MODULE "ensemble.serving.embedded"
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static TRITONSERVER_Error *fail(TS_ErrorCode code, const char *format, ...) {
+    char message[1024];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(message, sizeof message, format, args);
+    va_end(args);
+    return TRITONSERVER_ErrorNew(code, message);
+}
+
+static void log_line(TS_LogLevel level, const char *message) {
+    TRITONSERVER_Error *err = TRITONSERVER_LogMessage(level, __FILE__, __LINE__, message);
+    if (err) TRITONSERVER_ErrorDelete(err);
+}
+
+/* The pending Python exception as text (and cleared), for an error message. */
+static void python_error_text(char *out, size_t size) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    const char *text = "unknown Python error";
+    PyObject *str = value ? PyObject_Str(value) : NULL;
+    PyObject *name = type ? PyObject_GetAttrString(type, "__name__") : NULL;
+    if (str && PyUnicode_Check(str)) text = PyUnicode_AsUTF8(str);
+    snprintf(out, size, "%s: %s", name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : "Error",
+             text ? text : "");
+    Py_XDECREF(str);
+    Py_XDECREF(name);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    PyErr_Clear();
+}
+
+/* ----- the interpreter ----- */
+
+/* The first python3 on PATH: the launcher puts the project's virtual environment there, which the
+ * interpreter then finds through its pyvenv.cfg (the python backend's stub finds it the same way). */
+static int find_python(char *out, size_t size) {
+    const char *path = getenv("PATH");
+    if (path == NULL) return -1;
+    const char *start = path;
+    while (*start) {
+        const char *end = strchr(start, ':');
+        size_t length = end ? (size_t)(end - start) : strlen(start);
+        if (length > 0 && length + 9 < size) {
+            memcpy(out, start, length);
+            strcpy(out + length, "/python3");
+            if (access(out, X_OK) == 0) return 0;
+        }
+        if (end == NULL) break;
+        start = end + 1;
+    }
+    return -1;
+}
+
+static TRITONSERVER_Error *python_start(void) {
+    if (Py_IsInitialized()) return NULL;
+    /* Triton opened this library with its symbols local; Python's extension modules (numpy, torch)
+     * expect the interpreter's symbols to be global. */
+    if (dlopen(PYTHON_LIBRARY, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL) == NULL)
+        return fail(TS_ERROR_INTERNAL, "cannot make %s global: %s", PYTHON_LIBRARY, dlerror());
+    char executable[4096];
+    if (find_python(executable, sizeof executable) != 0)
+        return fail(TS_ERROR_INTERNAL, "no python3 on PATH (the launcher puts the project's there)");
+    PyConfig config;
+    PyConfig_InitPythonConfig(&config);
+    config.install_signal_handlers = 0; /* signals stay Triton's */
+    config.parse_argv = 0;
+    PyStatus status = PyConfig_SetBytesString(&config, &config.program_name, executable);
+    if (!PyStatus_Exception(status)) status = Py_InitializeFromConfig(&config);
+    PyConfig_Clear(&config);
+    if (PyStatus_Exception(status))
+        return fail(TS_ERROR_INTERNAL, "Python did not start: %s", status.err_msg ? status.err_msg : "?");
+    PyEval_SaveThread(); /* the lock is taken per call from here on */
+    return NULL;
+}
+
+/* ----- model and instance state ----- */
+
+typedef struct {
+    PyObject *model;        /* ensemble.serving.embedded.Model */
+    int n_inputs;
+    char **input_names;
+} ModelState;
+
+TRITONSERVER_Error *TRITONBACKEND_Initialize(TRITONBACKEND_Backend *backend) {
+    (void)backend;
+    uint32_t major, minor;
+    TRITONSERVER_Error *err = TRITONBACKEND_ApiVersion(&major, &minor);
+    if (err) return err;
+    if (major != ENSEMBLE_BACKEND_API_MAJOR || minor < ENSEMBLE_BACKEND_API_MINOR)
+        return fail(TS_ERROR_UNSUPPORTED, "the fused backend needs backend API %d.%d+, this Triton has %u.%u",
+                    ENSEMBLE_BACKEND_API_MAJOR, ENSEMBLE_BACKEND_API_MINOR, major, minor);
+    return python_start();
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
+    const char *name, *repository, *config_json;
+    uint64_t version;
+    size_t config_size;
+    TB_ArtifactType artifact;
+    TRITONSERVER_Message *config;
+    TRITONSERVER_Error *err;
+    if ((err = TRITONBACKEND_ModelName(model, &name))) return err;
+    if ((err = TRITONBACKEND_ModelVersion(model, &version))) return err;
+    if ((err = TRITONBACKEND_ModelRepository(model, &artifact, &repository))) return err;
+    if ((err = TRITONBACKEND_ModelConfig(model, 1, &config))) return err;
+    if ((err = TRITONSERVER_MessageSerializeToJson(config, &config_json, &config_size))) {
+        TRITONSERVER_MessageDelete(config);
+        return err;
+    }
+    PyGILState_STATE gil = PyGILState_Ensure();
+    ModelState *state = calloc(1, sizeof *state);
+    PyObject *module = PyImport_ImportModule(ENTRY_MODULE);
+    if (module) {
+        state->model = PyObject_CallMethod(module, "Model", "s#sK", config_json, (Py_ssize_t)config_size,
+                                           repository, (unsigned long long)version);
+        Py_DECREF(module);
+    }
+    TRITONSERVER_MessageDelete(config);
+    if (state->model) {
+        PyObject *names = PyObject_GetAttrString(state->model, "input_names");
+        if (names && PyTuple_Check(names)) {
+            state->n_inputs = (int)PyTuple_GET_SIZE(names);
+            state->input_names = calloc(state->n_inputs, sizeof(char *));
+            for (int i = 0; i < state->n_inputs; i++)
+                state->input_names[i] = strdup(PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i)));
+        }
+        Py_XDECREF(names);
+    }
+    if (state->model == NULL || state->input_names == NULL) {
+        char text[900];
+        python_error_text(text, sizeof text);
+        Py_XDECREF(state->model);
+        free(state);
+        PyGILState_Release(gil);
+        return fail(TS_ERROR_INTERNAL, "model '%s' version %llu did not load: %s", name,
+                    (unsigned long long)version, text);
+    }
+    PyGILState_Release(gil);
+    return TRITONBACKEND_ModelSetState(model, state);
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
+    void *raw;
+    TRITONSERVER_Error *err = TRITONBACKEND_ModelState(model, &raw);
+    if (err) return err;
+    ModelState *state = raw;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *result = PyObject_CallMethod(state->model, "close", NULL);
+    if (result == NULL) PyErr_Clear();
+    Py_XDECREF(result);
+    Py_DECREF(state->model);
+    PyGILState_Release(gil);
+    for (int i = 0; i < state->n_inputs; i++) free(state->input_names[i]);
+    free(state->input_names);
+    free(state);
+    return NULL;
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance *instance) {
+    (void)instance;
+    return NULL;
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance *instance) {
+    (void)instance;
+    return NULL;
+}
+
+/* ----- a call ----- */
+
+/* One input as Python sees it: (datatype, shape, buffer) or None when the request lacks it. The
+ * buffer is a read-only view of Triton's memory (valid until the request is released) or, when the
+ * tensor arrived in pieces, a bytes copy. */
+static PyObject *input_object(TRITONBACKEND_Request *request, const char *name, PyObject **view) {
+    TRITONBACKEND_Input *input;
+    TRITONSERVER_Error *err = TRITONBACKEND_RequestInput(request, name, &input);
+    if (err) {
+        TRITONSERVER_ErrorDelete(err);
+        Py_RETURN_NONE;
+    }
+    const char *input_name;
+    TS_DataType datatype;
+    const int64_t *shape;
+    uint32_t dims, buffers;
+    uint64_t size;
+    if ((err = TRITONBACKEND_InputProperties(input, &input_name, &datatype, &shape, &dims, &size, &buffers))) {
+        TRITONSERVER_ErrorDelete(err);
+        Py_RETURN_NONE;
+    }
+    PyObject *shape_tuple = PyTuple_New(dims);
+    for (uint32_t d = 0; d < dims; d++) PyTuple_SET_ITEM(shape_tuple, d, PyLong_FromLongLong(shape[d]));
+    PyObject *data = NULL;
+    if (buffers == 1) {
+        const void *buffer;
+        uint64_t buffer_size;
+        TS_MemoryType memory = TS_MEMORY_CPU;
+        int64_t memory_id = 0;
+        err = TRITONBACKEND_InputBuffer(input, 0, &buffer, &buffer_size, &memory, &memory_id);
+        if (err == NULL && memory != TS_MEMORY_GPU) {
+            data = PyMemoryView_FromMemory((char *)buffer, (Py_ssize_t)buffer_size, PyBUF_READ);
+            *view = data;
+            Py_INCREF(data);
+        }
+    } else {
+        data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+        char *out = PyBytes_AS_STRING(data);
+        uint64_t offset = 0;
+        for (uint32_t b = 0; b < buffers && err == NULL; b++) {
+            const void *buffer;
+            uint64_t buffer_size;
+            TS_MemoryType memory = TS_MEMORY_CPU;
+            int64_t memory_id = 0;
+            err = TRITONBACKEND_InputBuffer(input, b, &buffer, &buffer_size, &memory, &memory_id);
+            if (err == NULL && offset + buffer_size <= size && memory != TS_MEMORY_GPU) {
+                memcpy(out + offset, buffer, buffer_size);
+                offset += buffer_size;
+            }
+        }
+    }
+    if (err) TRITONSERVER_ErrorDelete(err);
+    if (data == NULL) {
+        Py_DECREF(shape_tuple);
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(iNN)", (int)datatype, shape_tuple, data);
+}
+
+static int request_bulk(TRITONBACKEND_Request *request) {
+    uint32_t count = 0;
+    TRITONSERVER_Error *err = TRITONBACKEND_RequestParameterCount(request, &count);
+    if (err) {
+        TRITONSERVER_ErrorDelete(err);
+        return 0;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        const char *key;
+        TS_ParameterType type;
+        const void *value;
+        err = TRITONBACKEND_RequestParameter(request, i, &key, &type, &value);
+        if (err) {
+            TRITONSERVER_ErrorDelete(err);
+            continue;
+        }
+        if (strcmp(key, "bulk") == 0 && type == TS_PARAMETER_BOOL) return *(const bool *)value ? 1 : 0;
+    }
+    return 0;
+}
+
+/* (inputs, timeout_us, bulk, requested_outputs) for one request. */
+static PyObject *request_object(ModelState *state, TRITONBACKEND_Request *request, PyObject *views) {
+    PyObject *inputs = PyTuple_New(state->n_inputs);
+    for (int i = 0; i < state->n_inputs; i++) {
+        PyObject *view = NULL;
+        PyTuple_SET_ITEM(inputs, i, input_object(request, state->input_names[i], &view));
+        if (view) {
+            PyList_Append(views, view);
+            Py_DECREF(view);
+        }
+    }
+    uint64_t timeout_us = 0;
+    TRITONSERVER_Error *err = TRITONBACKEND_InferenceRequestTimeoutMicroseconds(request, &timeout_us);
+    if (err) TRITONSERVER_ErrorDelete(err);
+    uint32_t count = 0;
+    err = TRITONBACKEND_RequestOutputCount(request, &count);
+    if (err) TRITONSERVER_ErrorDelete(err);
+    PyObject *outputs = PyTuple_New(count);
+    for (uint32_t i = 0; i < count; i++) {
+        const char *name = "";
+        err = TRITONBACKEND_RequestOutputName(request, i, &name);
+        if (err) TRITONSERVER_ErrorDelete(err);
+        PyTuple_SET_ITEM(outputs, i, PyUnicode_FromString(name));
+    }
+    return Py_BuildValue("(NKON)", inputs, (unsigned long long)timeout_us,
+                         request_bulk(request) ? Py_True : Py_False, outputs);
+}
+
+/* Send one answer: ("error", code, message) or ("ok", ((name, array), ...)). False when the
+ * answer could not be built (the request then gets an INTERNAL error). */
+static bool send_answer(TRITONBACKEND_Request *request, PyObject *answer) {
+    TRITONBACKEND_Response *response;
+    TRITONSERVER_Error *err = TRITONBACKEND_ResponseNew(&response, request);
+    if (err) {
+        TRITONSERVER_ErrorDelete(err);
+        return false;
+    }
+    const char *kind = PyUnicode_AsUTF8(PyTuple_GET_ITEM(answer, 0));
+    if (strcmp(kind, "error") == 0) {
+        int code = (int)PyLong_AsLong(PyTuple_GET_ITEM(answer, 1));
+        const char *message = PyUnicode_AsUTF8(PyTuple_GET_ITEM(answer, 2));
+        TRITONSERVER_Error *answer_error = TRITONSERVER_ErrorNew((TS_ErrorCode)code, message ? message : "error");
+        err = TRITONBACKEND_ResponseSend(response, TS_RESPONSE_COMPLETE_FINAL, answer_error);
+        TRITONSERVER_ErrorDelete(answer_error);
+        if (err) TRITONSERVER_ErrorDelete(err);
+        return false;
+    }
+    PyObject *tensors = PyTuple_GET_ITEM(answer, 1);
+    TRITONSERVER_Error *problem = NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tensors) && problem == NULL; i++) {
+        PyObject *pair = PyTuple_GET_ITEM(tensors, i);
+        const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(pair, 0));
+        Py_buffer view;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(pair, 1), &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND) != 0) {
+            PyErr_Clear();
+            problem = fail(TS_ERROR_INTERNAL, "output '%s' is not a contiguous array", name);
+            break;
+        }
+        int64_t shape[8];
+        int dims = view.ndim < 8 ? view.ndim : 8;
+        for (int d = 0; d < dims; d++) shape[d] = view.shape[d];
+        TRITONBACKEND_Output *output;
+        void *buffer;
+        TS_MemoryType memory = TS_MEMORY_CPU;
+        int64_t memory_id = 0;
+        problem = TRITONBACKEND_ResponseOutput(response, &output, name, TS_TYPE_FP32, shape, (uint32_t)dims);
+        if (problem == NULL)
+            problem = TRITONBACKEND_OutputBuffer(output, &buffer, (uint64_t)view.len, &memory, &memory_id);
+        if (problem == NULL) memcpy(buffer, view.buf, (size_t)view.len);
+        PyBuffer_Release(&view);
+    }
+    err = TRITONBACKEND_ResponseSend(response, TS_RESPONSE_COMPLETE_FINAL, problem);
+    if (err) TRITONSERVER_ErrorDelete(err);
+    if (problem) {
+        TRITONSERVER_ErrorDelete(problem);
+        return false;
+    }
+    return true;
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance *instance,
+                                                       TRITONBACKEND_Request **requests,
+                                                       uint32_t request_count) {
+    uint64_t exec_start = now_ns();
+    TRITONBACKEND_Model *model;
+    void *raw;
+    TRITONSERVER_Error *err = TRITONBACKEND_ModelInstanceModel(instance, &model);
+    if (err == NULL) err = TRITONBACKEND_ModelState(model, &raw);
+    if (err) return err; /* Triton answers every request with this error */
+    ModelState *state = raw;
+
+    /* Keep this thread's Python state across calls: the state PyGILState_Ensure creates for a
+     * thread Python did not start is destroyed by the matching Release, and a new one per call
+     * starts Python and the frameworks' thread-local caches cold every time. */
+    static __thread int thread_state_kept = 0;
+    if (!thread_state_kept) {
+        PyGILState_Ensure();
+        PyEval_SaveThread();
+        thread_state_kept = 1;
+    }
+    bool *answered = calloc(request_count, sizeof(bool));
+    bool *succeeded = calloc(request_count, sizeof(bool));
+    uint64_t compute_start = 0, compute_end = 0;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *views = PyList_New(0);
+    PyObject *batch = PyList_New(request_count);
+    for (uint32_t r = 0; r < request_count; r++)
+        PyList_SET_ITEM(batch, r, request_object(state, requests[r], views));
+    compute_start = now_ns();
+    /* The Python side yields answers in the order they should go out: (index, answer) pairs, the
+     * refusals and interactive answers before a bulk request's rows are scored. */
+    PyObject *answers = PyObject_CallMethod(state->model, "execute", "Od", batch, (double)exec_start * 1e-9);
+    char text[900] = "";
+    if (answers == NULL) {
+        python_error_text(text, sizeof text);
+    } else {
+        PyObject *item;
+        while ((item = PyIter_Next(answers)) != NULL) {
+            long index = PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
+            if (index >= 0 && index < (long)request_count && !answered[index]) {
+                succeeded[index] = send_answer(requests[index], PyTuple_GET_ITEM(item, 1));
+                answered[index] = true;
+            }
+            Py_DECREF(item);
+        }
+        if (PyErr_Occurred()) python_error_text(text, sizeof text);
+        Py_DECREF(answers);
+    }
+    compute_end = now_ns();
+    /* The views into Triton's buffers end here: the requests are released below. */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(views); i++) {
+        PyObject *released = PyObject_CallMethod(PyList_GET_ITEM(views, i), "release", NULL);
+        if (released == NULL) {
+            char leak[300];
+            python_error_text(leak, sizeof leak);
+            log_line(TS_LOG_ERROR, leak);
+        }
+        Py_XDECREF(released);
+    }
+    Py_DECREF(views);
+    Py_DECREF(batch);
+    PyGILState_Release(gil);
+
+    uint64_t exec_end = now_ns();
+    uint64_t rows = 0;
+    {
+        PyGILState_STATE again = PyGILState_Ensure();
+        PyObject *scored = PyObject_GetAttrString(state->model, "rows");
+        if (scored && PyLong_Check(scored)) rows = PyLong_AsUnsignedLongLong(scored);
+        if (scored == NULL || PyErr_Occurred()) PyErr_Clear();
+        Py_XDECREF(scored);
+        PyGILState_Release(again);
+    }
+    for (uint32_t r = 0; r < request_count; r++) {
+        if (!answered[r]) { /* the Python side failed as a whole: every request still gets an answer */
+            TRITONBACKEND_Response *response;
+            if (TRITONBACKEND_ResponseNew(&response, requests[r]) == NULL) {
+                TRITONSERVER_Error *why = fail(TS_ERROR_INTERNAL, "the ranker failed: %s", text[0] ? text : "no answer");
+                TRITONSERVER_Error *send = TRITONBACKEND_ResponseSend(response, TS_RESPONSE_COMPLETE_FINAL, why);
+                if (send) TRITONSERVER_ErrorDelete(send);
+                TRITONSERVER_ErrorDelete(why);
+            }
+        }
+        err = TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[r], succeeded[r], exec_start,
+                                                          compute_start, compute_end, exec_end);
+        if (err) TRITONSERVER_ErrorDelete(err);
+        err = TRITONBACKEND_RequestRelease(requests[r], TS_REQUEST_RELEASE_ALL);
+        if (err) TRITONSERVER_ErrorDelete(err);
+    }
+    if (rows) {
+        err = TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, rows, exec_start, compute_start,
+                                                               compute_end, exec_end);
+        if (err) TRITONSERVER_ErrorDelete(err);
+    }
+    free(answered);
+    free(succeeded);
+    return NULL;
+}
