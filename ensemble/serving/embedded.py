@@ -51,7 +51,8 @@ class Model:
                          schema.CATEGORICAL.name: np.full((rows, schema.N_CATEGORICAL), b"", dtype=object)})
 
     def close(self) -> None:
-        pass
+        """Called when Triton unloads this version: the process (Triton's) lives on."""
+        self.runner.fn.close()
 
     def execute(self, requests: Sequence[tuple], exec_start: float) -> Iterator[tuple[int, Answer]]:
         """Answers for ``requests`` (each ``(inputs, timeout_us, bulk, requested_outputs)``, inputs

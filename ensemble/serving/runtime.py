@@ -154,6 +154,12 @@ class Pipeline:
             self.score(np.full((rows, schema.N_DENSE), np.nan, np.float32),
                        np.full((rows, schema.N_CATEGORICAL), b"", dtype=object))
 
+    def close(self) -> None:
+        """End the worker thread (a pipeline unloaded from a long-lived process, e.g. Triton's)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
     def __call__(self, dense: np.ndarray, categorical: np.ndarray) -> tuple[np.ndarray, ...]:
         """The ranker's outputs in ``schema.RANKER_OUTPUTS`` order (the fused model's step)."""
         scores = self.score(dense, categorical)

@@ -21,6 +21,7 @@ from clients.triton import AsyncRankerClient, RankerClient, Retry, ScoringError
 from ensemble import schema
 from ensemble.repository.configs import LATENCY_OBJECTIVE_PARAMETER
 from ensemble.schema import Priority
+from ensemble.models.registry import Layout
 from ensemble.serving.server import ServerOptions, TritonServer, free_port
 from tests.helpers import fresh_rows
 
@@ -31,12 +32,14 @@ REFUSAL = schema.OVERLOAD_REFUSAL
 OBJECTIVE_MS = 20.0
 
 
-@pytest.fixture(scope="module")
-def tight_server(trained, tmp_path_factory):
-    """A fused-layout server whose ranker has a 20 ms latency objective."""
-    log = tmp_path_factory.mktemp("server-objective") / "tritonserver.log"
+@pytest.fixture(scope="module", params=[Layout.FUSED, Layout.NATIVE], ids=lambda layout: layout.value)
+def tight_server(trained, tmp_path_factory, request):
+    """A server whose ranker has a 20 ms latency objective, in the python backend and in the
+    project's own (the same admission code runs in both)."""
+    log = tmp_path_factory.mktemp(f"server-objective-{request.param.value}") / "tritonserver.log"
     server = TritonServer(ServerOptions(trained.repository, http_port=free_port(), grpc_port=free_port(),
-                                        metrics_port=free_port(), log_file=log, latency_objective_ms=OBJECTIVE_MS))
+                                        metrics_port=free_port(), log_file=log, latency_objective_ms=OBJECTIVE_MS,
+                                        layout=request.param))
     server.start()
     yield server
     alive = server.alive() and server.ready()

@@ -1,5 +1,6 @@
-"""The clients a Triton user brings, against the default server: plain ``tritonclient`` in closed
-loops of 1 to 16 threads with no retries, and Triton's own benchmark client ``perf_analyzer``.
+"""The clients a Triton user brings, against the fused ranker in both of its backends (the python
+backend and the project's own): plain ``tritonclient`` in closed loops of 1 to 16 threads with no
+retries, and Triton's own benchmark client ``perf_analyzer``.
 Ordinary concurrency is queued and batched, never refused; a request that cannot meet its own
 timeout is refused at once, saying why."""
 
@@ -13,6 +14,7 @@ import pytest
 
 from clients.triton import Protocol, build_inputs, build_outputs
 from ensemble import schema
+from ensemble.models.registry import Layout
 from tests.helpers import fresh_rows
 
 ROW_CHOICES = (1, 20, 100)
@@ -52,23 +54,29 @@ def _closed_loop(url: str, protocol: Protocol, users: int, seconds: float, dense
     return sum(answered), errors
 
 
+@pytest.fixture(scope="module", params=[Layout.FUSED, Layout.NATIVE], ids=lambda layout: layout.value)
+def served(request, servers):
+    """The default layout's ranker and the same ranker in the project's own backend."""
+    return servers(request.param)
+
+
 @pytest.mark.parametrize("protocol", [Protocol.HTTP, Protocol.GRPC], ids=lambda p: p.value)
-def test_closed_loops_of_1_to_16_plain_clients_are_never_refused(server, protocol):
+def test_closed_loops_of_1_to_16_plain_clients_are_never_refused(served, protocol):
     dense, cats = fresh_rows(500, seed=81)
-    url = server.grpc_url if protocol is Protocol.GRPC else server.http_url
+    url = served.grpc_url if protocol is Protocol.GRPC else served.http_url
     for users in (1, 4, 16):
         answered, errors = _closed_loop(url, protocol, users, 2.0, dense, cats)
         print(f"\n{protocol.value}, {users} plain client(s), no retries: {answered} answered, {len(errors)} errors")
         assert answered > users and not errors, errors[:3]
 
 
-def test_a_request_whose_own_timeout_cannot_be_met_is_refused_at_once(server):
+def test_a_request_whose_own_timeout_cannot_be_met_is_refused_at_once(served):
     import tritonclient.http as http_client
     from tritonclient.utils import InferenceServerException
 
     dense, cats = fresh_rows(100, seed=82)
     dense, cats = dense[:100], cats[:100]
-    client = http_client.InferenceServerClient(server.http_url)
+    client = http_client.InferenceServerClient(served.http_url)
     inputs = build_inputs(http_client, Protocol.HTTP, True, dense, cats)
     started = time.perf_counter()
     with pytest.raises(InferenceServerException) as refused:  # 100 rows take milliseconds, not 0.1 ms
@@ -81,14 +89,14 @@ def test_a_request_whose_own_timeout_cannot_be_met_is_refused_at_once(server):
     assert result.as_numpy(schema.SCORE.name).shape == (100, 1)
 
 
-def test_perf_analyzer_measures_concurrent_clients_without_an_error(server):
+def test_perf_analyzer_measures_concurrent_clients_without_an_error(served):
     """Triton's own benchmark client, installed by the project: 16 synchronous clients of 100-row
     requests over HTTP and gRPC, each point measured with no error (errors are what this checks, not
     figures: any variation between windows is accepted)."""
     from loadtest import perf_analyzer
 
     tool = perf_analyzer.install()
-    for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+    for protocol, url in (("http", served.http_url), ("grpc", served.grpc_url)):
         point = perf_analyzer.measure(tool, url, protocol, rows=100, concurrency=16, window_ms=1500,
                                       stability_percent=10_000)
         print(f"\nperf_analyzer {protocol} 100 rows x 16: {point}")
