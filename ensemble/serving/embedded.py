@@ -38,7 +38,8 @@ class Model:
         self.name = config.get("name", schema.Model.RANKER.value)
         self.runner = runtime.load_fused(Path(repository) / str(version), int(params.get("threads", "1")))
         self.step = self.runner.step
-        self.input_names = tuple(t.name for t in self.step.inputs)
+        _check_config(config, self.step)
+        self.input_names = tuple(t["name"] for t in config["input"])
         self.admission = None
         if params.get("latency_objective_ms"):
             prior = admission.calibrate(self._score_missing)
@@ -118,6 +119,20 @@ class Model:
                 array = np.frombuffer(buffer, dtype=dtype.numpy)
             inputs[tensor.name] = array.reshape(shape)
         return inputs
+
+
+def _check_config(config: dict, step: schema.Step) -> None:
+    """The served config's tensors (names, types, dims, in order) must be the ones this code scores:
+    the backend reads the inputs the config names and the model reads them in step order."""
+    def tensors(entries):
+        return [(t["name"], t["data_type"], tuple(int(d) for d in t["dims"])) for t in entries]
+
+    served = (tensors(config.get("input", [])), tensors(config.get("output", [])))
+    expected = ([(t.name, t.dtype.value, t.dims) for t in step.inputs],
+                [(t.name, t.dtype.value, t.dims) for t in step.outputs])
+    if served != expected:
+        raise ValueError(f"the model config's tensors {served} are not the ranker's {expected}: "
+                         "regenerate the configs (ensemble export)")
 
 
 def _admission_request(request: tuple) -> admission.Request:

@@ -249,7 +249,10 @@ static PyObject *input_object(TRITONBACKEND_Request *request, const char *name, 
             }
         }
     }
-    if (err) TRITONSERVER_ErrorDelete(err);
+    if (err) { /* a buffer Triton could not give: the request is answered as lacking this input */
+        TRITONSERVER_ErrorDelete(err);
+        if (data != NULL && data != *view) Py_CLEAR(data);
+    }
     if (data == NULL) {
         Py_DECREF(shape_tuple);
         Py_RETURN_NONE;

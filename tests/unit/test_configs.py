@@ -86,3 +86,20 @@ def test_the_fused_ranker_carries_the_default_latency_objective():
     # the per-model layout's steps refuse nothing
     for spec in configs.layout_specs(Layout.ENSEMBLE)[0]:
         assert configs.LATENCY_OBJECTIVE_PARAMETER not in configs.model_config(spec).parameters
+
+
+def test_the_native_backend_serves_only_the_config_it_was_exported_with():
+    """The backend reads the inputs the served config names; a config whose tensors are not the
+    ranker's is refused at load, naming both."""
+    import json
+
+    from google.protobuf import json_format
+
+    from ensemble.serving import embedded
+
+    config = json.loads(json_format.MessageToJson(configs.layout_configs(Layout.NATIVE)["ranker"],
+                                                  preserving_proto_field_name=True))
+    embedded._check_config(config, schema.FUSED_STEP)
+    config["input"][1]["dims"] = ["25"]
+    with pytest.raises(ValueError, match="categorical"):
+        embedded._check_config(config, schema.FUSED_STEP)
