@@ -15,7 +15,7 @@ ARGS ?=
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml setup.py ensemble/serving/_native.c ensemble/serving/fused_backend.c ensemble/models/_trees.c
+$(STAMP): requirements.txt pyproject.toml setup.py ensemble/serving/_native.c ensemble/serving/fused_backend.c ensemble/models/_trees.c ensemble/models/_dlrm.c
 	test -x $(BIN)/python || $(PYTHON_BASE) -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check -q -r requirements.txt
 	$(BIN)/python -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e .

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ensemble import schema
-from ensemble.models import metrics
+from ensemble.models import dlrm_kernel, metrics
 from ensemble.models.artifacts import TORCHSCRIPT
 from ensemble.models.dlrm import DLRMConfig, as_source, score_source, table_offsets
 from ensemble.device import Device
@@ -214,8 +214,20 @@ class TorchScorer:
         self._torch = torch
         self._device = torch.device("cuda" if device is Device.GPU else "cpu")
         self.model = torch.jit.load(str(Path(model_dir) / MODEL_FILE), map_location=self._device).eval()
+        # On the CPU the same weights through one C call (ensemble/models/_dlrm.c) when it gives
+        # TorchScript's scores on a sample batch: 1 row ~15 us instead of ~60-100, 100 rows ~1.6x.
+        self._kernel = None
+        if device is Device.CPU and dlrm_kernel.available():
+            self._kernel = dlrm_kernel.checked(dlrm_kernel.DLRMWeights.from_torchscript(self.model), self.framework,
+                                               schema.N_DENSE, "dlrm_torch")
 
     def __call__(self, dense_features: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
+        if self._kernel is not None:
+            return self._kernel(dense_features, category_ids)
+        return self.framework(dense_features, category_ids)
+
+    def framework(self, dense_features: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
+        """The TorchScript module's own forward pass."""
         torch = self._torch
         with torch.inference_mode():
             out = self.model(torch.from_numpy(np.ascontiguousarray(dense_features)).to(self._device),

@@ -1,0 +1,277 @@
+/* A DLRM forward pass in C, for the weights of either trained DLRM (ensemble/models/dlrm_kernel.py
+ * reads them from the exported TorchScript or TFLite model): bottom MLP (ReLU after every layer),
+ * one gather from the stacked embedding table, the dot product of every pair of the 1 + F vectors,
+ * top MLP (ReLU between layers), sigmoid.
+ *
+ * Why: at one row the frameworks' per-operator dispatch is most of a DLRM's time (TorchScript
+ * ~60-100 us for work worth a few microseconds); at a hundred rows the layers are small matrices
+ * where a register-tiled loop keeps up with a BLAS call. One call per batch, no interpreter.
+ *
+ * A layer computes rows in tiles of 4 rows x 16 outputs held in registers (weights stored [in x out]
+ * so a tile reads 16 consecutive weights per input). The kernels are built twice, for x86-64-v3
+ * (AVX2, FMA) and for the baseline instruction set, and the CPU picks at load (GCC's target_clones);
+ * ``vectorized()`` says whether the first applies (the baseline build is correct but slow, so the
+ * scorers keep the frameworks on such a CPU).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
+
+#define TILE_ROWS 4
+#define TILE_COLS 16
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define CLONES
+#endif
+
+static inline v8 load8(const float *p) {
+    v8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+
+/* y[B x out] = act(x[B x in] @ wt[in x out] + bias) */
+CLONES static void layer(Py_ssize_t B, int in, int out, const float *x, const float *wt, const float *bias, float *y,
+                         int relu) {
+    const v8 zero = {0};
+    if (out % TILE_COLS == 0) {
+        for (Py_ssize_t b0 = 0; b0 < B; b0 += TILE_ROWS) {
+            const int nb = B - b0 < TILE_ROWS ? (int)(B - b0) : TILE_ROWS;
+            for (int j0 = 0; j0 < out; j0 += TILE_COLS) {
+                v8 acc[TILE_ROWS][2];
+                for (int r = 0; r < TILE_ROWS; r++) {
+                    acc[r][0] = load8(bias + j0);
+                    acc[r][1] = load8(bias + j0 + 8);
+                }
+                const float *xr[TILE_ROWS];
+                for (int r = 0; r < TILE_ROWS; r++) xr[r] = x + (b0 + (r < nb ? r : 0)) * in;
+                for (int k = 0; k < in; k++) {
+                    const v8 w0 = load8(wt + (size_t)k * out + j0), w1 = load8(wt + (size_t)k * out + j0 + 8);
+                    for (int r = 0; r < TILE_ROWS; r++) {
+                        const float s = xr[r][k];
+                        acc[r][0] += s * w0;
+                        acc[r][1] += s * w1;
+                    }
+                }
+                for (int r = 0; r < nb; r++) {
+                    v8 a0 = acc[r][0], a1 = acc[r][1];
+                    if (relu) { /* keep the positive lanes: the comparison's mask is all ones there */
+                        a0 = (v8)((v8i)a0 & (a0 > zero));
+                        a1 = (v8)((v8i)a1 & (a1 > zero));
+                    }
+                    store8(y + (b0 + r) * out + j0, a0);
+                    store8(y + (b0 + r) * out + j0 + 8, a1);
+                }
+            }
+        }
+        return;
+    }
+    for (Py_ssize_t b = 0; b < B; b++) {
+        for (int j = 0; j < out; j++) y[b * out + j] = bias[j];
+        for (int k = 0; k < in; k++) {
+            const float s = x[b * in + k];
+            const float *w = wt + (size_t)k * out;
+            for (int j = 0; j < out; j++) y[b * out + j] += s * w[j];
+        }
+        if (relu)
+            for (int j = 0; j < out; j++) y[b * out + j] = y[b * out + j] > 0.f ? y[b * out + j] : 0.f;
+    }
+}
+
+/* out[b] = [vector 0 of row b, then <v_i, v_j> for each pair]: stacked [B x V x dim] -> [B x (dim + P)] */
+CLONES static void interact(Py_ssize_t B, int n_vectors, int dim, int n_pairs, const int32_t *pair_i,
+                            const int32_t *pair_j, const float *stacked, float *out) {
+    const int width = dim + n_pairs;
+    for (Py_ssize_t b = 0; b < B; b++) {
+        const float *s = stacked + b * n_vectors * dim;
+        float *o = out + b * width;
+        memcpy(o, s, sizeof(float) * dim);
+        for (int p = 0; p < n_pairs; p++) {
+            const float *u = s + pair_i[p] * dim, *v = s + pair_j[p] * dim;
+            if (dim % 8 == 0) {
+                v8 acc = {0};
+                for (int d = 0; d < dim; d += 8) acc += load8(u + d) * load8(v + d);
+                o[dim + p] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+            } else {
+                float acc = 0.f;
+                for (int d = 0; d < dim; d++) acc += u[d] * v[d];
+                o[dim + p] = acc;
+            }
+        }
+    }
+}
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} Buffer;
+
+static int take(PyObject *obj, Buffer *b, const char *name, Py_ssize_t itemsize, int writable) {
+    if (PyObject_GetBuffer(obj, &b->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    b->held = 1;
+    if (b->view.itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: items of %zd bytes, expected %zd", name, b->view.itemsize, itemsize);
+        return -1;
+    }
+    return 0;
+}
+
+static void give_back(Buffer *buffers, int n) {
+    for (int i = 0; i < n; i++)
+        if (buffers[i].held) PyBuffer_Release(&buffers[i].view);
+}
+
+/* forward(dense, ids, bottom, table, offsets, pair_i, pair_j, top, out)
+ *   dense [B x n_dense] f32, ids [B x F] i64, bottom/top: tuples of (wt [in x out] f32, bias [out] f32),
+ *   table [rows x dim] f32, offsets [F] i64, pair_i/pair_j [P] i32, out [B] f32 */
+static PyObject *forward(PyObject *self, PyObject *args) {
+    PyObject *objs[9];
+    if (!PyArg_ParseTuple(args, "OOO!OOOOO!O", &objs[0], &objs[1], &PyTuple_Type, &objs[2], &objs[3], &objs[4],
+                          &objs[5], &objs[6], &PyTuple_Type, &objs[7], &objs[8]))
+        return NULL;
+    PyObject *bottom = objs[2], *top = objs[7];
+    const Py_ssize_t n_bottom = PyTuple_GET_SIZE(bottom), n_top = PyTuple_GET_SIZE(top);
+    if (n_bottom < 1 || n_top < 1 || n_bottom + n_top > 32) {
+        PyErr_SetString(PyExc_ValueError, "1..31 bottom and top layers");
+        return NULL;
+    }
+    Buffer fixed[7] = {{{0}}};
+    Buffer layers[64] = {{{0}}};
+    const int n_layers = (int)(2 * (n_bottom + n_top));
+    PyObject *result = NULL;
+    float *scratch = NULL;
+    if (take(objs[0], &fixed[0], "dense", 4, 0) < 0 || take(objs[1], &fixed[1], "ids", 8, 0) < 0 ||
+        take(objs[3], &fixed[2], "table", 4, 0) < 0 || take(objs[4], &fixed[3], "offsets", 8, 0) < 0 ||
+        take(objs[5], &fixed[4], "pair_i", 4, 0) < 0 || take(objs[6], &fixed[5], "pair_j", 4, 0) < 0 ||
+        take(objs[8], &fixed[6], "out", 4, 1) < 0)
+        goto done;
+    for (Py_ssize_t l = 0; l < n_bottom + n_top; l++) {
+        PyObject *pair = PyTuple_GET_ITEM(l < n_bottom ? bottom : top, l < n_bottom ? l : l - n_bottom);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "a layer is a (weights [in x out], bias [out]) pair");
+            goto done;
+        }
+        if (take(PyTuple_GET_ITEM(pair, 0), &layers[2 * l], "weights", 4, 0) < 0 ||
+            take(PyTuple_GET_ITEM(pair, 1), &layers[2 * l + 1], "bias", 4, 0) < 0)
+            goto done;
+        if (layers[2 * l].view.ndim != 2 || layers[2 * l + 1].view.len / 4 != layers[2 * l].view.shape[1]) {
+            PyErr_SetString(PyExc_ValueError, "weights must be [in x out] with a bias of out");
+            goto done;
+        }
+    }
+    const Py_ssize_t F = fixed[3].view.len / 8, P = fixed[4].view.len / 4;
+    const Py_ssize_t dim = fixed[2].view.ndim == 2 ? fixed[2].view.shape[1] : 0;
+    const Py_ssize_t table_rows = dim ? fixed[2].view.shape[0] : 0;
+    const Py_ssize_t B = fixed[6].view.len / 4;
+    const Py_ssize_t n_dense = B ? fixed[0].view.len / 4 / B : 0;
+    if (dim < 1 || fixed[5].view.len / 4 != P || fixed[1].view.len / 8 != B * F || fixed[0].view.len / 4 != B * n_dense ||
+        layers[0].view.shape[0] != n_dense || layers[2 * (n_bottom - 1)].view.shape[1] != dim ||
+        layers[2 * n_bottom].view.shape[0] != dim + P || layers[n_layers - 2].view.shape[1] != 1) {
+        PyErr_SetString(PyExc_ValueError, "shapes do not chain: dense -> bottom -> dim; dim + pairs -> top -> 1");
+        goto done;
+    }
+    for (Py_ssize_t l = 1; l < n_bottom + n_top; l++) {
+        if (l != n_bottom && layers[2 * l].view.shape[0] != layers[2 * l - 2].view.shape[1]) {
+            PyErr_SetString(PyExc_ValueError, "a layer's input width is not the previous layer's output width");
+            goto done;
+        }
+    }
+    const int32_t *pi = fixed[4].view.buf, *pj = fixed[5].view.buf;
+    for (Py_ssize_t p = 0; p < P; p++)
+        if (pi[p] < 0 || pi[p] > F || pj[p] < 0 || pj[p] > F) {
+            PyErr_SetString(PyExc_ValueError, "a pair names a vector beyond the 1 + F");
+            goto done;
+        }
+    Py_ssize_t width = dim + P;
+    for (int l = 0; l < n_layers; l += 2)
+        if (layers[l].view.shape[1] > width) width = layers[l].view.shape[1];
+    scratch = PyMem_RawMalloc(sizeof(float) * (size_t)(B ? B : 1) * (size_t)(2 * width + (F + 1) * dim));
+    if (scratch == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *ids = fixed[1].view.buf, *offsets = fixed[3].view.buf;
+    Py_ssize_t bad = -1;
+    float *a = scratch, *b = scratch + B * width, *stacked = b + B * width;
+    float *out = fixed[6].view.buf;
+    Py_BEGIN_ALLOW_THREADS
+    const float *x = fixed[0].view.buf;
+    int in = (int)n_dense;
+    for (Py_ssize_t l = 0; l < n_bottom; l++) {
+        float *y = (l % 2 == 0) ? a : b;
+        int o = (int)layers[2 * l].view.shape[1];
+        layer(B, in, o, x, layers[2 * l].view.buf, layers[2 * l + 1].view.buf, y, 1);
+        x = y;
+        in = o;
+    }
+    const float *table = fixed[2].view.buf;
+    for (Py_ssize_t r = 0; r < B && bad < 0; r++) {
+        float *s = stacked + r * (F + 1) * dim;
+        memcpy(s, x + r * dim, sizeof(float) * dim);
+        for (Py_ssize_t c = 0; c < F; c++) {
+            int64_t id = ids[r * F + c] + offsets[c];
+            if (id < 0 || id >= table_rows) {
+                bad = r * F + c;
+                break;
+            }
+            memcpy(s + (c + 1) * dim, table + id * dim, sizeof(float) * dim);
+        }
+    }
+    if (bad < 0) {
+        float *inter = (x == a) ? b : a;
+        interact(B, (int)(F + 1), (int)dim, (int)P, pi, pj, stacked, inter);
+        x = inter;
+        in = (int)(dim + P);
+        for (Py_ssize_t l = n_bottom; l < n_bottom + n_top; l++) {
+            float *y = (x == a) ? b : a;
+            int o = (int)layers[2 * l].view.shape[1];
+            layer(B, in, o, x, layers[2 * l].view.buf, layers[2 * l + 1].view.buf, y, l < n_bottom + n_top - 1);
+            x = y;
+            in = o;
+        }
+        for (Py_ssize_t r = 0; r < B; r++) out[r] = 1.0f / (1.0f + expf(-x[r]));
+    }
+    Py_END_ALLOW_THREADS
+    if (bad >= 0) {
+        PyErr_Format(PyExc_ValueError, "row %zd, column %zd: id %lld is outside its embedding table", bad / F, bad % F,
+                     (long long)ids[bad]);
+        goto done;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyMem_RawFree(scratch);
+    give_back(fixed, 7);
+    give_back(layers, n_layers);
+    return result;
+}
+
+static PyObject *vectorized(PyObject *self, PyObject *unused) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    __builtin_cpu_init();
+    return PyBool_FromLong(__builtin_cpu_supports("x86-64-v3"));
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
+static PyMethodDef methods[] = {
+    {"vectorized", vectorized, METH_NOARGS, "whether this CPU runs the AVX2+FMA build of the kernels"},
+    {"forward", forward, METH_VARARGS,
+     "forward(dense, ids, bottom, table, offsets, pair_i, pair_j, top, out): DLRM probabilities into out"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_dlrm", "A DLRM forward pass in C.", -1, methods};
+
+PyMODINIT_FUNC PyInit__dlrm(void) { return PyModule_Create(&module); }

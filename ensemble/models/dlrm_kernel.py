@@ -1,0 +1,115 @@
+"""Either DLRM's forward pass through one C call (``ensemble/models/_dlrm.c``), with the weights read
+from the exported model itself.
+
+The scorers (:class:`ensemble.models.dlrm_torch.TorchScorer`) use it on the CPU when the extension
+was built and the weights could be read, after checking at load that it gives the framework's own
+scores on a sample batch (within :data:`AGREEMENT`); otherwise they keep the framework.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+try:
+    from ensemble.models import _dlrm
+except ImportError:  # built without a C compiler: the frameworks score
+    _dlrm = None
+
+LOG = logging.getLogger(__name__)
+
+# How far the kernel may be from the framework on the load-time sample (float32 sums in another order).
+AGREEMENT = 1e-5
+
+
+@dataclass(frozen=True)
+class DLRMWeights:
+    """A DLRM's weights in the kernel's layout.
+
+    Attributes:
+        bottom, top: per layer (weights [in x out], bias [out]), float32.
+        table: the stacked embedding table [rows x dim]; ``offsets``: each column's first row.
+        pair_i, pair_j: the vectors (0 = the bottom MLP's output, c + 1 = column c's embedding) of
+            each interaction output, in the model's order.
+    """
+
+    bottom: tuple[tuple[np.ndarray, np.ndarray], ...]
+    table: np.ndarray
+    offsets: np.ndarray
+    pair_i: np.ndarray
+    pair_j: np.ndarray
+    top: tuple[tuple[np.ndarray, np.ndarray], ...]
+
+    def __call__(self, dense_features: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
+        """[B x 13] float32, [B x 26] int64 -> [B x 1] float32 probabilities."""
+        dense = np.ascontiguousarray(dense_features, dtype=np.float32)
+        ids = np.ascontiguousarray(category_ids, dtype=np.int64)
+        out = np.empty(len(dense), dtype=np.float32)
+        _dlrm.forward(dense, ids, self.bottom, self.table, self.offsets, self.pair_i, self.pair_j, self.top, out)
+        return out.reshape(-1, 1)
+
+    @classmethod
+    def from_torchscript(cls, module) -> "DLRMWeights | None":
+        """From a frozen TorchScript DLRM (:func:`ensemble.models.dlrm_torch.save`): its graph's
+        constants, found by the operators that use them. None when the graph is not that shape."""
+        constants = {}
+        for node in module.graph.nodes():
+            if node.kind() == "prim::Constant" and node.output().type().kind() == "TensorType":
+                constants[node.output().debugName()] = node.t("value").detach().cpu().numpy()
+        linears, table, offsets, pairs, seen_interaction = ([], []), None, None, None, False
+        for node in module.graph.nodes():
+            names = [i.debugName() for i in node.inputs()]
+            kind = node.kind()
+            if kind == "aten::linear":
+                weight, bias = constants.get(names[1]), constants.get(names[2])
+                if weight is None or bias is None:
+                    return None
+                linears[seen_interaction].append((np.ascontiguousarray(weight.T, np.float32),
+                                                  np.ascontiguousarray(bias, np.float32)))
+            elif kind == "aten::embedding":
+                table = constants.get(names[0])
+            elif kind == "aten::add" and names[1] in constants:
+                offsets = constants[names[1]]
+            elif kind == "aten::index_select":
+                pairs = constants.get(names[2])
+            elif kind == "aten::bmm":
+                seen_interaction = True
+        if table is None or offsets is None or pairs is None or not all(linears):
+            return None
+        vectors = len(offsets) + 1
+        return cls(tuple(linears[0]), np.ascontiguousarray(table, np.float32), np.ascontiguousarray(offsets, np.int64),
+                   np.ascontiguousarray(pairs // vectors, np.int32), np.ascontiguousarray(pairs % vectors, np.int32),
+                   tuple(linears[1]))
+
+
+def checked(weights: DLRMWeights | None, reference, n_dense: int, name: str, rows: int = 64,
+            seed: int = 0) -> DLRMWeights | None:
+    """``weights`` when the kernel reproduces ``reference(dense, ids)`` on a random batch within
+    :data:`AGREEMENT`, else None (logged): the framework keeps scoring."""
+    if _dlrm is None or weights is None:
+        return None
+    rng = np.random.default_rng(seed)
+    dense = rng.normal(size=(rows, n_dense)).astype(np.float32)
+    ids = np.stack([rng.integers(0, max(int(c), 1), rows) for c in cardinalities(weights)], axis=1).astype(np.int64)
+    try:
+        gap = float(np.abs(weights(dense, ids).ravel() - np.asarray(reference(dense, ids)).ravel()).max())
+    except (ValueError, TypeError) as exc:
+        LOG.warning("%s: the C forward pass could not run (%s); the framework scores", name, exc)
+        return None
+    if not gap <= AGREEMENT:
+        LOG.warning("%s: the C forward pass differs from the framework by %.2g; the framework scores", name, gap)
+        return None
+    return weights
+
+
+def cardinalities(weights: DLRMWeights) -> np.ndarray:
+    """Each column's table size (from the offsets and the stacked table's rows)."""
+    return np.diff(np.append(weights.offsets, len(weights.table)))
+
+
+def available() -> bool:
+    """Built, and this CPU runs its vectorized kernels (the baseline build is slower than the frameworks)."""
+    return _dlrm is not None and _dlrm.vectorized()
+
