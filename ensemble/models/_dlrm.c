@@ -31,45 +31,58 @@ typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
 #define CLONES
 #endif
 
-static inline v8 load8(const float *p) {
+static inline __attribute__((always_inline)) v8 load8(const float *p) {
     v8 v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
-static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+static inline __attribute__((always_inline)) void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+
+/* Rows [b0, b0 + NB) x outputs [j0, j0 + 16) of y = act(x @ wt + bias), accumulated in registers.
+ * NB is a constant at each call site, so the loops over rows unroll. */
+static inline __attribute__((always_inline)) void tile(const int NB, int in, int out, const float *x,
+                                                      const float *wt, const float *bias, float *y,
+                                                      Py_ssize_t b0, int j0, int relu) {
+    v8 acc[TILE_ROWS][2];
+    const float *xr[TILE_ROWS];
+    for (int r = 0; r < NB; r++) {
+        acc[r][0] = load8(bias + j0);
+        acc[r][1] = load8(bias + j0 + 8);
+        xr[r] = x + (b0 + r) * in;
+    }
+    for (int k = 0; k < in; k++) {
+        const v8 w0 = load8(wt + (size_t)k * out + j0), w1 = load8(wt + (size_t)k * out + j0 + 8);
+        for (int r = 0; r < NB; r++) {
+            const float s = xr[r][k];
+            acc[r][0] += s * w0;
+            acc[r][1] += s * w1;
+        }
+    }
+    const v8 zero = {0};
+    for (int r = 0; r < NB; r++) {
+        v8 a0 = acc[r][0], a1 = acc[r][1];
+        if (relu) { /* keep the positive lanes: the comparison's mask is all ones there */
+            a0 = (v8)((v8i)a0 & (a0 > zero));
+            a1 = (v8)((v8i)a1 & (a1 > zero));
+        }
+        store8(y + (b0 + r) * out + j0, a0);
+        store8(y + (b0 + r) * out + j0 + 8, a1);
+    }
+}
 
 /* y[B x out] = act(x[B x in] @ wt[in x out] + bias) */
 CLONES static void layer(Py_ssize_t B, int in, int out, const float *x, const float *wt, const float *bias, float *y,
                          int relu) {
-    const v8 zero = {0};
     if (out % TILE_COLS == 0) {
         for (Py_ssize_t b0 = 0; b0 < B; b0 += TILE_ROWS) {
-            const int nb = B - b0 < TILE_ROWS ? (int)(B - b0) : TILE_ROWS;
+            const Py_ssize_t nb = B - b0 < TILE_ROWS ? B - b0 : TILE_ROWS;
             for (int j0 = 0; j0 < out; j0 += TILE_COLS) {
-                v8 acc[TILE_ROWS][2];
-                for (int r = 0; r < TILE_ROWS; r++) {
-                    acc[r][0] = load8(bias + j0);
-                    acc[r][1] = load8(bias + j0 + 8);
-                }
-                const float *xr[TILE_ROWS];
-                for (int r = 0; r < TILE_ROWS; r++) xr[r] = x + (b0 + (r < nb ? r : 0)) * in;
-                for (int k = 0; k < in; k++) {
-                    const v8 w0 = load8(wt + (size_t)k * out + j0), w1 = load8(wt + (size_t)k * out + j0 + 8);
-                    for (int r = 0; r < TILE_ROWS; r++) {
-                        const float s = xr[r][k];
-                        acc[r][0] += s * w0;
-                        acc[r][1] += s * w1;
-                    }
-                }
-                for (int r = 0; r < nb; r++) {
-                    v8 a0 = acc[r][0], a1 = acc[r][1];
-                    if (relu) { /* keep the positive lanes: the comparison's mask is all ones there */
-                        a0 = (v8)((v8i)a0 & (a0 > zero));
-                        a1 = (v8)((v8i)a1 & (a1 > zero));
-                    }
-                    store8(y + (b0 + r) * out + j0, a0);
-                    store8(y + (b0 + r) * out + j0 + 8, a1);
+                switch (nb) {
+                case 4: tile(4, in, out, x, wt, bias, y, b0, j0, relu); break;
+                case 3: tile(3, in, out, x, wt, bias, y, b0, j0, relu); break;
+                case 2: tile(2, in, out, x, wt, bias, y, b0, j0, relu); break;
+                default: tile(1, in, out, x, wt, bias, y, b0, j0, relu); break;
                 }
             }
         }

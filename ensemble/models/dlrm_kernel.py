@@ -51,6 +51,14 @@ class DLRMWeights:
         return out.reshape(-1, 1)
 
     @classmethod
+    def from_tflite(cls, interpreter) -> "DLRMWeights | None":
+        try:
+            return _from_tflite(interpreter)
+        except (KeyError, ValueError, AttributeError, RuntimeError) as exc:  # a graph of another shape
+            LOG.warning("dlrm_tf: weights not read from the TFLite model (%s); LiteRT scores", exc)
+            return None
+
+    @classmethod
     def from_torchscript(cls, module) -> "DLRMWeights | None":
         """From a frozen TorchScript DLRM (:func:`ensemble.models.dlrm_torch.save`): its graph's
         constants, found by the operators that use them. None when the graph is not that shape."""
@@ -82,6 +90,37 @@ class DLRMWeights:
         return cls(tuple(linears[0]), np.ascontiguousarray(table, np.float32), np.ascontiguousarray(offsets, np.int64),
                    np.ascontiguousarray(pairs // vectors, np.int32), np.ascontiguousarray(pairs % vectors, np.int32),
                    tuple(linears[1]))
+
+
+def _from_tflite(interpreter) -> "DLRMWeights | None":
+    """From the Keras DLRM's TFLite conversion (:func:`ensemble.models.dlrm_tf.write_tflite`): the
+    constants its operators read. The ids are shifted by ``ids - c`` (so the offsets are ``-c``); the
+    pairs are a gather from the flattened [(F+1) x (F+1)] products."""
+    interpreter.allocate_tensors()  # constants are readable once the interpreter has its buffers
+    details = {d["index"]: d for d in interpreter.get_tensor_details()}
+    ids_input = {d["index"] for d in interpreter.get_input_details() if len(d["shape"]) == 2 and
+                 np.issubdtype(d["dtype"], np.integer)}
+    linears, table, offsets, pairs, seen_interaction = ([], []), None, None, None, False
+    for op in interpreter._get_ops_details():  # LiteRT's listing of the model's operators
+        name, inputs = op["op_name"], [i for i in op["inputs"] if i >= 0]
+        if name == "FULLY_CONNECTED" and len(inputs) == 3:
+            weight, bias = interpreter.get_tensor(inputs[1]), interpreter.get_tensor(inputs[2])
+            linears[seen_interaction].append((np.ascontiguousarray(weight.T, np.float32),
+                                              np.ascontiguousarray(bias.reshape(-1), np.float32)))
+        elif name == "GATHER" and len(details[inputs[1]]["shape"]) == 1:  # constant indices: the pairs
+            pairs = interpreter.get_tensor(inputs[1])
+        elif name == "GATHER" and details[inputs[0]]["dtype"] == np.float32:  # rows of the table by id
+            table = interpreter.get_tensor(inputs[0])
+        elif name == "SUB" and inputs[0] in ids_input:
+            offsets = -interpreter.get_tensor(inputs[1]).astype(np.int64)
+        elif name == "BATCH_MATMUL":
+            seen_interaction = True
+    if table is None or offsets is None or pairs is None or not all(linears):
+        return None
+    vectors = len(offsets) + 1
+    return DLRMWeights(tuple(linears[0]), np.ascontiguousarray(table, np.float32),
+                       np.ascontiguousarray(offsets, np.int64), np.ascontiguousarray(pairs // vectors, np.int32),
+                       np.ascontiguousarray(pairs % vectors, np.int32), tuple(linears[1]))
 
 
 def checked(weights: DLRMWeights | None, reference, n_dense: int, name: str, rows: int = 64,

@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 
 from ensemble import schema
-from ensemble.models import metrics
+from ensemble.models import dlrm_kernel, metrics
 from ensemble.models.artifacts import SAVEDMODEL, SAVEDMODEL_OUTPUT, TFLITE
 from ensemble.models.dlrm import DLRMConfig, as_source, score_source, table_offsets
 from ensemble.device import Device
@@ -152,7 +152,13 @@ class TFScorer:
 
         self._path, self._threads = str(Path(model_dir) / TFLITE), threads
         self._local = threading.local()
-        self._interpreter()  # load now: a broken file fails at load, not on the first request
+        interpreter = self._interpreter()[0]  # load now: a broken file fails at load, not on the first request
+        # The same weights through one C call (ensemble/models/_dlrm.c) when it gives the
+        # interpreter's scores on a sample batch: 1 row and 100 rows both faster than LiteRT here.
+        self._kernel = None
+        if dlrm_kernel.available():
+            self._kernel = dlrm_kernel.checked(dlrm_kernel.DLRMWeights.from_tflite(interpreter), self.framework,
+                                               schema.N_DENSE, "dlrm_tf")
 
     def _interpreter(self):
         state = getattr(self._local, "state", None)
@@ -165,6 +171,12 @@ class TFScorer:
         return state
 
     def __call__(self, dense_features: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
+        if self._kernel is not None:
+            return self._kernel(dense_features, category_ids)
+        return self.framework(dense_features, category_ids)
+
+    def framework(self, dense_features: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
+        """The TFLite interpreter's own run."""
         state = self._interpreter()
         interpreter, dense, ids, out, rows = state
         if len(dense_features) != rows:
