@@ -231,13 +231,13 @@ static PyObject *forward(PyObject *self, PyObject *args) {
     for (Py_ssize_t r = 0; r < B && bad < 0; r++) {
         float *s = stacked + r * (F + 1) * dim;
         memcpy(s, x + r * dim, sizeof(float) * dim);
-        for (Py_ssize_t c = 0; c < F; c++) {
-            int64_t id = ids[r * F + c] + offsets[c];
-            if (id < 0 || id >= table_rows) {
+        for (Py_ssize_t c = 0; c < F; c++) { /* an id must stay inside its own column's table */
+            const int64_t id = ids[r * F + c], end = c + 1 < F ? offsets[c + 1] : table_rows;
+            if (id < 0 || id >= end - offsets[c]) {
                 bad = r * F + c;
                 break;
             }
-            memcpy(s + (c + 1) * dim, table + id * dim, sizeof(float) * dim);
+            memcpy(s + (c + 1) * dim, table + (offsets[c] + id) * dim, sizeof(float) * dim);
         }
     }
     if (bad < 0) {

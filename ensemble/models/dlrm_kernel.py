@@ -103,8 +103,9 @@ def _from_tflite(interpreter) -> "DLRMWeights | None":
     linears, table, offsets, pairs, seen_interaction = ([], []), None, None, None, False
     for op in interpreter._get_ops_details():  # LiteRT's listing of the model's operators
         name, inputs = op["op_name"], [i for i in op["inputs"] if i >= 0]
-        if name == "FULLY_CONNECTED" and len(inputs) == 3:
-            weight, bias = interpreter.get_tensor(inputs[1]), interpreter.get_tensor(inputs[2])
+        if name == "FULLY_CONNECTED" and len(inputs) in (2, 3):  # the converter drops an all-zero bias
+            weight = interpreter.get_tensor(inputs[1])
+            bias = interpreter.get_tensor(inputs[2]) if len(inputs) == 3 else np.zeros(len(weight), np.float32)
             linears[seen_interaction].append((np.ascontiguousarray(weight.T, np.float32),
                                               np.ascontiguousarray(bias.reshape(-1), np.float32)))
         elif name == "GATHER" and len(details[inputs[1]]["shape"]) == 1:  # constant indices: the pairs

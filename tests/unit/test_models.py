@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ensemble.models import metrics
-from ensemble.models import blend, dlrm_tf, dlrm_torch, xgb
+from ensemble.models import blend, dlrm_kernel, dlrm_tf, dlrm_torch, xgb
 from ensemble.models.dlrm import DLRMConfig
 
 CONFIG = DLRMConfig(embedding_dim=4, bottom_mlp=(8,), top_mlp=(8,), cardinalities=(5,) * 26)
@@ -44,6 +44,31 @@ def test_tf_dlrm_exports_savedmodel_and_reloads(tmp_path):
     dlrm_tf.write_tflite(tmp_path)
     served = dlrm_tf.TFScorer(tmp_path)(dense, ids)
     np.testing.assert_allclose(served, direct, atol=1e-6)
+
+
+@pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.models._dlrm not built, or this CPU lacks AVX2+FMA")
+@pytest.mark.parametrize("dim", [4, 16], ids=["scalar-widths", "vector-widths"])
+def test_the_c_forward_pass_reads_both_exported_dlrms_and_gives_their_scores(tmp_path, dim):
+    """The kernel's weights come from each exported file (TorchScript graph constants, TFLite
+    tensors); a scorer uses it only after it agreed with the framework at load, and it keeps agreeing
+    on every batch size (tiles of 4 rows x 16 outputs and the rows and widths around them)."""
+    config = DLRMConfig(embedding_dim=dim, bottom_mlp=(32,), top_mlp=(48, 16), cardinalities=(7,) * 26)
+    torch_dir, tf_dir = tmp_path / "torch", tmp_path / "tf"
+    torch_dir.mkdir(), tf_dir.mkdir()
+    dlrm_torch.save(dlrm_torch.build(config).eval(), torch_dir)
+    model = dlrm_tf.build(config)
+    dlrm_tf.save(model, tf_dir)
+    dlrm_tf.write_tflite(tf_dir)
+    for scorer in (dlrm_torch.TorchScorer(torch_dir), dlrm_tf.TFScorer(tf_dir)):
+        assert scorer._kernel is not None, type(scorer).__name__
+        for rows in (1, 3, 4, 5, 100):
+            dense, ids = _batch(rows, seed=rows)
+            ids = ids % 7
+            np.testing.assert_allclose(scorer(dense, ids), scorer.framework(dense, ids), atol=1e-6)
+        dense, ids = _batch(2)
+        ids[1, 3] = 7  # beyond column 3's table
+        with pytest.raises(ValueError, match="row 1, column 3: id 7 is outside its embedding table"):
+            scorer._kernel(dense, ids)
 
 
 def test_dlrm_training_learns_a_signal():
