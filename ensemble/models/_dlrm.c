@@ -100,25 +100,52 @@ CLONES static void layer(Py_ssize_t B, int in, int out, const float *x, const fl
     }
 }
 
-/* out[b] = [vector 0 of row b, then <v_i, v_j> for each pair]: stacked [B x V x dim] -> [B x (dim + P)] */
+/* out[b] = [vector 0 of row b, then <v_i, v_j> for each pair]: stacked [B x V x dim] -> [B x (dim + P)].
+ * Up to 32 vectors, all dot products of a row at once: the row's vectors transposed to [dim x 32],
+ * then for each vector i, 32 products accumulated 8 at a time over the dimensions (the Gram matrix
+ * row i), and the pairs picked from it. */
+#define MAX_GRAM 32
 CLONES static void interact(Py_ssize_t B, int n_vectors, int dim, int n_pairs, const int32_t *pair_i,
                             const int32_t *pair_j, const float *stacked, float *out) {
     const int width = dim + n_pairs;
+    if (n_vectors <= MAX_GRAM && dim <= 64) {
+        float t[64][MAX_GRAM];
+        float gram[MAX_GRAM][MAX_GRAM];
+        for (Py_ssize_t b = 0; b < B; b++) {
+            const float *s = stacked + b * n_vectors * dim;
+            float *o = out + b * width;
+            memcpy(o, s, sizeof(float) * dim);
+            for (int d = 0; d < dim; d++) {
+                for (int v = 0; v < n_vectors; v++) t[d][v] = s[v * dim + d];
+                for (int v = n_vectors; v < MAX_GRAM; v++) t[d][v] = 0.f;
+            }
+            for (int i = 0; i < n_vectors; i++) {
+                v8 acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0};
+                for (int d = 0; d < dim; d++) {
+                    const float x = t[d][i];
+                    acc0 += x * load8(&t[d][0]);
+                    acc1 += x * load8(&t[d][8]);
+                    acc2 += x * load8(&t[d][16]);
+                    acc3 += x * load8(&t[d][24]);
+                }
+                store8(&gram[i][0], acc0);
+                store8(&gram[i][8], acc1);
+                store8(&gram[i][16], acc2);
+                store8(&gram[i][24], acc3);
+            }
+            for (int p = 0; p < n_pairs; p++) o[dim + p] = gram[pair_i[p]][pair_j[p]];
+        }
+        return;
+    }
     for (Py_ssize_t b = 0; b < B; b++) {
         const float *s = stacked + b * n_vectors * dim;
         float *o = out + b * width;
         memcpy(o, s, sizeof(float) * dim);
         for (int p = 0; p < n_pairs; p++) {
             const float *u = s + pair_i[p] * dim, *v = s + pair_j[p] * dim;
-            if (dim % 8 == 0) {
-                v8 acc = {0};
-                for (int d = 0; d < dim; d += 8) acc += load8(u + d) * load8(v + d);
-                o[dim + p] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-            } else {
-                float acc = 0.f;
-                for (int d = 0; d < dim; d++) acc += u[d] * v[d];
-                o[dim + p] = acc;
-            }
+            float acc = 0.f;
+            for (int d = 0; d < dim; d++) acc += u[d] * v[d];
+            o[dim + p] = acc;
         }
     }
 }
