@@ -16,10 +16,6 @@ import triton_python_backend_utils as pb_utils
 from ensemble import schema
 from ensemble.serving import admission, calls, runtime
 
-_CODES = {calls.INTERNAL: pb_utils.TritonError.INTERNAL, calls.INVALID_ARG: pb_utils.TritonError.INVALID_ARG,
-          calls.UNAVAILABLE: pb_utils.TritonError.UNAVAILABLE}
-
-
 class TritonPythonModel:
     def initialize(self, args):
         pb_utils.deserialize_bytes_tensor = runtime.deserialize_bytes  # the stub looks it up per call
@@ -80,6 +76,8 @@ def _as_numpy(request, name):
 
 
 def _response(answer):
-    if not answer.ok:
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(answer.message, _CODES[answer.code]))
+    if not answer.ok:  # pb_utils.TritonError exists once the stub runs, not when this module is imported
+        code = {calls.INTERNAL: pb_utils.TritonError.INTERNAL, calls.INVALID_ARG: pb_utils.TritonError.INVALID_ARG,
+                calls.UNAVAILABLE: pb_utils.TritonError.UNAVAILABLE}[answer.code]
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(answer.message, code))
     return pb_utils.InferenceResponse([pb_utils.Tensor(n, a) for n, a in answer.outputs.items()])
