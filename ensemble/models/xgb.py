@@ -284,9 +284,9 @@ class CompiledTrees:
 COMPILED_MAX_ROWS = 512
 PER_ROW_MAX_ROWS = 48
 # The trees as arrays (:class:`TreeArrays`, ``_trees.c``) against the compiled library and XGBoost,
-# 222 trees of depth 8, one thread, a different slice of real rows each call (medians of 100):
-# 15 / 57 / 347 us against 28 / 118 / 1,194 (TL2cgen) and 858 / 930 / 1,352 (XGBoost) for 1 / 8 / 100
-# rows. A row repeated call after call favours TL2cgen's branches (its predictor learns the path),
+# 222 trees of depth 8, one thread, a different slice of real rows each call (medians of 100, build
+# VM, quiet): 14 / 57 / 324 us against 28 / 117 / 809 (TL2cgen) and 468 / 520 / 871 (XGBoost) for
+# 1 / 8 / 100 rows. A row repeated call after call favours TL2cgen's branches (its predictor learns the path),
 # which served traffic never does.
 
 
