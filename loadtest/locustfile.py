@@ -39,6 +39,8 @@ def _arguments(parser) -> None:
     parser.add_argument("--data-file", default="build/loadtest/holdout.tsv", help="Criteo TSV to draw rows from")
     parser.add_argument("--rows-per-request", type=int, default=1, help="rows in each request")
     parser.add_argument("--fail-ratio-stop", type=float, default=0.2, help="stop when this share of requests fails")
+    parser.add_argument("--strict-json", action="store_true",
+                        help="missing dense values as 0, not NaN (for a server whose JSON parser refuses NaN)")
 
 
 _payloads: dict = {}
@@ -46,7 +48,7 @@ _payloads: dict = {}
 
 def payloads(environment) -> Payloads:
     options = environment.parsed_options
-    key = (options.data_file, options.rows_per_request)
+    key = (options.data_file, options.rows_per_request, 0, options.strict_json)
     if key not in _payloads:
         _payloads[key] = Payloads(*key)
     return _payloads[key]

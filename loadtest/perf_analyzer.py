@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ensemble import schema
@@ -148,6 +148,7 @@ class Point:
     server_queue_ms: float = float("nan")
     server_compute_ms: float = float("nan")
     error: str = ""
+    target: str = ""  # the load test's name of the server measured (empty: a standalone sweep)
 
     @property
     def measured(self) -> bool:
@@ -188,14 +189,15 @@ def measure(tool: PerfAnalyzer, url: str, protocol: str, rows: int, concurrency:
 
 def sweep(tool: PerfAnalyzer, urls: dict[str, str], rows: tuple[int, ...] = ROWS,
           concurrency: tuple[int, ...] = CONCURRENCY, window_ms: int = 3000, cpus: str | None = None,
-          log=print) -> list[Point]:
-    """Every (protocol in ``urls``, rows, concurrency) point, in that order."""
+          log=print, target: str = "") -> list[Point]:
+    """Every (protocol in ``urls``, rows, concurrency) point, in that order; ``target`` names the
+    server in the points."""
     points = []
     for protocol, url in urls.items():
         for n in rows:
             for c in concurrency:
-                point = measure(tool, url, protocol, n, c, window_ms, cpus)
-                log(f"perf_analyzer {protocol} {n} row(s) x {c}: " + (
+                point = replace(measure(tool, url, protocol, n, c, window_ms, cpus), target=target)
+                log(f"perf_analyzer {target or protocol} {n} row(s) x {c}: " + (
                     f"{point.rows_per_s:,.0f} rows/s, p50 {point.p50_ms:.1f} / p99 {point.p99_ms:.1f} ms"
                     if point.measured else f"ERROR {point.error}"))
                 points.append(point)
@@ -203,15 +205,18 @@ def sweep(tool: PerfAnalyzer, urls: dict[str, str], rows: tuple[int, ...] = ROWS
 
 
 def format_table(points: list[Point]) -> str:
-    lines = ["| protocol | rows | concurrency | requests/s | rows/s | p50 / p90 / p99 ms | server: queue / compute ms | error |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    named = any(p.target for p in points)
+    lines = [("| target " if named else "") + "| protocol | rows | concurrency | requests/s | rows/s "
+             "| p50 / p90 / p99 ms | server: queue / compute ms | error |",
+             ("| --- " if named else "") + "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in points:
+        first = f"| {p.target} " if named else ""
         if p.measured:
-            lines.append(f"| {p.protocol} | {p.rows} | {p.concurrency} | {p.requests_per_s:,.0f} | {p.rows_per_s:,.0f} "
-                         f"| {p.p50_ms:.1f} / {p.p90_ms:.1f} / {p.p99_ms:.1f} "
+            lines.append(f"{first}| {p.protocol} | {p.rows} | {p.concurrency} | {p.requests_per_s:,.0f} "
+                         f"| {p.rows_per_s:,.0f} | {p.p50_ms:.1f} / {p.p90_ms:.1f} / {p.p99_ms:.1f} "
                          f"| {p.server_queue_ms:.1f} / {p.server_compute_ms:.1f} | |")
         else:
-            lines.append(f"| {p.protocol} | {p.rows} | {p.concurrency} | - | - | - | - | {p.error[:120]} |")
+            lines.append(f"{first}| {p.protocol} | {p.rows} | {p.concurrency} | - | - | - | - | {p.error[:120]} |")
     return "\n".join(lines)
 
 
@@ -228,7 +233,7 @@ def report_section(points: list[dict] | None) -> list[str]:
             "unseen).", "",
             format_table(found), "",
             f"{len(found) - len(failed)} of {len(found)} points measured" + (
-                f"; errors at {', '.join(f'{p.protocol} {p.rows}x{p.concurrency}' for p in failed)}." if failed else
+                f"; errors at {', '.join(f'{p.target or p.protocol} {p.rows}x{p.concurrency}' for p in failed)}." if failed else
                 ", 0 errors."), ""]
 
 

@@ -30,29 +30,41 @@ LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 
 class Target(str, enum.Enum):
     """What a scenario loads. The two plain Triton targets serve the default CPU layout (fused);
-    ``triton-ensemble-http`` serves the per-model ensemble layout, for comparison."""
+    ``triton-native-*`` the ranker in the project's own backend; ``triton-ensemble-http`` the
+    per-model ensemble layout. The baselines: ``inproc`` and ``naive`` (FastAPI processes) and
+    ``mlserver`` (the in-process pipeline as an MLServer runtime)."""
 
     TRITON_HTTP = "triton-http"
     TRITON_GRPC = "triton-grpc"
+    TRITON_NATIVE_HTTP = "triton-native-http"
+    TRITON_NATIVE_GRPC = "triton-native-grpc"
     TRITON_ENSEMBLE_HTTP = "triton-ensemble-http"
     INPROC = "inproc"
     NAIVE = "naive"
+    MLSERVER = "mlserver"
 
     @property
     def layout(self) -> Layout | None:
         """The Triton layout it loads (None for a baseline)."""
         if self is Target.TRITON_ENSEMBLE_HTTP:
             return Layout.ENSEMBLE
+        if self.value.startswith("triton-native"):
+            return Layout.NATIVE
         return Layout.FUSED if self.value.startswith("triton") else None
 
     @property
     def grpc(self) -> bool:
-        return self is Target.TRITON_GRPC
+        return self.value.endswith("-grpc")
+
+    @property
+    def strict_json(self) -> bool:
+        """Its JSON parser refuses a bare NaN (MLServer's orjson): missing dense values go as 0."""
+        return self is Target.MLSERVER
 
 
 TARGETS = tuple(t.value for t in Target)
 DEFAULT_TARGETS = TARGETS
-BASELINES = (Target.INPROC.value, Target.NAIVE.value)
+BASELINES = (Target.INPROC.value, Target.NAIVE.value, Target.MLSERVER.value)
 
 
 @dataclass(frozen=True)
@@ -76,9 +88,8 @@ class RunnerOptions:
 
     @classmethod
     def from_args(cls, args) -> "RunnerOptions":
-        urls = {t: u for t, u in (("triton-http", args.triton_http_url), ("triton-grpc", args.triton_grpc_url),
-                                  ("triton-ensemble-http", args.triton_ensemble_http_url),
-                                  ("inproc", args.inproc_url), ("naive", args.naive_url)) if u}
+        urls = {t.value: getattr(args, f"{t.value.replace('-', '_')}_url") for t in Target}
+        urls = {t: u for t, u in urls.items() if u}
         return cls(Path(args.repository), Path(args.out), tuple(args.targets), tuple(args.rows), tuple(args.users),
                    args.duration, args.warmup, args.sla_ms, args.fail_ratio, not args.no_pin,
                    Path(args.data_file) if args.data_file else None, urls,
@@ -100,10 +111,15 @@ def add_arguments(p) -> None:
     p.add_argument("--data-file", default=None, help="held-out Criteo TSV (default: synthesized)")
     p.add_argument("--triton-http-url", default=None, help="use a running server (http://host:port)")
     p.add_argument("--triton-grpc-url", default=None, help="use a running server (grpc://host:port)")
+    p.add_argument("--triton-native-http-url", default=None,
+                   help="use a running server of the native layout (http://host:port)")
+    p.add_argument("--triton-native-grpc-url", default=None,
+                   help="use a running server of the native layout (grpc://host:port)")
     p.add_argument("--triton-ensemble-http-url", default=None,
                    help="use a running server of the ensemble layout (http://host:port)")
     p.add_argument("--inproc-url", default=None, help="use a running inproc baseline (http://host:port)")
     p.add_argument("--naive-url", default=None, help="use a running naive baseline (http://host:port)")
+    p.add_argument("--mlserver-url", default=None, help="use a running mlserver baseline (http://host:port)")
     p.add_argument("--overload-seconds", type=float, default=10.0,
                    help="overload scenario: seconds of open-loop load at 2x capacity on triton-http (0: skip)")
     p.add_argument("--perf-analyzer-concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32],
@@ -181,11 +197,21 @@ class Servers:
         from ensemble.serving.server import free_port
 
         port = free_port()
-        cmd = [*self.pinning.prefix(self.pinning.server), sys.executable, "-m", "ensemble", "baseline-serve",
-               "--kind", kind, "--repository", str(self.options.repository), "--port", str(port)]
+        env = None
+        if kind == Target.MLSERVER.value:
+            from loadtest.baselines import mlserver
+
+            mlserver.install()
+            folder = mlserver.write_folder(self.log_dir / "mlserver", self.options.repository, port, free_port(),
+                                           free_port())
+            cmd, env = mlserver.command(folder), mlserver.environment()
+        else:
+            cmd = [sys.executable, "-m", "ensemble", "baseline-serve", "--kind", kind,
+                   "--repository", str(self.options.repository), "--port", str(port)]
         log = open(self.log_dir / f"{kind}.log", "ab")
         self.stack.callback(log.close)
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen([*self.pinning.prefix(self.pinning.server), *cmd], stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True, env=env)
         self.stack.callback(lifecycle.terminate, process)
         url = f"http://127.0.0.1:{port}"
         print(f"starting the {kind} baseline (log {self.log_dir / f'{kind}.log'}) ...", flush=True)
@@ -276,6 +302,8 @@ def locust_command(target: str, url: str, rows: int, users: int, seconds: float,
            "--headless", "-u", str(users), "-r", str(users), "-t", f"{max(1, int(seconds))}s", "--host", url,
            "--data-file", str(data_file), "--rows-per-request", str(rows), "--fail-ratio-stop",
            str(options.fail_ratio), "--stop-timeout", "5", "--only-summary", "--loglevel", "WARNING"]
+    if Target(target).strict_json:
+        cmd.append("--strict-json")
     if csv_prefix is not None:
         cmd += ["--csv", str(csv_prefix)]
     return cmd
@@ -386,23 +414,27 @@ def run(options: RunnerOptions) -> Path:
 
 
 def run_perf_analyzer(servers: "Servers", options: RunnerOptions, pinning: Pinning) -> list[dict] | None:
-    """Triton's perf_analyzer sweep (loadtest/perf_analyzer.py) on the fused server's HTTP and gRPC
-    endpoints that this run measures, on the load generator's cores; None when skipped."""
+    """Triton's perf_analyzer sweep (loadtest/perf_analyzer.py) on the HTTP and gRPC endpoints of
+    the fused and native servers that this run measures, on the load generator's cores; None when
+    skipped."""
     from dataclasses import asdict
 
     from loadtest import perf_analyzer
 
-    urls = {protocol: servers.url(target.value).split("://", 1)[-1]
-            for protocol, target in (("http", Target.TRITON_HTTP), ("grpc", Target.TRITON_GRPC))
-            if target.value in options.targets}
-    if not options.perf_analyzer or not urls:
+    swept = [t for t in (Target.TRITON_HTTP, Target.TRITON_GRPC, Target.TRITON_NATIVE_HTTP, Target.TRITON_NATIVE_GRPC)
+             if t.value in options.targets]
+    if not options.perf_analyzer or not swept:
         return None
     try:
         tool = perf_analyzer.install()
     except perf_analyzer.ToolError as exc:
         print(f"perf_analyzer skipped: {exc}", flush=True)
         return None
-    points = perf_analyzer.sweep(tool, urls, tuple(options.rows), options.perf_analyzer, cpus=pinning.load)
+    points = []
+    for target in swept:
+        url = {"grpc" if target.grpc else "http": servers.url(target.value).split("://", 1)[-1]}
+        points += perf_analyzer.sweep(tool, url, tuple(options.rows), options.perf_analyzer, cpus=pinning.load,
+                                      target=target.value)
     return [asdict(p) for p in points]
 
 

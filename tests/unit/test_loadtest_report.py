@@ -137,3 +137,42 @@ def test_plots_redraw_from_a_results_file_even_with_missing_figures(tmp_path):
         (tmp_path / name).unlink()
     assert replot(tmp_path) == ["throughput_vs_p99.png", "latency_percentiles.png"]
     assert all((tmp_path / name).stat().st_size > 10_000 for name in replot(tmp_path))
+
+
+def test_targets_name_their_server_and_protocol():
+    from ensemble.models.registry import Layout
+    from loadtest.report import TRITON
+    from loadtest.runner import BASELINES, Target
+
+    assert Target("triton-native-grpc").layout is Layout.NATIVE and Target("triton-native-grpc").grpc
+    assert Target("triton-http").layout is Layout.FUSED and not Target("triton-http").grpc
+    assert Target("triton-ensemble-http").layout is Layout.ENSEMBLE
+    assert set(TRITON) | set(BASELINES) == {t.value for t in Target} and not set(TRITON) & set(BASELINES)
+    assert [t.value for t in Target if t.strict_json] == ["mlserver"]
+
+
+def test_only_the_strict_json_target_gets_finite_bodies(tmp_path):
+    import numpy as np
+
+    from loadtest.payloads import Payloads
+    from loadtest.runner import holdout_file, locust_command
+
+    options = RunnerOptions(out=tmp_path)
+    data = holdout_file(options)
+    plain, strict = Payloads(str(data), 20), Payloads(str(data), 20, strict_json=True)
+    assert any(b"NaN" in body for body in plain.json) and not any(b"NaN" in body for body in strict.json)
+    assert all(np.isfinite(d).all() for d, _ in strict.arrays)
+    for target, expected in (("mlserver", True), ("inproc", False), ("triton-native-http", False)):
+        cmd = locust_command(target, "http://x", 1, 1, 1, options, data, Pinning(None, None), None)
+        assert ("--strict-json" in cmd) is expected, target
+
+
+def test_perf_analyzer_table_names_the_target_when_the_points_have_one():
+    from loadtest.perf_analyzer import Point, format_table, report_section
+
+    points = [Point("http", 1, 1, 100.0, 100.0, 1.0, 1.5, 2.0, 0.1, 0.5, target="triton-native-http"),
+              Point("grpc", 100, 2, error="boom", target="triton-native-grpc")]
+    table = format_table(points)
+    assert table.splitlines()[0].startswith("| target | protocol") and "| triton-native-http | http | 1 | 1 |" in table
+    assert "errors at triton-native-grpc 100x2" in "\n".join(report_section([vars(p) for p in points]))
+    assert format_table([Point("http", 1, 1, 1.0, 1.0)]).startswith("| protocol")
