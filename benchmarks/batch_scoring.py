@@ -1,4 +1,4 @@
-"""Batch-scoring throughput: in-process (`--local`) vs through Triton over HTTP and gRPC.
+"""Batch-scoring throughput: in-process (`--local`) vs through Triton (fused and native layouts) over HTTP and gRPC.
 
 Not a test: prints a table and writes ``<out>/scoring.json`` and ``<out>/scoring.md``. Every
 configuration scores the same synthetic file; each is run ``--repeats`` times and the median
@@ -21,6 +21,7 @@ from clients.partitions import ScoreSettings, local_pipeline
 from clients.scoring import score_files
 from ensemble.data import criteo
 from ensemble.machine import summary
+from ensemble.models.registry import Layout
 
 
 def _rows_per_second(path: Path, out: Path, settings: ScoreSettings, repeats: int) -> float:
@@ -47,25 +48,28 @@ def run(args) -> list[dict]:
             results.append({"target": "local", "batch_size": batch, "concurrency": concurrency,
                             "rows_per_s": _rows_per_second(source, scratch, settings, args.repeats)})
             print(f"local  batch {batch:>5} conc {concurrency}: {results[-1]['rows_per_s']:>9,.0f} rows/s", flush=True)
-    server = None
-    urls = {"http": args.http_url, "grpc": args.grpc_url}
-    if not (args.http_url and args.grpc_url):
-        server = TritonServer(ServerOptions(Path(args.repository), http_port=free_port(), grpc_port=free_port(),
-                                            metrics_port=free_port())).start()
-        urls = {"http": server.http_url, "grpc": server.grpc_url}
-    try:
-        for protocol in ("http", "grpc"):
-            for batch in args.batch_sizes:
-                for concurrency in args.concurrency:
-                    settings = ScoreSettings(urls=(urls[protocol],), protocol=protocol, batch_size=batch,
-                                             concurrency=concurrency)
-                    rate = _rows_per_second(source, scratch, settings, args.repeats)
-                    results.append({"target": protocol, "batch_size": batch, "concurrency": concurrency,
-                                    "rows_per_s": rate})
-                    print(f"{protocol:<6} batch {batch:>5} conc {concurrency}: {rate:>9,.0f} rows/s", flush=True)
-    finally:
-        if server is not None:
-            server.stop()
+    given = bool(args.http_url and args.grpc_url)
+    for layout in ["server"] if given else args.layouts:  # a running server: its URLs, whatever its layout
+        server = None
+        urls = {"http": args.http_url, "grpc": args.grpc_url}
+        if not given:
+            server = TritonServer(ServerOptions(Path(args.repository), http_port=free_port(), grpc_port=free_port(),
+                                                metrics_port=free_port(), layout=Layout(layout))).start()
+            urls = {"http": server.http_url, "grpc": server.grpc_url}
+        try:
+            for protocol in ("http", "grpc"):
+                for batch in args.batch_sizes:
+                    for concurrency in args.concurrency:
+                        settings = ScoreSettings(urls=(urls[protocol],), protocol=protocol, batch_size=batch,
+                                                 concurrency=concurrency)
+                        rate = _rows_per_second(source, scratch, settings, args.repeats)
+                        target = f"{layout} {protocol}"
+                        results.append({"target": target, "batch_size": batch, "concurrency": concurrency,
+                                        "rows_per_s": rate})
+                        print(f"{target:<12} batch {batch:>5} conc {concurrency}: {rate:>9,.0f} rows/s", flush=True)
+        finally:
+            if server is not None:
+                server.stop()
     local = {r["batch_size"]: r["rows_per_s"] for r in results if r["target"] == "local"}
     for r in results:
         r["vs_local"] = r["rows_per_s"] / local[r["batch_size"]]
@@ -91,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--http-url", default=None, help="use a running server instead of starting one")
     parser.add_argument("--grpc-url", default=None)
+    parser.add_argument("--layouts", nargs="+", choices=[Layout.FUSED.value, Layout.NATIVE.value],
+                        default=[Layout.FUSED.value, Layout.NATIVE.value],
+                        help="the server layouts to score through, one server after the other")
     parser.add_argument("--out", default="build/bench")
     args = parser.parse_args(argv)
     started = time.time()

@@ -131,12 +131,13 @@ OVERLOAD_MULTIPLE = 3.0  # of the closed-loop capacity: clearly more than the se
 
 def test_open_loop_overload_refuses_the_excess_retryably_and_keeps_serving(tight_server, pipeline):
     from ensemble.serving.supervise import Supervisor, SupervisorPolicy
-    from loadtest.openloop import closed_loop, open_loop, request_bodies, server_counters, server_view, summarize
+    from loadtest.openloop import (UNSENT, closed_loop, open_loop, request_bodies, server_counters, server_view,
+                                   summarize)
 
     server = tight_server
     # 96-row requests: the model (not the HTTP front end, which parses every request before any
-    # policy can see it) is what runs out, and the server's capacity in requests/s stays within
-    # what one asyncio generator can offer.
+    # policy can see it) is what runs out. Three times the native layout's capacity can be more
+    # than one asyncio generator sends in time: what it could not send is left out below.
     bodies, arrays = request_bodies(rows=96, count=64, seed=71, timeout_s=1.0)
     expected = [pipeline.score(d, c)["score"].ravel() for d, c in arrays]
     lines: list[str] = []
@@ -161,11 +162,13 @@ def test_open_loop_overload_refuses_the_excess_retryably_and_keeps_serving(tight
     print(f"\ncapacity {capacity:.0f} req/s; offered {result.rate:.0f} req/s: {result.accepted} accepted "
           f"(p99 {result.accepted_p99_ms:.1f} ms), {result.refused} refused (p99 {result.refused_p99_ms:.1f} ms), "
           f"{result.errors} errors; generator late p99 {result.late_p99_ms:.1f} ms; {result.refusal_reasons}; "
-          f"server view {view}")
-    assert result.errors == 0, result.error_samples
+          f"server view {view}; supervisor: {lines}")
+    # on a failure: what the supervisor did and the server's own last words
+    assert result.errors == 0, (result.error_samples, lines, server.log_tail(40))
     assert result.accepted and result.refused, result
     # refused = 503 from the ranker's admission: retryable, and it says why
-    assert {o.status for o in outcomes if o.status != 200} == {503}
+    # (UNSENT: requests the generator itself could not send in time, never seen by the server)
+    assert {o.status for o in outcomes if o.status not in (200, UNSENT)} == {503}
     assert all(REFUSAL in r for r in result.refusal_reasons), result.refusal_reasons
     # Triton's own statistics saw the same run: refusals come with calls of several requests
     assert view["requests_per_call"] > 1 and view["server_call_ms"] > 0 and view["server_queue_ms"] >= 0, view
