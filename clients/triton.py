@@ -17,9 +17,10 @@ from typing import Callable
 
 import numpy as np
 
-from clients.inputs import to_tensors
+from clients.inputs import ranking_tensors, to_tensors
 from clients.wire import set_bytes_input
 from ensemble import schema
+from ensemble.dataset import DatasetSpec
 
 
 class Protocol(str, enum.Enum):
@@ -143,6 +144,30 @@ def build_inputs(tc, protocol: Protocol, binary: bool, dense: np.ndarray, catego
     return inputs
 
 
+def _input(tc, protocol: Protocol, binary: bool, tensor: schema.Tensor, array: np.ndarray):
+    item = tc.InferInput(tensor.name, list(array.shape), tensor.dtype.wire)
+    if tensor.dtype is schema.DType.STRING and (binary or protocol is Protocol.GRPC):
+        set_bytes_input(item, array, grpc=protocol is Protocol.GRPC)
+    elif protocol is Protocol.HTTP:
+        item.set_data_from_numpy(array, binary_data=binary)
+    else:
+        item.set_data_from_numpy(array)
+    return item
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """A ranking request's answer.
+
+    Attributes:
+        order: candidate indices, best first (the first ``k`` when asked); ties keep the order sent.
+        scores: every candidate's blended score, in the order the candidates were sent.
+    """
+
+    order: np.ndarray
+    scores: np.ndarray
+
+
 def build_outputs(tc, protocol: Protocol, binary: bool, all_scores: bool) -> list:
     tensors = schema.RANKER_OUTPUTS if all_scores else (schema.SCORE,)
     if protocol is Protocol.HTTP:
@@ -178,6 +203,7 @@ class _Settings:
     retry: Retry = field(default_factory=Retry)
     compression: str | None = None  # gRPC: None (off), "gzip" or "deflate"
     priority: int = 0  # schema.Priority; 0: the model's default (interactive)
+    dataset: DatasetSpec = schema.CRITEO  # names the columns of DataFrames and Arrow tables to score
 
     def __post_init__(self) -> None:
         self.url, self.protocol = parse_url(self.url, self.protocol)
@@ -248,6 +274,39 @@ class RankerClient(_Settings):
             except Exception as exc:  # noqa: BLE001 - classified by _pause_or_raise
                 self.sleep(_pause_or_raise(exc, sleeps, start, stop, attempts))
 
+    def rank(self, context, candidates, k: int | None = None) -> Ranking:
+        """Rank ``candidates`` for one ``context`` with one request to the ``rank`` model: the server
+        broadcasts the context onto every candidate (the client sends it once).
+
+        Args:
+            context: the context's values (see :func:`clients.inputs.ranking_tensors`: a mapping of
+                the dataset spec's context columns, or a ``(continuous, categorical)`` pair; None
+                when the spec has none).
+            candidates: a DataFrame with the spec's candidate columns, or a ``(continuous,
+                categorical)`` pair of [N x columns] arrays.
+            k: answer the best ``k`` candidates' indices only (None: all); scores are always all.
+        """
+        tensors = ranking_tensors(context, candidates, self.dataset)
+        n = len(tensors[2])
+
+        def call() -> Ranking:
+            inputs = [_input(self._tc, self.protocol, self.binary, t, a)
+                      for t, a in zip((schema.CONTEXT_DENSE, schema.CONTEXT_CATEGORICAL, schema.CANDIDATE_DENSE,
+                                       schema.CANDIDATE_CATEGORICAL), tensors) if a.shape[-1] or t in (
+                          schema.CANDIDATE_DENSE, schema.CANDIDATE_CATEGORICAL)]
+            if k is not None:
+                inputs.append(_input(self._tc, self.protocol, self.binary, schema.TOP_K, np.array([k], np.int32)))
+            names = (schema.CANDIDATE_SCORES.name, schema.ORDER.name)
+            outputs = ([self._tc.InferRequestedOutput(name, binary_data=self.binary) for name in names]
+                       if self.protocol is Protocol.HTTP else [self._tc.InferRequestedOutput(name) for name in names])
+            kwargs = self._infer_kwargs()
+            kwargs.pop("priority", None)  # the rank model has no priority levels
+            result = self._client.infer(schema.RANK_MODEL, inputs, outputs=outputs, **kwargs)
+            return Ranking(result.as_numpy(schema.ORDER.name).reshape(-1),
+                           result.as_numpy(schema.CANDIDATE_SCORES.name).reshape(-1))
+
+        return self._with_retry(call, 0, n)
+
     def infer_with_retry(self, dense, categorical, all_scores: bool = False, offset: int = 0):
         return self._with_retry(lambda: self.infer(dense, categorical, all_scores), offset, offset + len(dense))
 
@@ -261,7 +320,7 @@ class RankerClient(_Settings):
             [B] float32 blended scores, or with ``all_scores`` a dict of [B] arrays keyed by
             output name (``score``, ``score_xgb``, ``score_dlrm_torch``, ``score_dlrm_tf``).
         """
-        dense, cats = to_tensors(rows, categorical)
+        dense, cats = to_tensors(rows, categorical, self.dataset)
         step = self._with_retry(lambda: self.max_batch_size, 0, len(dense))
         parts = [self.infer_with_retry(dense[s:s + step], cats[s:s + step], all_scores, offset=s)
                  for s in range(0, len(dense), step)]
@@ -311,7 +370,7 @@ class AsyncRankerClient(_Settings):
                     await asyncio.sleep(_pause_or_raise(exc, sleeps, start, stop, attempts))
 
     async def score(self, rows, categorical: np.ndarray | None = None, all_scores: bool = False):
-        dense, cats = to_tensors(rows, categorical)
+        dense, cats = to_tensors(rows, categorical, self.dataset)
         gate = asyncio.Semaphore(self.max_in_flight)
         step = await self._with_retry(self.max_batch_size, 0, len(dense), gate)
         parts = await asyncio.gather(*(

@@ -54,7 +54,7 @@ def _train_config(args):
     return training.TrainConfig(
         freq_threshold=args.freq_threshold,
         xgb=XGBConfig(rounds=args.xgb_rounds),
-        dlrm=DLRMConfig(epochs=args.epochs, embedding_dim=args.embedding_dim),
+        dlrm=DLRMConfig(epochs=args.epochs or DLRMConfig().epochs, embedding_dim=args.embedding_dim),
         device=resolve_device(args.device),
         # Stages (the GPU deployment trains torch and TensorFlow models in separate images).
         models=tuple(args.models.split(",")) if getattr(args, "models", None) else TrainConfig().models,
@@ -250,11 +250,20 @@ def cmd_cost(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    from dataclasses import replace
+
     from ensemble.demo import DemoOptions, run_demo
 
     options = DemoOptions(synth=_synth_config(args), train=_train_config(args), workdir=Path(args.workdir),
                           repository=Path(args.repository), server=_server_options(args),
                           keep_serving=args.keep_serving)
+    if args.dataset == "movielens100k":
+        from ensemble.demo_movielens import DLRM_EPOCHS, run_movielens_demo
+
+        if args.epochs is None:
+            options = replace(options, train=replace(options.train, dlrm=replace(options.train.dlrm, epochs=DLRM_EPOCHS)))
+        run_movielens_demo(options)
+        return 0
     run_demo(options)
     return 0
 
@@ -280,9 +289,11 @@ def _add_synth(p: argparse.ArgumentParser, rows: int) -> None:
 
 def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", default="build", help="training artifacts and reports")
-    p.add_argument("--freq-threshold", type=int, default=3, help="Categorify frequency threshold")
+    p.add_argument("--freq-threshold", type=int, default=None,
+                   help="Categorify frequency threshold for every categorical column (default: the dataset spec's; Criteo 3)")
     p.add_argument("--xgb-rounds", type=int, default=400, help="most boosting rounds (early stopping)")
-    p.add_argument("--epochs", type=int, default=2, help="DLRM epochs")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="most DLRM epochs; the best on validation is kept (default 2; the movielens100k demo: 4)")
     p.add_argument("--embedding-dim", type=int, default=16, help="DLRM embedding width")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu",
                    help="gpu: mixed precision and GPU trees (written for GPUs, not run on this project's machines)")
@@ -416,6 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cost)
 
     p = _command(sub, "demo", "synthesize, train, export, serve, check parity, measure")
+    p.add_argument("--dataset", choices=("criteo", "movielens100k"), default="criteo",
+                   help="criteo: synthetic Criteo-like rows (--rows, --scale, --seed); movielens100k: the real "
+                        "MovieLens 100k ratings, downloaded once, with ranking quality (docs/your-data.md)")
     _add_synth(p, 300_000)
     _add_train(p)
     _add_server(p)

@@ -9,12 +9,17 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-N_DENSE = 13
-N_CATEGORICAL = 26
+from ensemble import dataset
 
-LABEL = "label"
-DENSE_COLUMNS: tuple[str, ...] = tuple(f"I{i}" for i in range(1, N_DENSE + 1))
-CATEGORICAL_COLUMNS: tuple[str, ...] = tuple(f"C{i}" for i in range(1, N_CATEGORICAL + 1))
+# The built-in default dataset (ensemble/datasets/criteo.toml): I1..I13 continuous, C1..C26
+# categorical. Other datasets describe their columns in a spec of their own (ensemble.dataset).
+CRITEO = dataset.load_spec(dataset.DEFAULT)
+
+LABEL = CRITEO.label
+DENSE_COLUMNS: tuple[str, ...] = CRITEO.continuous
+CATEGORICAL_COLUMNS: tuple[str, ...] = CRITEO.categorical
+N_DENSE = len(DENSE_COLUMNS)
+N_CATEGORICAL = len(CATEGORICAL_COLUMNS)
 # Column order of a Criteo TSV line.
 CRITEO_COLUMNS: tuple[str, ...] = (LABEL, *DENSE_COLUMNS, *CATEGORICAL_COLUMNS)
 
@@ -36,17 +41,18 @@ class DType(str, enum.Enum):
     """Triton data types used here, with their numpy counterparts."""
 
     FP32 = "TYPE_FP32"
+    INT32 = "TYPE_INT32"
     INT64 = "TYPE_INT64"
     STRING = "TYPE_STRING"
 
     @property
     def numpy(self) -> str:
-        return {"TYPE_FP32": "float32", "TYPE_INT64": "int64", "TYPE_STRING": "object"}[self.value]
+        return {"TYPE_FP32": "float32", "TYPE_INT32": "int32", "TYPE_INT64": "int64", "TYPE_STRING": "object"}[self.value]
 
     @property
     def wire(self) -> str:
-        """The name tritonclient uses (``FP32``, ``INT64``, ``BYTES``)."""
-        return {"TYPE_FP32": "FP32", "TYPE_INT64": "INT64", "TYPE_STRING": "BYTES"}[self.value]
+        """The name tritonclient uses (``FP32``, ``INT32``, ``INT64``, ``BYTES``)."""
+        return self.value.removeprefix("TYPE_").replace("STRING", "BYTES")
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,82 @@ GPU_STEPS: dict[Model, Step] = {
     Model.FEATURES: Step(Model.FEATURES, (DENSE, CATEGORICAL), (DENSE_FEATURES, CATEGORY_IDS, XGB_FEATURES)),
     Model.XGB: Step(Model.XGB, (XGB_FEATURES,), (PROB_XGB,)),
 }
+
+@dataclass(frozen=True)
+class Widths:
+    """How many continuous and categorical columns a dataset has (its spec's): the tensors above
+    carry Criteo's (13 and 26); :func:`sized` gives them another dataset's. ``context_dense`` and
+    ``context_categorical``: how many of each are the context's (the leading columns), which a
+    ranking request sends once."""
+
+    dense: int
+    categorical: int
+    context_dense: int = 0
+    context_categorical: int = 0
+
+    @classmethod
+    def of(cls, spec: dataset.DatasetSpec) -> "Widths":
+        return cls(len(spec.continuous), len(spec.categorical), spec.context_width(dataset.Kind.CONTINUOUS),
+                   spec.context_width(dataset.Kind.CATEGORICAL))
+
+    def dims(self, tensor: Tensor) -> tuple[int, ...]:
+        if tensor.name in (DENSE.name, DENSE_FEATURES.name):
+            return (self.dense,)
+        if tensor.name in (CATEGORICAL.name, CATEGORY_IDS.name):
+            return (self.categorical,)
+        if tensor.name == XGB_FEATURES.name:
+            return (self.dense + self.categorical,)
+        return tensor.dims
+
+
+CRITEO_WIDTHS = Widths.of(CRITEO)
+
+
+def sized(step: Step, widths: Widths) -> Step:
+    """``step`` with its tensors' dims for a dataset of these widths."""
+    if (widths.dense, widths.categorical) == (CRITEO_WIDTHS.dense, CRITEO_WIDTHS.categorical):
+        return step
+    resize = lambda tensors: tuple(Tensor(t.name, t.dtype, widths.dims(t)) for t in tensors)  # noqa: E731
+    return Step(step.model, resize(step.inputs), resize(step.outputs))
+
+
+def widths_of_config(config: dict) -> Widths:
+    """The widths a model config (Triton's JSON form) declares, from whichever of the dense and
+    categorical tensors it has (Criteo's for a config with neither: the blend)."""
+    found = {t["name"]: int(t["dims"][-1]) for t in (*config.get("input", []), *config.get("output", []))
+             if t.get("dims")}
+    dense = found.get(DENSE.name, found.get(DENSE_FEATURES.name, CRITEO_WIDTHS.dense))
+    categorical = found.get(CATEGORICAL.name, found.get(CATEGORY_IDS.name, CRITEO_WIDTHS.categorical))
+    return Widths(dense, categorical)
+
+
+# Ranking requests: the ``rank`` model takes one context and N candidates, broadcasts the context
+# onto every candidate, has the ranker score the N rows, and answers each candidate's scores and the
+# candidates' order, best first (the first ``top_k`` when given). Not batched across requests
+# (max_batch_size 0): the candidate list is the batch. The context tensors exist when the dataset's
+# spec has context columns.
+RANK_MODEL = "rank"
+CONTEXT_DENSE = Tensor("context_dense", DType.FP32, (0,))  # dims: (context continuous columns,)
+CONTEXT_CATEGORICAL = Tensor("context_categorical", DType.STRING, (0,))
+CANDIDATE_DENSE = Tensor("candidate_dense", DType.FP32, (-1, 0))  # dims: (N, candidate continuous columns)
+CANDIDATE_CATEGORICAL = Tensor("candidate_categorical", DType.STRING, (-1, 0))
+TOP_K = Tensor("top_k", DType.INT32, (1,))  # optional; absent or 0: every candidate
+ORDER = Tensor("order", DType.INT32, (-1,))  # candidate indices, best first
+CANDIDATE_SCORES = Tensor("scores", DType.FP32, (-1,))  # the blended score of every candidate, in input order
+
+
+def rank_tensors(widths: Widths) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """The ``rank`` model's inputs and outputs for a dataset of these widths."""
+    inputs = []
+    if widths.context_dense:
+        inputs.append(Tensor(CONTEXT_DENSE.name, DType.FP32, (widths.context_dense,)))
+    if widths.context_categorical:
+        inputs.append(Tensor(CONTEXT_CATEGORICAL.name, DType.STRING, (widths.context_categorical,)))
+    inputs.append(Tensor(CANDIDATE_DENSE.name, DType.FP32, (-1, widths.dense - widths.context_dense)))
+    inputs.append(Tensor(CANDIDATE_CATEGORICAL.name, DType.STRING, (-1, widths.categorical - widths.context_categorical)))
+    inputs.append(TOP_K)
+    return tuple(inputs), (CANDIDATE_SCORES, ORDER)
+
 
 # Triton's v2 inference endpoint of the ranker (HTTP), as clients, probes and baselines call it.
 RANKER_INFER_PATH = f"/v2/models/{Model.RANKER.value}/infer"

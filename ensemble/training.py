@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ensemble import schema
+from ensemble.dataset import DatasetSpec
 from ensemble.data.shards import ArraySource, BatchSource, ShardSet, ShardSource, in_order
 from ensemble.features import transforms
 from ensemble.models import distributed, dlrm_tf, dlrm_torch, metrics, slipstream, xgb
@@ -50,9 +51,11 @@ class TrainConfig:
             so every model sees the same ids, instead of fitting again; a stage that fits the
             features also drops the scores made with an earlier workflow.
         slipstream: train dlrm_torch with Slipstream (:mod:`ensemble.models.slipstream`); None: plainly.
+        spec: the dataset's columns (:mod:`ensemble.dataset`; Criteo unless set).
+        freq_threshold: one threshold for every categorical column; None: the spec's (Criteo's is 3).
     """
 
-    freq_threshold: int = 3
+    freq_threshold: int | None = None
     xgb: xgb.XGBConfig = field(default_factory=xgb.XGBConfig)
     dlrm: DLRMConfig = field(default_factory=DLRMConfig)
     device: Device = Device.CPU  # `--device auto` is resolved before (ensemble.device.resolve_device)
@@ -62,6 +65,7 @@ class TrainConfig:
     models: tuple[str, ...] = MODEL_NAMES
     reuse_features: bool = False
     slipstream: slipstream.SlipstreamConfig | None = None
+    spec: DatasetSpec = schema.CRITEO
 
     def check_models(self) -> None:
         if not self.models or set(self.models) - set(MODEL_NAMES):
@@ -79,8 +83,8 @@ class Sources:
 
 
 def _array_source(workflow, frame: pd.DataFrame, config: TrainConfig, is_train: bool) -> ArraySource:
-    dense, ids = transforms.nvtabular_transform(workflow, frame, config.device)
-    return ArraySource(dense.astype(np.float32), ids, frame[schema.LABEL].to_numpy(np.int8),
+    dense, ids = transforms.nvtabular_transform(workflow, frame, config.device, config.spec)
+    return ArraySource(dense.astype(np.float32), ids, frame[config.spec.label].to_numpy(np.int8),
                        config.dlrm.batch_size if is_train else SCORE_BATCH, config.dlrm.seed, shuffle=is_train)
 
 
@@ -135,7 +139,7 @@ def train_all(train: pd.DataFrame, valid: pd.DataFrame, test: pd.DataFrame, work
     if _reusing(workdir, config, log):
         workflow = transforms.load_workflow(artifacts.workflow_dir)
     else:
-        transforms.fit_workflow(train, artifacts.workflow_dir, config.freq_threshold, config.device)
+        transforms.fit_workflow(train, artifacts.workflow_dir, config.freq_threshold, config.device, config.spec)
         workflow = transforms.load_workflow(artifacts.workflow_dir)
         _drop_scores(workdir)
     sources = Sources(*(_array_source(workflow, frame, config, is_train)
@@ -202,7 +206,8 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
     artifacts = TrainedArtifacts.under(workdir)
     timings = dict(seconds)
     peak_mb = {"features": rss_high_water_mb()}  # the process's high-water mark after each stage
-    cardinalities = transforms.LeanTransform.load(artifacts.workflow_dir).cardinalities
+    lean = transforms.LeanTransform.load(artifacts.workflow_dir)
+    cardinalities = lean.cardinalities
     log(f"features fitted in {timings['features']:.1f}s; vocabulary sizes {list(cardinalities)}")
     scores: dict[str, dict[str, np.ndarray]] = {"valid": {}, "test": {}}
     labels: dict[str, np.ndarray] = {}
@@ -217,7 +222,7 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
         timings["xgb"] = time.perf_counter() - start
         peak_mb["xgb"] = rss_high_water_mb()
 
-    dlrm_config = replace(config.dlrm, cardinalities=cardinalities)
+    dlrm_config = replace(config.dlrm, cardinalities=cardinalities, n_dense=len(lean.dense_columns))
     extra: dict[str, dict] = {}  # per-trainer details for the report (Slipstream's statistics)
     for name, module in (("dlrm_torch", dlrm_torch), ("dlrm_tf", dlrm_tf)):
         if name not in config.models:

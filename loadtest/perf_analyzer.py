@@ -27,9 +27,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ensemble import schema
+from ensemble.pins import ROOT, tool_pins
 
-ROOT = Path(__file__).resolve().parent.parent
-REQUIREMENTS = ROOT / "requirements.txt"
 TOOLS = ROOT / "build" / "tools" / "perf_analyzer"
 CONCURRENCY = (1, 2, 4, 8, 16, 32)
 ROWS = (1, 100)
@@ -41,20 +40,6 @@ STABILITY_PERCENT = 50
 
 class ToolError(RuntimeError):
     """perf_analyzer could not be installed or run; the message says what is missing."""
-
-
-def tool_pins(requirements: Path = REQUIREMENTS) -> dict[str, str]:
-    """``# tool: name==version`` and ``# tool: deb package`` lines of requirements.txt."""
-    pins = {}
-    for line in requirements.read_text().splitlines():
-        if line.startswith("# tool:"):
-            spec = line.split(":", 1)[1].strip()
-            if spec.startswith("deb "):
-                pins[spec.split()[1]] = "deb"
-            else:
-                name, version = spec.split("==")
-                pins[name.strip()] = version.strip()
-    return pins
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble import schema
+from ensemble.dataset import DatasetSpec, Kind
 from ensemble.serving import native
 from ensemble.device import Device
 
@@ -28,14 +29,18 @@ FIRST_ID = 3
 LEAN_FILE = "lean.json"
 
 
-def fit_workflow(train, out_dir: str | Path, freq_threshold: int = 3, device: Device = Device.CPU) -> Path:
+def fit_workflow(train, out_dir: str | Path, freq_threshold: int | None = 3, device: Device = Device.CPU,
+                 spec: DatasetSpec = schema.CRITEO) -> Path:
     """Fit the NVTabular workflow on a training frame and save it.
 
     Args:
-        train: frame from :func:`ensemble.data.criteo.read_criteo` (``I*`` float, ``C*`` str/None).
+        train: frame with the spec's columns (Criteo: from :func:`ensemble.data.criteo.read_criteo`,
+            ``I*`` float, ``C*`` str/None).
         out_dir: the saved workflow directory (NVTabular's format; categories inside).
-        freq_threshold: values seen fewer times than this map to the out-of-vocabulary id.
+        freq_threshold: values seen fewer times than this map to the out-of-vocabulary id; None:
+            the spec's threshold of each column.
         device: "gpu" fits on cuDF when cuDF is installed (see :func:`ensemble.device.fit_frame`).
+        spec: the dataset's columns (default Criteo).
 
     Returns:
         ``out_dir``.
@@ -45,30 +50,34 @@ def fit_workflow(train, out_dir: str | Path, freq_threshold: int = 3, device: De
     from ensemble.device import fit_frame
 
     out_dir = Path(out_dir)
-    workflow = build_workflow(out_dir, freq_threshold)
-    columns = [*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS]
+    spec.check_frame(train, with_label=False)
+    workflow = build_workflow(out_dir, freq_threshold, spec=spec)
+    columns = [*spec.continuous, *spec.categorical]
     frame, on_gpu = fit_frame(train[columns].reset_index(drop=True), device)
     workflow.fit(nvt.Dataset(frame, cpu=not on_gpu))
-    return save_workflow(workflow, out_dir)
+    return save_workflow(workflow, out_dir, spec)
 
 
-def build_workflow(out_dir: Path, freq_threshold: int = 3, client=None):
+def build_workflow(out_dir: Path, freq_threshold: int | None = 3, client=None, spec: DatasetSpec = schema.CRITEO):
     """The unfitted NVTabular ``Workflow`` (``client``: a dask client to fit and transform on)."""
     import nvtabular as nvt
     from nvtabular import ops
 
-    dense = (list(schema.DENSE_COLUMNS) >> ops.FillMissing(fill_val=0) >> ops.Clip(min_value=0)
+    dense = (list(spec.continuous) >> ops.FillMissing(fill_val=0) >> ops.Clip(min_value=0)
              >> ops.LogOp() >> ops.Normalize())
+    thresholds = spec.freq_thresholds if freq_threshold is None else freq_threshold
+    if isinstance(thresholds, dict) and len(set(thresholds.values())) == 1:
+        thresholds = next(iter(thresholds.values()))  # one value: the form NVTabular has always been given
     # out_path keeps NVTabular from writing ./categories into the working directory.
-    categorical = list(schema.CATEGORICAL_COLUMNS) >> ops.Categorify(
-        freq_threshold=freq_threshold, out_path=str(out_dir.parent / f".{out_dir.name}-fit"))
+    categorical = list(spec.categorical) >> ops.Categorify(
+        freq_threshold=thresholds, out_path=str(out_dir.parent / f".{out_dir.name}-fit"))
     return nvt.Workflow(dense + categorical, client=client)
 
 
-def save_workflow(workflow, out_dir: Path) -> Path:
+def save_workflow(workflow, out_dir: Path, spec: DatasetSpec = schema.CRITEO) -> Path:
     """Save a fitted workflow in NVTabular's format plus the lean transform's statistics."""
     workflow.save(str(out_dir))
-    _write_lean_stats(workflow, out_dir)
+    _write_lean_stats(workflow, out_dir, spec)
     return out_dir
 
 
@@ -79,27 +88,27 @@ def load_workflow(workflow_dir: str | Path):
     return nvt.Workflow.load(str(workflow_dir))
 
 
-def nvtabular_transform(workflow, frame, device: Device = Device.CPU):
+def nvtabular_transform(workflow, frame, device: Device = Device.CPU, spec: DatasetSpec = schema.CRITEO):
     """Run the saved workflow itself (the reference the lean transform is tested against).
 
     Args:
         workflow: a loaded ``Workflow`` or its directory.
-        frame: Criteo frame (at least one non-null value per categorical column: NVTabular
-            23.08 fails on a column that is null in every row).
+        frame: a frame with the spec's columns (at least one non-null value per categorical
+            column: NVTabular 23.08 fails on a column that is null in every row).
         device: "gpu" transforms on cuDF when cuDF is installed (training's bulk transform).
 
     Returns:
-        (dense [B x 13] float64, ids [B x 26] int64)
+        (dense [B x continuous] float64, ids [B x categorical] int64)
     """
     from ensemble.device import fit_frame, to_host
 
     if isinstance(workflow, (str, Path)):
         workflow = load_workflow(workflow)
-    columns = [*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS]
+    columns = [*spec.continuous, *spec.categorical]
     frame, _ = fit_frame(frame[columns].reset_index(drop=True), device)
     out = workflow.transform(frame)
-    return (to_host(out[list(schema.DENSE_COLUMNS)].values).astype(np.float64),
-            to_host(out[list(schema.CATEGORICAL_COLUMNS)].values).astype(np.int64))
+    return (to_host(out[list(spec.continuous)].values).astype(np.float64),
+            to_host(out[list(spec.categorical)].values).astype(np.int64))
 
 
 def _ops_of(workflow) -> list:
@@ -112,19 +121,34 @@ def _ops_of(workflow) -> list:
     return found
 
 
-def _write_lean_stats(workflow, out_dir: Path) -> None:
+def _write_lean_stats(workflow, out_dir: Path, spec: DatasetSpec = schema.CRITEO) -> None:
     """Copy what the lean transform needs out of the fitted workflow's operators."""
     by_type = {type(op).__name__: op for op in _ops_of(workflow)}
     normalize, fill, clip, cat = (by_type[k] for k in ("Normalize", "FillMissing", "Clip", "Categorify"))
     stats = {
+        "dataset": spec.name,
+        "dense_columns": list(spec.continuous),
+        "categorical_columns": list(spec.categorical),
+        "context_dense": spec.context_width(Kind.CONTINUOUS),
+        "context_categorical": spec.context_width(Kind.CATEGORICAL),
         "fill_value": float(fill.fill_val),
         "clip_min": float(clip.min_value),
-        "means": [float(normalize.means[c]) for c in schema.DENSE_COLUMNS],
-        "stds": [float(normalize.stds[c]) for c in schema.DENSE_COLUMNS],
-        "freq_threshold": int(cat.freq_threshold if isinstance(cat.freq_threshold, int) else 0),
-        "vocabularies": {c: f"categories/unique.{c}.parquet" for c in schema.CATEGORICAL_COLUMNS},
+        "means": [float(normalize.means[c]) for c in spec.continuous],
+        "stds": [float(normalize.stds[c]) for c in spec.continuous],
+        "freq_threshold": (cat.freq_threshold if isinstance(cat.freq_threshold, (int, dict)) else 0),
+        "vocabularies": {c: f"categories/unique.{c}.parquet" for c in spec.categorical},
     }
     (out_dir / LEAN_FILE).write_text(json.dumps(stats, indent=1))
+
+
+def workflow_widths(workflow_dir: str | Path) -> schema.Widths:
+    """How many continuous and categorical columns a saved workflow takes (its lean statistics list
+    them; a workflow saved without the lists is Criteo's)."""
+    stats = json.loads((Path(workflow_dir) / LEAN_FILE).read_text())
+    if "dense_columns" not in stats:
+        return schema.CRITEO_WIDTHS
+    return schema.Widths(len(stats["dense_columns"]), len(stats["categorical_columns"]),
+                         int(stats.get("context_dense", 0)), int(stats.get("context_categorical", 0)))
 
 
 @dataclass(frozen=True)
@@ -135,6 +159,8 @@ class LeanTransform:
         means, stds: [13] float32 Normalize statistics (of log(x+1) on the training split).
         fill_value, clip_min: FillMissing and Clip parameters.
         lookups: per categorical column, ``bytes value -> id`` (b"" -> missing id).
+        dense_columns, categorical_columns: the columns of the two input tensors, in order (the
+            dataset spec's; a workflow saved without them is Criteo's).
     """
 
     means: np.ndarray
@@ -142,6 +168,8 @@ class LeanTransform:
     fill_value: float
     clip_min: float
     lookups: tuple[dict, ...]
+    dense_columns: tuple[str, ...] = schema.DENSE_COLUMNS
+    categorical_columns: tuple[str, ...] = schema.CATEGORICAL_COLUMNS
 
     @classmethod
     def load(cls, workflow_dir: str | Path) -> "LeanTransform":
@@ -150,7 +178,9 @@ class LeanTransform:
         workflow_dir = Path(workflow_dir)
         stats = json.loads((workflow_dir / LEAN_FILE).read_text())
         lookups = []
-        for col in schema.CATEGORICAL_COLUMNS:
+        dense_columns = tuple(stats.get("dense_columns", schema.DENSE_COLUMNS))
+        categorical_columns = tuple(stats.get("categorical_columns", schema.CATEGORICAL_COLUMNS))
+        for col in categorical_columns:
             # ParquetFile, not read_table: read_table imports pyarrow.dataset and with it pandas.
             table = pq.ParquetFile(workflow_dir / stats["vocabularies"][col]).read(columns=[col])
             values = table.column(0).to_pylist()
@@ -158,7 +188,8 @@ class LeanTransform:
             lookup[b""] = NULL_ID
             lookups.append(lookup)
         return cls(np.asarray(stats["means"], np.float32), np.asarray(stats["stds"], np.float32),
-                   float(stats["fill_value"]), float(stats["clip_min"]), tuple(lookups))
+                   float(stats["fill_value"]), float(stats["clip_min"]), tuple(lookups), dense_columns,
+                   categorical_columns)
 
     @property
     def cardinalities(self) -> tuple[int, ...]:
@@ -194,18 +225,19 @@ class LeanTransform:
         # One pass over the row-major values, each looked up in its column's dictionary, in C
         # when it was built (ensemble.serving.native): no per-column or per-value Python overhead.
         ids = native.lookup(categorical.reshape(-1).tolist(), self.lookups, OOV_ID)
-        return ids.reshape(batch, schema.N_CATEGORICAL)
+        return ids.reshape(batch, len(self.categorical_columns))
 
 
-def encode_categorical(frame) -> np.ndarray:
-    """Criteo ``C*`` columns (str, None/NaN = missing) -> [B x 26] object array of bytes."""
-    out = np.empty((len(frame), schema.N_CATEGORICAL), dtype=object)
-    for j, col in enumerate(schema.CATEGORICAL_COLUMNS):
+def encode_categorical(frame, columns: tuple[str, ...] = schema.CATEGORICAL_COLUMNS) -> np.ndarray:
+    """Categorical columns (str, None/NaN = missing; default Criteo's ``C*``) -> [B x columns]
+    object array of bytes."""
+    out = np.empty((len(frame), len(columns)), dtype=object)
+    for j, col in enumerate(columns):
         out[:, j] = [v.encode("utf-8") if isinstance(v, str) else (v if isinstance(v, bytes) else b"")
                      for v in frame[col].tolist()]
     return out
 
 
-def dense_array(frame) -> np.ndarray:
-    """Criteo ``I*`` columns -> [B x 13] float32 (NaN = missing)."""
-    return frame[list(schema.DENSE_COLUMNS)].to_numpy(dtype=np.float32, na_value=np.nan)
+def dense_array(frame, columns: tuple[str, ...] = schema.DENSE_COLUMNS) -> np.ndarray:
+    """Continuous columns (default Criteo's ``I*``) -> [B x columns] float32 (NaN = missing)."""
+    return frame[list(columns)].to_numpy(dtype=np.float32, na_value=np.nan)

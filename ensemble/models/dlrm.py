@@ -29,6 +29,8 @@ class DLRMConfig:
     seed: int = 0
     # Vocabulary size of each categorical column (set from the fitted features).
     cardinalities: tuple[int, ...] = field(default=())
+    # Width of the dense input (the dataset's continuous columns; Criteo's 13 unless set).
+    n_dense: int = 13
 
     def n_interactions(self, n_categorical: int) -> int:
         """Number of pairwise dot products between the 1 + n_categorical vectors."""

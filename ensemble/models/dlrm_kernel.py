@@ -124,13 +124,14 @@ def _from_tflite(interpreter) -> "DLRMWeights | None":
                        np.ascontiguousarray(pairs % vectors, np.int32), tuple(linears[1]))
 
 
-def checked(weights: DLRMWeights | None, reference, n_dense: int, name: str, rows: int = 64,
+def checked(weights: DLRMWeights | None, reference, name: str, rows: int = 64,
             seed: int = 0) -> DLRMWeights | None:
     """``weights`` when the kernel reproduces ``reference(dense, ids)`` on a random batch within
     :data:`AGREEMENT`, else None (logged): the framework keeps scoring."""
     if _dlrm is None or weights is None:
         return None
     rng = np.random.default_rng(seed)
+    n_dense = weights.bottom[0][0].shape[0]  # the bottom MLP's first layer is [n_dense x width]
     dense = rng.normal(size=(rows, n_dense)).astype(np.float32)
     ids = np.stack([rng.integers(0, max(int(c), 1), rows) for c in cardinalities(weights)], axis=1).astype(np.int64)
     try:

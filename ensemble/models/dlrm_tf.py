@@ -27,8 +27,8 @@ def build(config: DLRMConfig):
     d = config.embedding_dim
     # Input names double as SavedModel signature argument names; they must not collide with
     # default layer names (an input called "dense" breaks export).
-    dense_in = keras.Input((schema.N_DENSE,), dtype="float32", name=schema.DENSE_FEATURES.name)
-    ids_in = keras.Input((schema.N_CATEGORICAL,), dtype="int64", name=schema.CATEGORY_IDS.name)
+    dense_in = keras.Input((config.n_dense,), dtype="float32", name=schema.DENSE_FEATURES.name)
+    ids_in = keras.Input((len(config.cardinalities),), dtype="int64", name=schema.CATEGORY_IDS.name)
     x = dense_in
     for width in (*config.bottom_mlp, d):
         x = layers.Dense(width, activation="relu")(x)
@@ -76,8 +76,8 @@ def train(config: DLRMConfig, train_data, valid_data, device: Device = Device.CP
     loss_fn = keras.losses.BinaryCrossentropy()
 
     # Shapes with an unknown batch: one trace serves the full batches and the last, smaller one.
-    @tf.function(input_signature=[tf.TensorSpec((None, schema.N_DENSE), tf.float32),
-                                  tf.TensorSpec((None, schema.N_CATEGORICAL), tf.int64),
+    @tf.function(input_signature=[tf.TensorSpec((None, config.n_dense), tf.float32),
+                                  tf.TensorSpec((None, len(config.cardinalities)), tf.int64),
                                   tf.TensorSpec((None,), tf.int8)])
     def step(d, i, y):
         y = tf.reshape(tf.cast(y, tf.float32), (-1, 1))
@@ -158,7 +158,7 @@ class TFScorer:
         self._kernel = None
         if dlrm_kernel.available():
             self._kernel = dlrm_kernel.checked(dlrm_kernel.DLRMWeights.from_tflite(interpreter), self.framework,
-                                               schema.N_DENSE, "dlrm_tf")
+                                               "dlrm_tf")
 
     def _interpreter(self):
         state = getattr(self._local, "state", None)
@@ -181,8 +181,8 @@ class TFScorer:
         interpreter, dense, ids, out, rows = state
         if len(dense_features) != rows:
             rows = state[4] = len(dense_features)
-            interpreter.resize_tensor_input(dense, [rows, schema.N_DENSE])
-            interpreter.resize_tensor_input(ids, [rows, schema.N_CATEGORICAL])
+            interpreter.resize_tensor_input(dense, [rows, dense_features.shape[1]])
+            interpreter.resize_tensor_input(ids, [rows, category_ids.shape[1]])
             interpreter.allocate_tensors()
         interpreter.set_tensor(dense, np.ascontiguousarray(dense_features, np.float32))
         interpreter.set_tensor(ids, np.ascontiguousarray(category_ids, np.int64))

@@ -34,11 +34,11 @@ def _mlp(widths: list[int], last_relu: bool) -> nn.Sequential:
 
 
 class DenseArch(nn.Module):
-    """Bottom MLP: dense features [B x 13] -> [B x D] (ReLU after every layer)."""
+    """Bottom MLP: dense features [B x n_dense] -> [B x D] (ReLU after every layer)."""
 
-    def __init__(self, hidden: tuple[int, ...], dim: int) -> None:
+    def __init__(self, hidden: tuple[int, ...], dim: int, n_dense: int = schema.N_DENSE) -> None:
         super().__init__()
-        self.mlp = _mlp([schema.N_DENSE, *hidden, dim], last_relu=True)
+        self.mlp = _mlp([n_dense, *hidden, dim], last_relu=True)
 
     def forward(self, dense: torch.Tensor) -> torch.Tensor:
         return self.mlp(dense)
@@ -100,7 +100,7 @@ class DLRM(nn.Module):
     def __init__(self, config: DLRMConfig) -> None:
         super().__init__()
         d, n = config.embedding_dim, len(config.cardinalities)
-        self.dense_arch = DenseArch(config.bottom_mlp, d)
+        self.dense_arch = DenseArch(config.bottom_mlp, d, config.n_dense)
         self.sparse_arch = SparseArch(config.cardinalities, d)
         self.interaction = InteractionArch(n)
         self.over_arch = OverArch(d + config.n_interactions(n), config.top_mlp)
@@ -219,7 +219,7 @@ class TorchScorer:
         self._kernel = None
         if device is Device.CPU and dlrm_kernel.available():
             self._kernel = dlrm_kernel.checked(dlrm_kernel.DLRMWeights.from_torchscript(self.model), self.framework,
-                                               schema.N_DENSE, "dlrm_torch")
+                                               "dlrm_torch")
 
     def __call__(self, dense_features: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
         if self._kernel is not None:

@@ -245,12 +245,12 @@ class CompiledTrees:
     ones, a NaN the design matrix never holds: missing dense values are filled before this step).
     """
 
-    def __init__(self, library: Path):
+    def __init__(self, library: Path, n_features: int = N_FEATURES):
         import ctypes
 
         self._lib = ctypes.CDLL(str(library))
-        if self._lib.get_num_feature() != N_FEATURES:
-            raise ValueError(f"{library} takes {self._lib.get_num_feature()} features, not {N_FEATURES}")
+        if self._lib.get_num_feature() != n_features:
+            raise ValueError(f"{library} takes {self._lib.get_num_feature()} features, not {n_features}")
         self._rows = getattr(self._lib, "predict_rows", None)
         if self._rows is not None:
             self._rows.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)
@@ -388,7 +388,7 @@ class TreeScorer:
         self.booster = xgb.Booster(model_file=str(model_dir / MODEL_FILE))
         self.booster.set_param({"nthread": threads})
         library = model_dir / TREES_LIBRARY
-        self._compiled = CompiledTrees(library) if library.is_file() else None
+        self._compiled = CompiledTrees(library, self.booster.num_features()) if library.is_file() else None
         self._compiled_max_rows = COMPILED_MAX_ROWS if self._compiled and self._compiled.batched else PER_ROW_MAX_ROWS
         self._arrays = TreeArrays.from_json(model_dir / MODEL_FILE) if _trees is not None else None
 

@@ -115,6 +115,8 @@ class ModelSpec:
             waits (a delay per step lengthens every 1-row round trip).
         parameters: backend parameters, written sorted by key.
         warmup: batch sizes of the warm-up samples run at load (see :func:`warmup_data`).
+        widths: the dataset's input widths (``schema.Widths``; Criteo's unless set), which size
+            the dense and categorical tensors.
     """
 
     name: str
@@ -128,6 +130,7 @@ class ModelSpec:
     parameters: tuple[tuple[str, str], ...] = ()
     max_batch_size: int = schema.MAX_BATCH_SIZE
     warmup: tuple[int, ...] = ()
+    widths: schema.Widths = schema.CRITEO_WIDTHS
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,7 @@ class EnsembleSpec:
 
     steps: tuple[ModelSpec, ...]
     max_batch_size: int = schema.MAX_BATCH_SIZE
+    widths: schema.Widths = schema.CRITEO_WIDTHS
 
 
 def _pb():
@@ -144,13 +148,13 @@ def _pb():
     return model_config_pb2
 
 
-def _add(config, bindings: tuple[Binding, ...], kind: str) -> None:
+def _add(config, bindings: tuple[Binding, ...], kind: str, widths: schema.Widths) -> None:
     pb = _pb()
     for binding in bindings:
         entry = getattr(config, kind).add()
         entry.name = binding.name
         entry.data_type = pb.DataType.Value(binding.tensor.dtype.value)
-        entry.dims.extend(binding.tensor.dims)
+        entry.dims.extend(widths.dims(binding.tensor))
 
 
 class WarmupData(str, enum.Enum):
@@ -179,7 +183,7 @@ def _add_warmup(config, spec: ModelSpec) -> None:
         for binding in spec.inputs:
             entry = sample.inputs[binding.name]
             entry.data_type = pb.DataType.Value(binding.tensor.dtype.value)
-            entry.dims.extend(binding.tensor.dims)
+            entry.dims.extend(spec.widths.dims(binding.tensor))
             setattr(entry, warmup_data(binding.tensor).value, True)
 
 
@@ -188,8 +192,8 @@ def model_config(spec: ModelSpec):
     pb = _pb()
     config = pb.ModelConfig(name=spec.name, backend=spec.backend, platform=spec.platform,
                             max_batch_size=spec.max_batch_size)
-    _add(config, spec.inputs, "input")
-    _add(config, spec.outputs, "output")
+    _add(config, spec.inputs, "input", spec.widths)
+    _add(config, spec.outputs, "output", spec.widths)
     # KIND_GPU without `gpus`: `instances` instances on every GPU the container sees.
     config.instance_group.add(kind=pb.ModelInstanceGroup.Kind.Value(spec.kind.value), count=spec.instances)
     config.dynamic_batching.max_queue_delay_microseconds = spec.queue_delay_us
@@ -203,8 +207,8 @@ def ensemble_config(spec: EnsembleSpec):
     """The ``ranker`` ensemble, mapping each step's backend names to the schema names."""
     pb = _pb()
     config = pb.ModelConfig(name=Model.RANKER.value, platform="ensemble", max_batch_size=spec.max_batch_size)
-    _add(config, named(schema.RANKER_INPUTS), "input")
-    _add(config, named(schema.RANKER_OUTPUTS), "output")
+    _add(config, named(schema.RANKER_INPUTS), "input", spec.widths)
+    _add(config, named(schema.RANKER_OUTPUTS), "output", spec.widths)
     for step in spec.steps:
         entry = config.ensemble_scheduling.step.add(model_name=step.name, model_version=-1)
         for binding in step.inputs:
@@ -232,12 +236,13 @@ def gpu_spec(model: Model, release: releases.TritonRelease = releases.PINNED) ->
                      warmup=GPU_WARMUP_BATCHES)
 
 
-def layout_specs(layout: Layout, release: releases.TritonRelease = releases.PINNED
-                 ) -> tuple[tuple[ModelSpec, ...], EnsembleSpec | None]:
+def layout_specs(layout: Layout, release: releases.TritonRelease = releases.PINNED,
+                 widths: schema.Widths = schema.CRITEO_WIDTHS) -> tuple[tuple[ModelSpec, ...], EnsembleSpec | None]:
     """The models a layout serves and, when the ranker is an ensemble, its wiring."""
     if layout in (Layout.FUSED, Layout.NATIVE):
         ranker = python_spec(Model.RANKER, schema.FUSED_STEP, layout=Layout.FUSED.value,
                              **{LATENCY_OBJECTIVE_PARAMETER: f"{DEFAULT_OBJECTIVE_MS:g}"})
+        ranker = dataclasses.replace(ranker, widths=widths)
         if layout is Layout.NATIVE:
             ranker = dataclasses.replace(ranker, backend=NATIVE_BACKEND)
         return (ranker,), None
@@ -245,16 +250,43 @@ def layout_specs(layout: Layout, release: releases.TritonRelease = releases.PINN
         steps = tuple(gpu_spec(c.model, release) for c in COMPONENTS)
     else:
         steps = tuple(python_spec(c.model, c.step(layout), warmup=CPU_WARMUP_BATCHES) for c in COMPONENTS)
-    return steps, EnsembleSpec(steps)
+    steps = tuple(dataclasses.replace(s, widths=widths) for s in steps)
+    return steps, EnsembleSpec(steps, widths=widths)
 
 
-def layout_configs(layout: Layout, release: releases.TritonRelease = releases.PINNED) -> dict[str, object]:
+def layout_configs(layout: Layout, release: releases.TritonRelease = releases.PINNED,
+                   widths: schema.Widths = schema.CRITEO_WIDTHS) -> dict[str, object]:
     """Model name -> ``ModelConfig`` for every model a layout serves."""
-    models, ensemble = layout_specs(layout, release)
+    models, ensemble = layout_specs(layout, release, widths)
     configs = {s.name: model_config(s) for s in models}
     if ensemble is not None:
         configs[Model.RANKER.value] = ensemble_config(ensemble)
     return configs
+
+
+# The ``rank`` model (ensemble/serving/rank_model.py): numpy only, one request per call (its candidate
+# list is the batch), each instance blocked while the ranker scores its rows; two instances keep a
+# second ranking request's rows reaching the ranker's queue meanwhile (each instance is a process of
+# ~30 MiB).
+RANK_INSTANCES = 2
+
+
+def rank_config(widths: schema.Widths = schema.CRITEO_WIDTHS):
+    """The ``rank`` model: ranking requests (one context, N candidates) over the served ranker."""
+    pb = _pb()
+    config = pb.ModelConfig(name=schema.RANK_MODEL, backend="python", max_batch_size=0)
+    inputs, outputs = schema.rank_tensors(widths)
+    for tensor in inputs:
+        entry = config.input.add(name=tensor.name, data_type=pb.DataType.Value(tensor.dtype.value))
+        entry.dims.extend(tensor.dims)
+        entry.optional = tensor.name == schema.TOP_K.name
+    _add(config, tuple(Binding(t, t.name) for t in outputs), "output", widths)
+    config.instance_group.add(kind=pb.ModelInstanceGroup.Kind.Value(Kind.CPU.value), count=RANK_INSTANCES)
+    for key, value in sorted({"context_dense": str(widths.context_dense),
+                              "context_categorical": str(widths.context_categorical),
+                              "ranker_max_batch_size": str(schema.MAX_BATCH_SIZE)}.items()):
+        config.parameters[key].string_value = value
+    return config
 
 
 def to_text(config) -> str:
@@ -270,9 +302,10 @@ def parse(text: str):
     return text_format.Parse(text, _pb().ModelConfig())
 
 
-def layout_texts(layout: Layout, release: releases.TritonRelease = releases.PINNED) -> dict[str, str]:
+def layout_texts(layout: Layout, release: releases.TritonRelease = releases.PINNED,
+                 widths: schema.Widths = schema.CRITEO_WIDTHS) -> dict[str, str]:
     """Model name -> config text of a layout."""
-    return {name: to_text(config) for name, config in layout_configs(layout, release).items()}
+    return {name: to_text(config) for name, config in layout_configs(layout, release, widths).items()}
 
 
 def all_configs() -> dict[str, str]:
@@ -293,8 +326,12 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def write_configs(repository: str | Path, release: releases.TritonRelease = releases.PINNED) -> list[Path]:
-    """Write every layout's config file of every model it uses (each replaced atomically)."""
+def write_configs(repository: str | Path, release: releases.TritonRelease = releases.PINNED,
+                  widths: schema.Widths = schema.CRITEO_WIDTHS) -> list[Path]:
+    """Write every layout's config file of every model it uses (each replaced atomically), sized
+    for a dataset of ``widths``."""
     repository = Path(repository)
+    rank = to_text(rank_config(widths))
     return [_write(repository / name / config_file(layout), text)
-            for layout in Layout for name, text in layout_texts(layout, release).items()]
+            for layout in Layout for name, text in layout_texts(layout, release, widths).items()] + [
+        _write(repository / schema.RANK_MODEL / config_file(layout), rank) for layout in Layout]

@@ -20,10 +20,13 @@ from ensemble.repository import manifest
 from ensemble.models.registry import COMPONENTS, Component
 from ensemble.serving import backend
 from ensemble.serving.runtime import RELEASE_FILE
+from ensemble import schema
 from ensemble.schema import Model
 
 # The one model.py of every python-backend model (it only delegates to ensemble.serving.runtime).
 MODEL_PY = Path(__file__).resolve().parents[1] / "serving" / "model.py"
+# The ``rank`` model's (ranking requests over whichever ranker is served; one version, no artifacts).
+RANK_MODEL_PY = Path(__file__).resolve().parents[1] / "serving" / "rank_model.py"
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,10 @@ def export_repository(artifacts: TrainedArtifacts, repository: str | Path, keep:
     Returns:
         model -> the version folder written (the ranker: the release folder).
     """
+    from ensemble.features.transforms import workflow_widths
+
     repository = Path(repository)
-    configs.write_configs(repository)
+    configs.write_configs(repository, widths=workflow_widths(artifacts.workflow_dir))
     written: dict[Model, Path] = {}
     for component in COMPONENTS:
         model = component.model
@@ -124,6 +129,11 @@ def export_repository(artifacts: TrainedArtifacts, repository: str | Path, keep:
         manifest.write(staging, Model.RANKER)
 
     written[Model.RANKER] = _publish(ranker_dir, _next_version(ranker_dir), fill_release)
+    rank_version = repository / schema.RANK_MODEL / "1"
+    rank_version.mkdir(parents=True, exist_ok=True)
+    staged = rank_version / ".model.py.tmp"
+    shutil.copy2(RANK_MODEL_PY, staged)
+    staged.replace(rank_version / "model.py")
     for model in written:
         _prune(repository / model.value, keep)
     return written

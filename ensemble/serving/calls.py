@@ -17,7 +17,6 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ensemble import schema
 from ensemble.serving import admission, runtime
 
 # Triton's error codes (TRITONSERVER_Error_Code order), which both backends map to their own.
@@ -72,8 +71,9 @@ class Ranker:
         self.rows = 0  # rows scored by the last call
 
     def _score_missing(self, rows: int) -> None:
-        self.runner.run({schema.DENSE.name: np.full((rows, schema.N_DENSE), np.nan, np.float32),
-                         schema.CATEGORICAL.name: np.full((rows, schema.N_CATEGORICAL), b"", dtype=object)})
+        dense, categorical = self.runner.step.inputs
+        self.runner.run({dense.name: np.full((rows, *dense.dims), np.nan, np.float32),
+                         categorical.name: np.full((rows, *categorical.dims), b"", dtype=object)})
 
     def call(self, requests: Sequence[CallRequest]) -> Iterator[tuple[int, Answer] | None]:
         """(index, answer) for every request, and :data:`FLUSH` before bulk answers that follow

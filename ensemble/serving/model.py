@@ -26,7 +26,8 @@ class TritonPythonModel:
         if layout == "fused":
             runner = runtime.load_fused(version_dir, threads)
         else:
-            runner = runtime.load_step(config["name"], version_dir, threads, layout=layout)
+            runner = runtime.load_step(config["name"], version_dir, threads, layout=layout,
+                                       widths=schema.widths_of_config(config))
         objective = params.get("latency_objective_ms")
         self.ranker = calls.Ranker(runner, float(objective) if objective else None)
 

@@ -20,6 +20,7 @@ from ensemble import schema
 from ensemble.repository import manifest
 from ensemble.serving import native
 from ensemble.device import Device
+from ensemble.models import artifacts
 from ensemble.models.registry import BY_MODEL, ORDER, Layout
 from ensemble.schema import Model
 
@@ -66,20 +67,31 @@ class StepRunner:
         return {t.name: np.asarray(o, dtype=t.dtype.numpy) for t, o in zip(self.step.outputs, outputs)}
 
 
+def workflow_widths(features_version_dir: str | Path) -> schema.Widths:
+    """The input widths of the dataset a features version was fitted on."""
+    from ensemble.features import transforms
+
+    return transforms.workflow_widths(Path(features_version_dir) / artifacts.WORKFLOW)
+
+
 def load_step(model: Model | str, version_dir: str | Path, threads: int = 1,
-              layout: Layout | str = Layout.ENSEMBLE, device: Device | str = Device.CPU) -> StepRunner:
+              layout: Layout | str = Layout.ENSEMBLE, device: Device | str = Device.CPU,
+              widths: schema.Widths | None = None) -> StepRunner:
     """Verify a version folder against its manifest and load its step.
 
     Args:
         layout: which tensors the step reads and writes (``Layout.GPU``: ``schema.GPU_STEPS``;
             set by the ``layout`` parameter of the model's config).
         device: where the step computes (see :mod:`ensemble.device`).
+        widths: the dataset's input widths (None: the features step's own workflow, else Criteo's).
     """
     component = BY_MODEL[Model(model)]
     layout, version_dir = Layout(layout), Path(version_dir)
     manifest.verify(version_dir, component.model)
+    if widths is None:
+        widths = workflow_widths(version_dir) if component.model is Model.FEATURES else schema.CRITEO_WIDTHS
     fn = component.load(version_dir, threads, Device(device))
-    return StepRunner(component.step(layout), component.adapt(fn, layout))
+    return StepRunner(schema.sized(component.step(layout), widths), component.adapt(fn, layout))
 
 
 def latest_version(model_dir: Path) -> Path:
@@ -127,9 +139,12 @@ class Pipeline:
     # per model).
     PARALLEL_MIN_ROWS = 32
 
-    def __init__(self, steps: Mapping[Model, StepRunner], parallel: bool | None = None):
-        """``parallel``: None (default) = when this process may run on more than one core."""
+    def __init__(self, steps: Mapping[Model, StepRunner], parallel: bool | None = None,
+                 widths: schema.Widths | None = None):
+        """``parallel``: None (default) = when this process may run on more than one core;
+        ``widths``: the dataset's (with its context's), else read from the features step."""
         self.steps = dict(steps)
+        self._widths = widths
         self._levels = _levels([self.steps[m] for m in ORDER])
         self._pool = None
         if parallel is None:  # the cores this process may run on (Linux), else the machine's
@@ -143,16 +158,37 @@ class Pipeline:
         """Load every step of a release (default: the newest); ``device="gpu"`` runs the trees
         (FIL or XGBoost CUDA) and the torch DLRM on the GPU (``ensemble.device.resolve_device``
         maps ``auto``)."""
-        return cls({m: load_step(m, folder, threads, device=device)
-                    for m, folder in release_versions(repository, release).items()})
+        folders = release_versions(repository, release)
+        widths = workflow_widths(folders[Model.FEATURES])
+        return cls({m: load_step(m, folder, threads, device=device, widths=widths) for m, folder in folders.items()},
+                   widths=widths)
+
+    @property
+    def widths(self) -> schema.Widths:
+        """The dataset's input widths (the features step's inputs) and its context's."""
+        if self._widths is not None:
+            return self._widths
+        dense, categorical = self.steps[Model.FEATURES].step.inputs
+        return schema.Widths(dense.dims[0], categorical.dims[0])
+
+    def rank(self, context_dense, context_categorical, candidate_dense, candidate_categorical,
+             k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """What the ``rank`` model answers, in process: (order best first, every candidate's score)."""
+        from ensemble.serving import ranking
+
+        widths = self.widths
+        dense, categorical = ranking.broadcast(context_dense, context_categorical, candidate_dense,
+                                               candidate_categorical, (widths.context_dense, widths.context_categorical))
+        scores = self.score(dense, categorical)[schema.SCORE.name].reshape(-1)
+        return ranking.top(scores, k), scores
 
     def warm_up(self, batch_sizes: tuple[int, ...] = (1, 100, 1024)) -> None:
         """Score all-missing rows once per batch size: the first calls of TorchScript, TFLite and
         the trees cost milliseconds (graph optimization, allocation), which a model should pay
         at load rather than on its first requests. 1,024 rows also takes the trees' XGBoost path."""
         for rows in batch_sizes:
-            self.score(np.full((rows, schema.N_DENSE), np.nan, np.float32),
-                       np.full((rows, schema.N_CATEGORICAL), b"", dtype=object))
+            self.score(np.full((rows, self.widths.dense), np.nan, np.float32),
+                       np.full((rows, self.widths.categorical), b"", dtype=object))
 
     def close(self) -> None:
         """End the worker thread (a pipeline unloaded from a long-lived process, e.g. Triton's)."""
@@ -213,7 +249,7 @@ def load_fused(version_dir: str | Path, threads: int = 1) -> StepRunner:
     version_dir = Path(version_dir)
     pipeline = Pipeline.from_repository(version_dir.parent.parent, threads, release=int(version_dir.name))
     pipeline.warm_up()
-    return StepRunner(schema.FUSED_STEP, pipeline)
+    return StepRunner(schema.sized(schema.FUSED_STEP, pipeline.widths), pipeline)
 
 
 def deserialize_bytes(buffer) -> np.ndarray:

@@ -22,6 +22,7 @@ from ensemble.repository.configs import LATENCY_OBJECTIVE_PARAMETER, config_file
 from ensemble.serving import lifecycle, processes
 from ensemble.serving.control import ADMIN_HEADER, Control, ControlError
 from ensemble.models.registry import Layout
+from ensemble import schema
 from ensemble.schema import Model
 from ensemble.serving.monitoring import LatencySummaries
 from ensemble.serving.door import door_options
@@ -189,6 +190,8 @@ class TritonServer:
         cmd.append("--model-control-mode=explicit")
         if o.latency_objective_ms is None:  # else start() loads it with the objective in its config
             cmd.append(f"--load-model={Model.RANKER.value}")
+        if (Path(o.repository) / schema.RANK_MODEL / config_file(Layout(o.layout))).is_file():
+            cmd.append(f"--load-model={schema.RANK_MODEL}")  # ranking requests (ensemble/serving/rank_model.py)
         cmd += door_options(binary, self.environment(binary))
         if o.admin_key:
             cmd += [f"--http-restricted-api=model-repository:{ADMIN_HEADER}={o.admin_key}",

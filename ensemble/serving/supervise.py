@@ -66,10 +66,10 @@ class GaveUp(ServerError):
     """The server kept dying; the message ends with its log tail."""
 
 
-def _probe_body() -> bytes:
+def _probe_body(widths: schema.Widths = schema.CRITEO_WIDTHS) -> bytes:
     """One valid row: zeros for the dense features, every categorical missing."""
-    return schema.v2_json_request(np.zeros((1, schema.N_DENSE), np.float32),
-                                  np.full((1, schema.N_CATEGORICAL), b"", dtype=object))
+    return schema.v2_json_request(np.zeros((1, widths.dense), np.float32),
+                                  np.full((1, widths.categorical), b"", dtype=object))
 
 
 class Supervisor:
@@ -81,7 +81,7 @@ class Supervisor:
         self.restarts: list[float] = []
         self.heals = 0
         self._failures = 0
-        self._body = _probe_body()
+        self._body: bytes | None = None  # sized for the served dataset at the first probe
         self.control = Control.of(server.http_url, key=server.options.admin_key or "", grpc=server.grpc_url)
         self.release: int | None = None  # the release last seen serving: restored after a restart
         self._config: dict | None = None
@@ -89,6 +89,9 @@ class Supervisor:
 
     def probe(self) -> str | None:
         """None when a 1-row request is scored, else why not."""
+        if self._body is None:
+            config = self.served_config()
+            self._body = _probe_body(schema.widths_of_config(config) if config else schema.CRITEO_WIDTHS)
         request = urllib.request.Request(f"{self.control.url}{schema.RANKER_INFER_PATH}", self._body,
                                          {"Content-Type": "application/json"})
         try:
@@ -96,6 +99,8 @@ class Supervisor:
                 reply.read()
                 return None
         except urllib.error.HTTPError as exc:
+            if exc.code == 400:  # a release of another dataset's widths: size the probe again
+                self._body = None
             return f"HTTP {exc.code}: {exc.read()[:300].decode(errors='replace')}"
         except (urllib.error.URLError, OSError) as exc:
             return f"{type(exc).__name__}: {exc}"

@@ -117,3 +117,18 @@ def test_concurrent_requests_get_their_own_rows(layout_server, rows, expected):
         diffs = [d for d in pool.map(run, jobs) if d is not None]
     assert len(diffs) == 108
     assert max(diffs) <= TOL
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_ranking_request_without_context_orders_the_flat_scores(layout_server, protocol, rows, expected):
+    """Criteo's spec has no context columns: a ranking request is its candidates alone, and its answer
+    is the flat scores of the same rows and their order (JSON and binary tensors alike)."""
+    from clients.triton import RankerClient
+
+    url = layout_server.http_url if protocol == "http" else layout_server.grpc_url
+    dense, cats = rows[0][:100], rows[1][:100]
+    for binary in (True, False) if protocol == "http" else (True,):
+        ranking = RankerClient(url, protocol, binary=binary).rank(None, (dense, cats), k=5)
+        want = expected[schema.SCORE.name][:100]
+        assert np.max(np.abs(ranking.scores - want)) <= TOL
+        assert list(ranking.order) == list(np.argsort(-want, kind="stable")[:5])

@@ -17,8 +17,9 @@ def test_committed_configs_are_generated(tmp_path, relative):
     written = configs.write_configs(tmp_path)
     assert {p.relative_to(tmp_path).as_posix() for p in written} == {
         f"{m.value}/{r}" for m in Model for r in (configs.CONFIG_FILE, configs.GPU_CONFIG_FILE)} | {
-        f"ranker/{configs.config_file(Layout.FUSED)}", f"ranker/{configs.config_file(Layout.NATIVE)}"}
-    for name in configs.all_configs():
+        f"ranker/{configs.config_file(Layout.FUSED)}", f"ranker/{configs.config_file(Layout.NATIVE)}"} | {
+        f"{schema.RANK_MODEL}/{configs.config_file(layout)}" for layout in Layout}
+    for name in [*configs.all_configs(), schema.RANK_MODEL]:
         committed = REPO / name / relative
         assert committed.read_text() == (tmp_path / name / relative).read_text(), (
             f"{committed} differs from ensemble/repository/configs.py: run `ensemble export` or regenerate")

@@ -10,7 +10,7 @@ import ensemble
 PACKAGE = Path(ensemble.__file__).parent
 # The composition roots: they wire the library, the clients and the load test together
 # (acceptance.py: the GPU acceptance run, `make gpu-acceptance`).
-COMPOSERS = {"cli.py", "demo.py", "acceptance.py"}
+COMPOSERS = {"cli.py", "demo.py", "demo_movielens.py", "acceptance.py"}
 
 
 def _imported_modules(path: Path) -> set[str]:

@@ -1,0 +1,222 @@
+"""Dataset specs: what a click log's columns are, in one small TOML file.
+
+A spec names the label (0/1), the continuous and the categorical feature columns, and splits them
+into the *context* (the user or query: the same for every candidate of one ranking) and the
+*candidate* (the item being scored). The ranker's two input tensors follow from it: ``dense`` is
+the context's continuous columns then the candidate's, ``categorical`` the same for categorical
+columns. Criteo is the built-in default (``ensemble/datasets/criteo.toml``: 13 continuous and 26
+categorical candidate columns, no context), so its contract is the one the project always had.
+
+A spec file::
+
+    name = "movielens100k"
+    label = "label"              # a 0/1 column
+    time = "timestamp"           # optional: orders interactions (time splits)
+    freq_threshold = 1           # optional, default for every categorical column (>= 1)
+
+    [context]                    # optional
+    continuous = ["age"]
+    categorical = ["user_id", "gender"]
+
+    [candidate]
+    continuous = ["release_year"]
+    categorical = ["movie_id"]
+
+    [freq_threshold_by_column]   # optional, per categorical column
+    user_id = 2
+
+Categorical values seen fewer than their column's threshold times in training map to the
+out-of-vocabulary id. Unknown keys are refused, so a misspelt option fails instead of being
+ignored.
+"""
+
+from __future__ import annotations
+
+import enum
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+BUILTIN_DIR = Path(__file__).resolve().parent / "datasets"
+DEFAULT = "criteo"
+
+
+class SpecError(ValueError):
+    """A spec that cannot describe a dataset, or data that does not match its spec."""
+
+
+class Kind(str, enum.Enum):
+    CONTINUOUS = "continuous"
+    CATEGORICAL = "categorical"
+
+
+class Side(str, enum.Enum):
+    CONTEXT = "context"
+    CANDIDATE = "candidate"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    kind: Kind
+    side: Side
+    freq_threshold: int = 1  # categorical columns only
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A parsed, checked spec. ``columns`` lists the features in tensor order."""
+
+    name: str
+    label: str
+    columns: tuple[Column, ...]
+    time: str | None = None
+    source: str = "<string>"
+
+    def _names(self, kind: Kind, side: Side | None = None) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns if c.kind is kind and (side is None or c.side is side))
+
+    @property
+    def continuous(self) -> tuple[str, ...]:
+        """Columns of the ``dense`` tensor, in order."""
+        return self._names(Kind.CONTINUOUS)
+
+    @property
+    def categorical(self) -> tuple[str, ...]:
+        """Columns of the ``categorical`` tensor, in order."""
+        return self._names(Kind.CATEGORICAL)
+
+    @property
+    def context(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns if c.side is Side.CONTEXT)
+
+    @property
+    def candidate(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns if c.side is Side.CANDIDATE)
+
+    def context_width(self, kind: Kind) -> int:
+        """How many of a tensor's leading columns are the context's."""
+        return len(self._names(kind, Side.CONTEXT))
+
+    @property
+    def freq_thresholds(self) -> dict[str, int]:
+        return {c.name: c.freq_threshold for c in self.columns if c.kind is Kind.CATEGORICAL}
+
+    def check_frame(self, frame, *, with_label: bool = True) -> None:
+        """Refuse a frame that does not match the spec, naming the column.
+
+        Checks: every spec column is present; a continuous column is numeric; a categorical column
+        has at least one value; the label is 0/1 with no missing value.
+        """
+        needed = [*([self.label] if with_label else []), *(c.name for c in self.columns)]
+        missing = [name for name in needed if name not in frame.columns]
+        if missing:
+            raise SpecError(f"{self.name}: column(s) {', '.join(map(repr, missing))} of the spec not in the data "
+                            f"(it has {', '.join(map(repr, list(frame.columns)[:20]))})")
+        for column in self.columns:
+            values = frame[column.name]
+            if column.kind is Kind.CONTINUOUS:
+                if not (np.issubdtype(values.dtype, np.number) or np.issubdtype(values.dtype, np.bool_)):
+                    raise SpecError(f"{self.name}: continuous column {column.name!r} is not numeric "
+                                    f"(dtype {values.dtype}); declare it categorical or convert it")
+            elif not (present := values.dropna()).size or not present.ne("").any():
+                raise SpecError(f"{self.name}: categorical column {column.name!r} has no values")
+        if with_label:
+            label = frame[self.label]
+            if label.isna().any():
+                raise SpecError(f"{self.name}: label {self.label!r} is missing in {int(label.isna().sum())} row(s)")
+            bad = [v for v in dict.fromkeys(label.tolist()) if not (isinstance(v, (int, float, np.number)) and v in (0, 1))]
+            if bad:
+                raise SpecError(f"{self.name}: label {self.label!r} must be 0 or 1; found {bad[:5]}")
+
+
+_TOP_KEYS = {"name", "label", "time", "freq_threshold", "context", "candidate", "freq_threshold_by_column"}
+_SIDE_KEYS = {"continuous", "categorical"}
+
+
+def _threshold(value, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(f"{where}: freq_threshold must be an integer >= 1, not {value!r}")
+    return value
+
+
+def _names_list(value, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise SpecError(f"{where} must be a list of column names")
+    return value
+
+
+def parse_spec(text: str, source: str = "<string>") -> DatasetSpec:
+    """Parse and check a spec's TOML text (``source`` names it in errors)."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{source}: not valid TOML: {exc}") from None
+    unknown = sorted(set(raw) - _TOP_KEYS)
+    if unknown:
+        raise SpecError(f"{source}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(_TOP_KEYS))})")
+    for key in ("name", "label"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise SpecError(f"{source}: {key!r} is required (a string)")
+    name, label = raw["name"], raw["label"]
+    time = raw.get("time")
+    if time is not None and (not isinstance(time, str) or not time):
+        raise SpecError(f"{source}: 'time' must be a column name")
+    default_threshold = _threshold(raw.get("freq_threshold", 1), source)
+    by_column = raw.get("freq_threshold_by_column", {})
+    if not isinstance(by_column, dict):
+        raise SpecError(f"{source}: [freq_threshold_by_column] must be a table of column = threshold")
+
+    columns: list[Column] = []
+    seen: dict[str, str] = {}
+    for side in (Side.CONTEXT, Side.CANDIDATE):
+        table = raw.get(side.value, {})
+        if not isinstance(table, dict):
+            raise SpecError(f"{source}: [{side.value}] must be a table")
+        extra = sorted(set(table) - _SIDE_KEYS)
+        if extra:
+            raise SpecError(f"{source}: unknown key(s) {', '.join(extra)} in [{side.value}] "
+                            f"(known: continuous, categorical)")
+        for kind in (Kind.CONTINUOUS, Kind.CATEGORICAL):
+            for column in _names_list(table.get(kind.value, []), f"{source}: {side.value}.{kind.value}"):
+                where = f"{side.value}.{kind.value}"
+                if column in seen:
+                    raise SpecError(f"{source}: column {column!r} is listed twice ({seen[column]} and {where})")
+                if column in (label, time):
+                    what = "label" if column == label else "time column"
+                    raise SpecError(f"{source}: column {column!r} is the {what}; it cannot also be a feature")
+                seen[column] = where
+                threshold = 1
+                if kind is Kind.CATEGORICAL:
+                    threshold = _threshold(by_column.get(column, default_threshold), f"{source}: column {column!r}")
+                columns.append(Column(column, kind, side, threshold))
+    # Tensor order: context then candidate within each kind (the loop above already is).
+    for column in by_column:
+        if seen.get(column, "").split(".")[-1] != Kind.CATEGORICAL.value:
+            raise SpecError(f"{source}: [freq_threshold_by_column] names {column!r}, "
+                            f"which is not a categorical column of the spec")
+    if not columns:
+        raise SpecError(f"{source}: no feature columns: list some under [context] or [candidate]")
+    if not any(c.side is Side.CANDIDATE for c in columns):
+        raise SpecError(f"{source}: no candidate column: a ranking needs something that differs between candidates")
+    if not any(c.kind is Kind.CATEGORICAL for c in columns) or not any(c.kind is Kind.CONTINUOUS for c in columns):
+        # The DLRMs need both a dense input and at least one embedding table.
+        raise SpecError(f"{source}: the models need at least one continuous and one categorical column")
+    return DatasetSpec(name, label, tuple(columns), time, source)
+
+
+def builtin_names() -> tuple[str, ...]:
+    return tuple(sorted(p.stem for p in BUILTIN_DIR.glob("*.toml")))
+
+
+def load_spec(name_or_path: str | Path = DEFAULT) -> DatasetSpec:
+    """A built-in spec by name (``criteo``, ``movielens100k``) or a spec file's path."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml" and str(name_or_path) in builtin_names():
+        path = BUILTIN_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        raise SpecError(f"no spec {str(name_or_path)!r}: not a file, and not a built-in "
+                        f"({', '.join(builtin_names())})")
+    return parse_spec(path.read_text(), str(path))

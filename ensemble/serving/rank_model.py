@@ -1,0 +1,73 @@
+"""The python-backend ``model.py`` of the ``rank`` model (export copies this file to ``rank/1``).
+
+A ranking request carries the context once and N candidates. This model broadcasts the context onto
+the candidates (:mod:`ensemble.serving.ranking`), has the served ``ranker`` score the N rows in one
+request (several when N is above its max_batch_size) through Triton's in-process inference calls,
+and answers ``scores`` (every candidate's, in the order sent) and ``order`` (indices best first, the
+first ``top_k`` when given). The ranker scores them under its own admission policy with this
+request's timeout, so a ranking request is refused exactly when its rows would be. The model
+imports numpy only: the frameworks live in the ranker.
+"""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from ensemble import schema
+from ensemble.serving import ranking
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.max_rows = int(params.get("ranker_max_batch_size", schema.MAX_BATCH_SIZE))
+        self.context_widths = (int(params.get("context_dense", 0)), int(params.get("context_categorical", 0)))
+
+    def execute(self, requests):
+        return [self._rank(request) for request in requests]
+
+    def _rank(self, request):
+        try:
+            dense, categorical = ranking.broadcast(
+                _optional(request, schema.CONTEXT_DENSE.name), _optional(request, schema.CONTEXT_CATEGORICAL.name),
+                _optional(request, schema.CANDIDATE_DENSE.name), _optional(request, schema.CANDIDATE_CATEGORICAL.name),
+                self.context_widths)
+            k = _optional(request, schema.TOP_K.name)
+            k = int(k.reshape(-1)[0]) if k is not None and k.size else None
+            if k is not None and k < 0:
+                raise ranking.RankError(f"top_k must be >= 0 (0: every candidate), not {k}")
+            scores = np.concatenate([self._score(request, dense[s:s + self.max_rows], categorical[s:s + self.max_rows])
+                                     for s in range(0, len(dense), self.max_rows)])
+            order = ranking.top(scores, k)
+        except ranking.RankError as exc:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
+        except _RankerError as exc:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(exc.message, exc.code))
+        return pb_utils.InferenceResponse([pb_utils.Tensor(schema.CANDIDATE_SCORES.name, scores.astype(np.float32)),
+                                           pb_utils.Tensor(schema.ORDER.name, order)])
+
+    def _score(self, request, dense, categorical):
+        call = pb_utils.InferenceRequest(
+            model_name=schema.Model.RANKER.value, requested_output_names=[schema.SCORE.name],
+            inputs=[pb_utils.Tensor(schema.DENSE.name, np.ascontiguousarray(dense, np.float32)),
+                    pb_utils.Tensor(schema.CATEGORICAL.name, np.ascontiguousarray(categorical, object))],
+            timeout=request.timeout())
+        response = call.exec()
+        if response.has_error():
+            error = response.error()
+            code = error.code() if hasattr(error, "code") else pb_utils.TritonError.INTERNAL
+            raise _RankerError(f"ranker: {error.message()}", code)
+        return pb_utils.get_output_tensor_by_name(response, schema.SCORE.name).as_numpy().reshape(-1)
+
+
+class _RankerError(Exception):
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.message, self.code = message, code
+
+
+def _optional(request, name):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
