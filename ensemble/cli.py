@@ -124,6 +124,22 @@ def cmd_train(args) -> int:
     if args.slipstream and (args.dask_scheduler or args.dask_local):
         print("error: --slipstream trains in one process; it does not combine with a Dask cluster", file=sys.stderr)
         return 2
+    from dataclasses import replace
+
+    from ensemble import dataset
+
+    spec = dataset.load_spec(args.dataset)
+    if spec.name != dataset.DEFAULT:  # a dataset of its own: files with a header, in memory
+        if args.dask_scheduler or args.dask_local or args.slipstream:
+            print(f"error: {spec.name}: --dask-* and --slipstream train Criteo files only", file=sys.stderr)
+            return 2
+        from ensemble.data import tables
+
+        frame = tables.read_table(args.input, spec, nrows=args.nrows)
+        train, valid, test = tables.split(frame, args.valid_fraction, args.test_fraction, time=spec.time)
+        report = training.train_all(train, valid, test, args.workdir, replace(_train_config(args), spec=spec))
+        print(json.dumps(report.get("test", report), indent=1))
+        return 0
     with dask_client(args.dask_scheduler, args.dask_local) as client:
         report = training.train_files(args.input, args.workdir, _train_config(args), nrows=args.nrows,
                                       valid=args.valid_fraction, test=args.test_fraction, client=client)
@@ -164,6 +180,50 @@ def cmd_serve(args) -> int:
         return 1
     server.stop()
     print("stopped")
+    return 0
+
+
+def cmd_rank(args) -> int:
+    from clients.inputs import ranking_tensors
+    from clients.ranking_files import GroupError, rank_files
+    from clients.triton import RankerClient, Ranking, Retry
+    from ensemble import dataset
+
+    if bool(args.local) == bool(args.url):
+        print("error: give --url or --local (one of the two)", file=sys.stderr)
+        return 2
+    spec = dataset.load_spec(args.dataset)
+    if args.local:
+        from ensemble.serving.runtime import Pipeline
+
+        pipeline = Pipeline.from_repository(args.repository, threads=1)
+
+        def rank(context, candidates, k):
+            order, scores = pipeline.rank(*ranking_tensors(context, candidates, spec), k=k)
+            return Ranking(order, scores)
+    else:
+        import threading
+
+        RankerClient(args.url, args.protocol)  # a malformed --url fails here, before any work
+        local = threading.local()
+
+        def rank(context, candidates, k):  # one client per thread: tritonclient's HTTP client is not thread-safe
+            if getattr(local, "client", None) is None:
+                local.client = RankerClient(args.url, args.protocol, dataset=spec, timeout=args.timeout,
+                                            retry=Retry(attempts=args.retries + 1))
+            return local.client.rank(context, candidates, k)
+    try:
+        summary = rank_files(args.input, args.output, spec, args.group_by, rank, args.k,
+                             concurrency=1 if args.local else args.concurrency)
+    except (GroupError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    line = (f"ranked {summary.candidates} candidates in {summary.groups} groups in {summary.seconds:.1f}s "
+            f"-> {args.output}")
+    if summary.quality is not None:
+        q = summary.quality
+        line += f"; NDCG@{q.k} {q.ndcg:.4f}, MRR {q.mrr:.4f} over {q.groups} groups with a positive and a negative"
+    print(line)
     return 0
 
 
@@ -339,9 +399,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_synth)
 
     p = _command(sub, "train", "fit features and train xgb, dlrm_torch, dlrm_tf and the blend")
-    p.add_argument("input", nargs="+", help="Criteo TSV day files (.gz too), in time order")
+    p.add_argument("input", nargs="+",
+                   help="Criteo TSV day files (.gz too), in time order; with --dataset: CSV/TSV files with a header "
+                        "row, or Parquet")
+    p.add_argument("--dataset", default="criteo",
+                   help="the data's spec: a built-in name (criteo, movielens100k) or a spec file (docs/your-data.md)")
     p.add_argument("--nrows", type=int, default=None, help="read at most this many rows (all when unset)")
-    p.add_argument("--valid-fraction", type=float, default=0.1, help="share of rows for validation (file order)")
+    p.add_argument("--valid-fraction", type=float, default=0.1,
+                   help="share of rows for validation (file order, or the spec's time column's)")
     p.add_argument("--test-fraction", type=float, default=0.1, help="share of rows held out for test (the last)")
     _add_train(p)
     p.add_argument("--models", default=None,
@@ -405,6 +470,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_score)
 
+    p = _command(sub, "rank", "rank a file of groups (one context and its candidate rows each) through Triton")
+    p.add_argument("input", nargs="+", help="CSV/TSV files with a header row, or Parquet, with the spec's columns")
+    p.add_argument("--group-by", required=True, help="the column naming each group (a user, a query, a session)")
+    p.add_argument("--dataset", default="criteo", help="the data's spec: a built-in name or a spec file")
+    p.add_argument("--output", required=True, help="Parquet, or CSV by suffix: group, row, score, rank")
+    p.add_argument("--k", type=int, default=None, help="keep each group's best k candidates (default: all)")
+    p.add_argument("--url", default=None, help="Triton endpoint host:port or http://, grpc://")
+    p.add_argument("--protocol", choices=["http", "grpc"], default=None,
+                   help="for a --url without a scheme (default http)")
+    p.add_argument("--local", action="store_true", help="rank in-process from --repository, no server")
+    p.add_argument("--repository", default="model_repository", help="what --local loads")
+    p.add_argument("--concurrency", type=int, default=4, help="ranking requests in flight")
+    p.add_argument("--retries", type=int, default=3, help="retries of a request after a transient failure")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    p.set_defaults(func=cmd_rank)
+
     p = _command(sub, "baseline-serve", "a CPU baseline server (FastAPI) with the ranker's HTTP contract")
     p.add_argument("--kind", choices=["naive", "inproc"], required=True,
                    help="naive: pandas + NVTabular + the frameworks per request; inproc: the ensemble's own pipeline")
@@ -461,7 +542,13 @@ def main(argv: list[str] | None = None) -> int:
     # path on purpose (the GPU one: docs/gpu-deployment.md).
     warnings.filterwarnings("ignore", message="Initializing an NVTabular Dataset in CPU mode")
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    from ensemble.dataset import SpecError
+
+    try:
+        return args.func(args)
+    except SpecError as exc:  # a spec that cannot describe the data, or data that does not match it
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

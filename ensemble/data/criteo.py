@@ -92,11 +92,9 @@ def read_criteo(paths: Sequence[str | Path], nrows: int | None = None) -> pd.Dat
 def split(frame: pd.DataFrame, valid: float = 0.1, test: float = 0.1
           ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Split by row order into train / valid / test (Criteo rows are in time order)."""
-    n = len(frame)
-    n_test, n_valid = int(n * test), int(n * valid)
-    n_train = n - n_valid - n_test
-    parts = frame.iloc[:n_train], frame.iloc[n_train:n_train + n_valid], frame.iloc[n_train + n_valid:]
-    return tuple(p.reset_index(drop=True) for p in parts)  # type: ignore[return-value]
+    from ensemble.data import tables
+
+    return tables.split(frame, valid, test)
 
 
 @dataclass(frozen=True)

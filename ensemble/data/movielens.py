@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ensemble import dataset
+from ensemble.data import tables
 from ensemble.pins import ROOT, tool_pins
 
 CACHE = ROOT / "build" / "data" / "movielens100k"
@@ -89,9 +90,4 @@ def load(cache: Path = CACHE) -> pd.DataFrame:
 def time_split(frame: pd.DataFrame, valid: float = 0.1, test: float = 0.1
                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Train on the earliest ratings, validate on the next, test on the latest (by ``timestamp``)."""
-    frame = frame.sort_values("timestamp", kind="stable").reset_index(drop=True)
-    n = len(frame)
-    n_test, n_valid = int(n * test), int(n * valid)
-    n_train = n - n_valid - n_test
-    parts = frame.iloc[:n_train], frame.iloc[n_train:n_train + n_valid], frame.iloc[n_train + n_valid:]
-    return tuple(p.reset_index(drop=True) for p in parts)  # type: ignore[return-value]
+    return tables.split(frame, valid, test, time="timestamp")

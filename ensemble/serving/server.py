@@ -209,6 +209,12 @@ class TritonServer:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(
                 p for p in (env.get("LD_LIBRARY_PATH"), str(libs)) if p)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        # No OpenBLAS worker threads in Triton's process: the native layout's embedded interpreter loads
+        # numpy/scipy's OpenBLAS there, whose fork handler joins its worker threads by id; after one
+        # fork (the python backend forks to start every stub) those ids can belong to new threads, and
+        # the next fork then waits on a thread that never ends (seen: `rank` stubs starting after the
+        # native ranker loaded, about 1 start in 9). The models here compute on one thread anyway.
+        env.setdefault("OPENBLAS_NUM_THREADS", "1")
         return env
 
     def start(self) -> "TritonServer":
