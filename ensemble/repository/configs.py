@@ -264,17 +264,20 @@ def layout_configs(layout: Layout, release: releases.TritonRelease = releases.PI
     return configs
 
 
-# The ``rank`` model (ensemble/serving/rank_model.py): numpy only, one request per call (its candidate
-# list is the batch), each instance blocked while the ranker scores its rows; two instances keep a
-# second ranking request's rows reaching the ranker's queue meanwhile (each instance is a process of
-# ~30 MiB).
+# The ``rank`` model, one request per call (its candidate list is the batch). In the python-backend
+# layouts (ensemble/serving/rank_model.py) it is numpy only and asks the ranker to score the rows by
+# an in-process inference call, each instance blocked meanwhile: two instances keep a second ranking
+# request's rows reaching the ranker's queue (each instance is a process of ~30 MiB). In the native
+# layout the project's backend serves it in Triton's process with the ranker's own pipeline
+# (ensemble/serving/embedded.py), two instances being two threads.
 RANK_INSTANCES = 2
 
 
-def rank_config(widths: schema.Widths = schema.CRITEO_WIDTHS):
-    """The ``rank`` model: ranking requests (one context, N candidates) over the served ranker."""
+def rank_config(widths: schema.Widths = schema.CRITEO_WIDTHS, layout: Layout = Layout.FUSED):
+    """The ``rank`` model of a layout: ranking requests (one context, N candidates) over its ranker."""
     pb = _pb()
-    config = pb.ModelConfig(name=schema.RANK_MODEL, backend="python", max_batch_size=0)
+    backend = NATIVE_BACKEND if layout is Layout.NATIVE else "python"
+    config = pb.ModelConfig(name=schema.RANK_MODEL, backend=backend, max_batch_size=0)
     inputs, outputs = schema.rank_tensors(widths)
     for tensor in inputs:
         entry = config.input.add(name=tensor.name, data_type=pb.DataType.Value(tensor.dtype.value))
@@ -331,7 +334,7 @@ def write_configs(repository: str | Path, release: releases.TritonRelease = rele
     """Write every layout's config file of every model it uses (each replaced atomically), sized
     for a dataset of ``widths``."""
     repository = Path(repository)
-    rank = to_text(rank_config(widths))
     return [_write(repository / name / config_file(layout), text)
             for layout in Layout for name, text in layout_texts(layout, release, widths).items()] + [
-        _write(repository / schema.RANK_MODEL / config_file(layout), rank) for layout in Layout]
+        _write(repository / schema.RANK_MODEL / config_file(layout), to_text(rank_config(widths, layout)))
+        for layout in Layout]

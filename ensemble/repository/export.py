@@ -134,6 +134,12 @@ def export_repository(artifacts: TrainedArtifacts, repository: str | Path, keep:
     staged = rank_version / ".model.py.tmp"
     shutil.copy2(RANK_MODEL_PY, staged)
     staged.replace(rank_version / "model.py")
+    try:  # the native layout serves rank with the project's backend too
+        staged = rank_version / f".{backend.FILE_NAME}.tmp"
+        shutil.copy2(backend.library(), staged)
+        staged.replace(rank_version / backend.FILE_NAME)
+    except backend.NotBuilt:
+        pass
     for model in written:
         _prune(repository / model.value, keep)
     return written

@@ -5,6 +5,10 @@ The backend hands :meth:`Model.execute` one call's requests as plain tuples (Tri
 read-only memoryviews, valid during the call) and sends each answer the generator yields, in the
 order yielded; the call itself is the python backend's (:class:`ensemble.serving.calls.Ranker`:
 admission, validation, one batch, errors per request).
+
+The same backend serves the ``rank`` model in the native layout (:class:`RankModel`): ranking
+requests scored by the pipeline of the ranker version loaded last in this process, so a ranking
+request costs what its rows cost, with no second process or inference hop.
 """
 
 from __future__ import annotations
@@ -16,14 +20,26 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ensemble import schema
-from ensemble.serving import admission, calls, runtime
+from ensemble.serving import admission, calls, ranking, runtime
 
 # Triton's data type codes (the backend API's TRITONSERVER_DataType order) of the types the schema uses.
 _TRITON_TYPES = {schema.DType.FP32: 11, schema.DType.INT64: 9, schema.DType.STRING: 13}
+_TRITON_TYPES[schema.DType.INT32] = 8
 _NAMES = {code: dtype for dtype, code in _TRITON_TYPES.items()}
 
+# The ranker versions loaded in this process, oldest first: the rank model scores with the last
+# (Triton loads a release before it unloads the one it replaces, on deploy and on rollback alike).
+_LOADED: list["RankerModel"] = []
 
-class Model:
+
+def Model(config_json: str, repository: str, version: int):  # noqa: N802 - the name the backend calls
+    """What the backend loads for a model version: the ranker, or the rank model."""
+    if json.loads(config_json).get("name") == schema.RANK_MODEL:
+        return RankModel(config_json)
+    return RankerModel(config_json, repository, version)
+
+
+class RankerModel:
     """One loaded version of the fused ranker; ``input_names``: what the backend reads per request
     (the served config's inputs, checked against the ranker's)."""
 
@@ -36,6 +52,7 @@ class Model:
         self.ranker = calls.Ranker(runner, float(objective) if objective else None)
         self.step = runner.step
         self.input_names = tuple(t["name"] for t in config["input"])
+        _LOADED.append(self)
 
     @property
     def rows(self) -> int:
@@ -44,6 +61,8 @@ class Model:
 
     def close(self) -> None:
         """Called when Triton unloads this version: the process (Triton's) lives on."""
+        if self in _LOADED:
+            _LOADED.remove(self)
         self.ranker.runner.fn.close()
 
     def execute(self, requests: Sequence[tuple], exec_start: float) -> Iterator[tuple[int, tuple]]:
@@ -95,3 +114,50 @@ def _admitted(request: tuple) -> admission.Request:
     first = request[0][0]
     rows = int(first[1][0]) if first is not None and len(first[1]) else 1
     return admission.Request(rows, request[1] * 1e-6, bool(request[2]))
+
+
+class RankModel:
+    """The ``rank`` model in Triton's process: one context and N candidates per request, scored by
+    the pipeline of the ranker loaded last (:data:`_LOADED`); the ranker's admission policy does
+    not see these requests."""
+
+    def __init__(self, config_json: str):
+        config = json.loads(config_json)
+        self.input_names = tuple(t["name"] for t in config["input"])
+        self._types = {t["name"]: t["data_type"] for t in config["input"]}
+        self.rows = 0
+
+    def close(self) -> None:
+        pass
+
+    def execute(self, requests: Sequence[tuple], exec_start: float) -> Iterator[tuple[int, tuple]]:
+        """Answers as :meth:`RankerModel.execute`: ``("ok", (("scores", float32), ("order", int32)))``."""
+        self.rows = 0
+        for i, request in enumerate(requests):
+            try:
+                given = dict(zip(self.input_names, request[0]))
+                arrays = {name: self._array(name, value) for name, value in given.items() if value is not None}
+                if not _LOADED:
+                    yield i, ("error", calls.UNAVAILABLE, "the ranker is not loaded: nothing to rank with")
+                    continue
+                k = arrays.get(schema.TOP_K.name)
+                order, scores = _LOADED[-1].ranker.runner.fn.rank(
+                    arrays.get(schema.CONTEXT_DENSE.name), arrays.get(schema.CONTEXT_CATEGORICAL.name),
+                    arrays.get(schema.CANDIDATE_DENSE.name), arrays.get(schema.CANDIDATE_CATEGORICAL.name),
+                    int(k.reshape(-1)[0]) if k is not None and k.size else None)
+                self.rows += len(scores)
+                yield i, ("ok", ((schema.CANDIDATE_SCORES.name, np.ascontiguousarray(scores, np.float32)),
+                                 (schema.ORDER.name, np.ascontiguousarray(order, np.int32))))
+            except (ranking.RankError, runtime.BadInput) as exc:
+                yield i, ("error", calls.INVALID_ARG, str(exc))
+            except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer
+                yield i, ("error", calls.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def _array(self, name: str, value: tuple) -> np.ndarray:
+        code, shape, buffer = value
+        dtype = _NAMES.get(code)
+        expected = self._types.get(name)
+        if dtype is None or dtype.value != expected:
+            raise runtime.BadInput(f"input '{name}' has Triton type {code}, expected {expected}")
+        array = runtime.deserialize_bytes(buffer) if dtype is schema.DType.STRING else np.frombuffer(buffer, dtype.numpy)
+        return array.reshape(shape)

@@ -342,11 +342,21 @@ static bool send_answer(TRITONBACKEND_Request *request, PyObject *answer) {
         int64_t shape[8];
         int dims = view.ndim < 8 ? view.ndim : 8;
         for (int d = 0; d < dims; d++) shape[d] = view.shape[d];
+        /* float32 scores, or int32 indices (the rank model's order): numpy's buffer formats "f" and "i". */
+        const char *format = view.format ? view.format : "B";
+        if (*format == '<' || *format == '=') format++;
+        TS_DataType datatype = strcmp(format, "f") == 0 ? TS_TYPE_FP32 : strcmp(format, "i") == 0 ? TS_TYPE_INT32
+                                                                                                  : TS_TYPE_INVALID;
+        if (datatype == TS_TYPE_INVALID) {
+            PyBuffer_Release(&view);
+            problem = fail(TS_ERROR_INTERNAL, "output '%s' is neither float32 nor int32", name);
+            break;
+        }
         TRITONBACKEND_Output *output;
         void *buffer;
         TS_MemoryType memory = TS_MEMORY_CPU;
         int64_t memory_id = 0;
-        problem = TRITONBACKEND_ResponseOutput(response, &output, name, TS_TYPE_FP32, shape, (uint32_t)dims);
+        problem = TRITONBACKEND_ResponseOutput(response, &output, name, datatype, shape, (uint32_t)dims);
         if (problem == NULL)
             problem = TRITONBACKEND_OutputBuffer(output, &buffer, (uint64_t)view.len, &memory, &memory_id);
         if (problem == NULL) memcpy(buffer, view.buf, (size_t)view.len);
