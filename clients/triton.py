@@ -129,22 +129,13 @@ def _module(protocol: Protocol, aio: bool = False):
 
 
 def build_inputs(tc, protocol: Protocol, binary: bool, dense: np.ndarray, categorical: np.ndarray) -> list:
-    """The request tensors for one batch ([B x 13] float32, [B x 26] bytes objects)."""
-    inputs = []
-    for tensor, array in ((schema.DENSE, np.ascontiguousarray(dense, np.float32)),
-                          (schema.CATEGORICAL, np.asarray(categorical, object))):
-        item = tc.InferInput(tensor.name, list(array.shape), tensor.dtype.wire)
-        if tensor.dtype is schema.DType.STRING and (binary or protocol is Protocol.GRPC):
-            set_bytes_input(item, array, grpc=protocol is Protocol.GRPC)
-        elif protocol is Protocol.HTTP:
-            item.set_data_from_numpy(array, binary_data=binary)
-        else:
-            item.set_data_from_numpy(array)
-        inputs.append(item)
-    return inputs
+    """The request tensors for one batch ([B x dense] float32, [B x categorical] bytes objects)."""
+    return [_input(tc, protocol, binary, schema.DENSE, np.ascontiguousarray(dense, np.float32)),
+            _input(tc, protocol, binary, schema.CATEGORICAL, np.asarray(categorical, object))]
 
 
 def _input(tc, protocol: Protocol, binary: bool, tensor: schema.Tensor, array: np.ndarray):
+    """One request tensor: strings in the binary wire format (gRPC, or HTTP with binary data)."""
     item = tc.InferInput(tensor.name, list(array.shape), tensor.dtype.wire)
     if tensor.dtype is schema.DType.STRING and (binary or protocol is Protocol.GRPC):
         set_bytes_input(item, array, grpc=protocol is Protocol.GRPC)

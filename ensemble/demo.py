@@ -132,18 +132,25 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
         for model, proc in sorted(summary["backend_processes"].items()):
             log(f"      {model:<11} {proc['rss_mib']:6.0f} MiB  frameworks loaded: "
                 f"{', '.join(proc['frameworks']) or 'none (numpy only)'}")
-        summary["seconds_total"] = time.perf_counter() - started
-        (workdir / "demo_summary.json").write_text(json.dumps(summary, indent=1, default=str))
-        log(f"done in {summary['seconds_total']:.0f}s; summary in {workdir / 'demo_summary.json'}")
-        _check_readme(summary, log)
-        if not ok:
-            raise SystemExit("served scores differ from the in-process pipeline")
-        if options.keep_serving:
-            log("serving until Ctrl-C")
-            run_until_signal(server.alive)
+        finish(summary, workdir, started, ok, options, server, log, lambda: _check_readme(summary, log))
     finally:
         server.stop()
     return summary
+
+
+def finish(summary: dict, workdir: Path, started: float, ok: bool, options: DemoOptions, server: TritonServer,
+           log: Callable[[str], None], before_verdict: Callable[[], None] | None = None) -> None:
+    """A demo's last steps: write the summary, fail on a parity mismatch, keep serving if asked."""
+    summary["seconds_total"] = time.perf_counter() - started
+    (workdir / "demo_summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    log(f"done in {summary['seconds_total']:.0f}s; summary in {workdir / 'demo_summary.json'}")
+    if before_verdict is not None:
+        before_verdict()
+    if not ok:
+        raise SystemExit("served scores differ from the in-process pipeline")
+    if options.keep_serving:
+        log("serving until Ctrl-C")
+        run_until_signal(server.alive)
 
 
 # The README's example row: line 1,535 of the demo's synthetic data, all 26 of whose category values

@@ -8,7 +8,6 @@ user's later ratings (NDCG@10 and MRR, against ranking the same candidates by po
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -19,11 +18,10 @@ import numpy as np
 from ensemble import dataset, machine, schema, training
 from ensemble.console import native_info_quieted
 from ensemble.data import movielens
-from ensemble.demo import DemoOptions
+from ensemble.demo import DemoOptions, finish
 from ensemble.features import transforms
 from ensemble.models.metrics import auc, ranking_quality
 from ensemble.repository.export import TrainedArtifacts, export_repository
-from ensemble.serving.lifecycle import run_until_signal
 from ensemble.serving.runtime import Pipeline
 from ensemble.serving.server import ServerOptions, TritonServer
 
@@ -127,14 +125,7 @@ def run_movielens_demo(options: DemoOptions, log: Callable[[str], None] = print,
         ok = max(diffs.values()) <= PARITY_TOLERANCE
         log(f"    max |served - in-process| {max(diffs.values()):.2e}" + ("  OK" if ok else "  MISMATCH"))
         summary["served_blend_auc"] = served_auc
-        summary["seconds_total"] = time.perf_counter() - started
-        (workdir / "demo_summary.json").write_text(json.dumps(summary, indent=1, default=str))
-        log(f"done in {summary['seconds_total']:.0f}s; summary in {workdir / 'demo_summary.json'}")
-        if not ok:
-            raise SystemExit("served scores differ from the in-process pipeline")
-        if options.keep_serving:
-            log("serving until Ctrl-C")
-            run_until_signal(server.alive)
+        finish(summary, workdir, started, ok, options, server, log)
     finally:
         server.stop()
     return summary

@@ -266,11 +266,12 @@ def layout_configs(layout: Layout, release: releases.TritonRelease = releases.PI
 
 # The ``rank`` model, one request per call (its candidate list is the batch). In the python-backend
 # layouts (ensemble/serving/rank_model.py) it is numpy only and asks the ranker to score the rows by
-# an in-process inference call, each instance blocked meanwhile: two instances keep a second ranking
-# request's rows reaching the ranker's queue (each instance is a process of ~30 MiB). In the native
-# layout the project's backend serves it in Triton's process with the ranker's own pipeline
-# (ensemble/serving/embedded.py), two instances being two threads.
-RANK_INSTANCES = 2
+# an in-process inference call: one instance, a process of ~40 MiB (a second one would let another
+# ranking request's rows reach the ranker's queue meanwhile, for 40 MiB more: the fused server
+# measured 484 MiB with two, against the 500 MiB budget). In the native layout the project's backend
+# serves it in Triton's process with the ranker's own pipeline (ensemble/serving/embedded.py), where
+# an instance is a thread: two.
+RANK_INSTANCES = {"python": 1, "native": 2}
 
 
 def rank_config(widths: schema.Widths = schema.CRITEO_WIDTHS, layout: Layout = Layout.FUSED):
@@ -284,7 +285,8 @@ def rank_config(widths: schema.Widths = schema.CRITEO_WIDTHS, layout: Layout = L
         entry.dims.extend(tensor.dims)
         entry.optional = tensor.name == schema.TOP_K.name
     _add(config, tuple(Binding(t, t.name) for t in outputs), "output", widths)
-    config.instance_group.add(kind=pb.ModelInstanceGroup.Kind.Value(Kind.CPU.value), count=RANK_INSTANCES)
+    config.instance_group.add(kind=pb.ModelInstanceGroup.Kind.Value(Kind.CPU.value),
+                              count=RANK_INSTANCES["native" if layout is Layout.NATIVE else "python"])
     for key, value in sorted({"context_dense": str(widths.context_dense),
                               "context_categorical": str(widths.context_categorical),
                               "ranker_max_batch_size": str(schema.MAX_BATCH_SIZE)}.items()):

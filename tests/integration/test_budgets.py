@@ -8,7 +8,8 @@ import sys
 
 def test_light_steps_load_no_heavy_framework(ensemble_server):
     processes = ensemble_server.backend_processes()
-    assert set(processes) == {"features", "xgb", "dlrm_torch", "dlrm_tf", "blend"}
+    assert set(processes) == {"features", "xgb", "dlrm_torch", "dlrm_tf", "blend", "rank"}
+    assert processes["rank"]["frameworks"] == []  # ranking requests: numpy, the ranker does the work
     assert processes["features"]["frameworks"] == []
     assert processes["blend"]["frameworks"] == []
     assert processes["dlrm_torch"]["frameworks"] == ["torch"]
@@ -37,7 +38,8 @@ def test_cpu_seconds_are_split_by_process_and_grow_with_work(ensemble_server):
     from tests.helpers import fresh_rows
 
     before = server.cpu_seconds()
-    assert set(before) == {"tritonserver", "features", "xgb", "dlrm_torch", "dlrm_tf", "blend"}
+    assert set(before) == {"tritonserver", "features", "xgb", "dlrm_torch", "dlrm_tf", "blend", "rank"}
+    before.pop("rank")  # ranking requests only: these flat requests never reach it
     dense, cats = fresh_rows(100, seed=77)
     client = RankerClient(server.http_url, "http")
     try:
