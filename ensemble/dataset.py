@@ -25,15 +25,21 @@ A spec file::
     [freq_threshold_by_column]   # optional, per categorical column
     user_id = 2
 
+    [hash_buckets]               # optional: hash a categorical column's values into N buckets
+    user_id = 100000
+
 Categorical values seen fewer than their column's threshold times in training map to the
-out-of-vocabulary id. Unknown keys are refused, so a misspelt option fails instead of being
-ignored.
+out-of-vocabulary id. A hashed column's values are replaced by their bucket, ``crc32(value) % N``
+(:func:`bucket`), before anything else sees them, in training and in serving alike: its vocabulary
+is at most N buckets, and a value never seen in training still lands in a bucket (colliding values
+share one). Unknown keys are refused, so a misspelt option fails instead of being ignored.
 """
 
 from __future__ import annotations
 
 import enum
 import tomllib
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +69,7 @@ class Column:
     kind: Kind
     side: Side
     freq_threshold: int = 1  # categorical columns only
+    hash_buckets: int = 0  # categorical columns only; 0: not hashed
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,23 @@ class DatasetSpec:
     def freq_thresholds(self) -> dict[str, int]:
         return {c.name: c.freq_threshold for c in self.columns if c.kind is Kind.CATEGORICAL}
 
+    @property
+    def hash_buckets(self) -> tuple[int, ...]:
+        """Per column of the categorical tensor: its buckets, 0 when it is not hashed."""
+        return tuple(c.hash_buckets for c in self.columns if c.kind is Kind.CATEGORICAL)
+
+    def hashed(self, frame):
+        """``frame`` with every hashed column's values replaced by their bucket names (a copy when
+        there is any; missing values stay missing)."""
+        columns = {c.name: c.hash_buckets for c in self.columns if c.hash_buckets and c.name in frame.columns}
+        if not columns:
+            return frame
+        frame = frame.copy()
+        for name, buckets in columns.items():
+            frame[name] = [None if v is None or v != v or v == "" else bucket(str(v).encode(), buckets).decode()
+                           for v in frame[name].tolist()]
+        return frame
+
     def check_frame(self, frame, *, with_label: bool = True) -> None:
         """Refuse a frame that does not match the spec, naming the column.
 
@@ -132,7 +156,13 @@ class DatasetSpec:
                 raise SpecError(f"{self.name}: label {self.label!r} must be 0 or 1; found {bad[:5]}")
 
 
-_TOP_KEYS = {"name", "label", "time", "freq_threshold", "context", "candidate", "freq_threshold_by_column"}
+def bucket(value: bytes, buckets: int) -> bytes:
+    """A hashed column's value as its bucket's name: ``crc32(value) % buckets`` in decimal."""
+    return str(zlib.crc32(value) % buckets).encode()
+
+
+_TOP_KEYS = {"name", "label", "time", "freq_threshold", "context", "candidate", "freq_threshold_by_column",
+             "hash_buckets"}
 _SIDE_KEYS = {"continuous", "categorical"}
 
 
@@ -168,6 +198,12 @@ def parse_spec(text: str, source: str = "<string>") -> DatasetSpec:
     by_column = raw.get("freq_threshold_by_column", {})
     if not isinstance(by_column, dict):
         raise SpecError(f"{source}: [freq_threshold_by_column] must be a table of column = threshold")
+    hashing = raw.get("hash_buckets", {})
+    if not isinstance(hashing, dict):
+        raise SpecError(f"{source}: [hash_buckets] must be a table of column = buckets")
+    for column, buckets in hashing.items():
+        if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 2:
+            raise SpecError(f"{source}: column {column!r}: hash_buckets must be an integer >= 2, not {buckets!r}")
 
     columns: list[Column] = []
     seen: dict[str, str] = {}
@@ -191,12 +227,13 @@ def parse_spec(text: str, source: str = "<string>") -> DatasetSpec:
                 threshold = 1
                 if kind is Kind.CATEGORICAL:
                     threshold = _threshold(by_column.get(column, default_threshold), f"{source}: column {column!r}")
-                columns.append(Column(column, kind, side, threshold))
+                columns.append(Column(column, kind, side, threshold,
+                                      hashing.get(column, 0) if kind is Kind.CATEGORICAL else 0))
     # Tensor order: context then candidate within each kind (the loop above already is).
-    for column in by_column:
-        if seen.get(column, "").split(".")[-1] != Kind.CATEGORICAL.value:
-            raise SpecError(f"{source}: [freq_threshold_by_column] names {column!r}, "
-                            f"which is not a categorical column of the spec")
+    for table, names in (("freq_threshold_by_column", by_column), ("hash_buckets", hashing)):
+        for column in names:
+            if seen.get(column, "").split(".")[-1] != Kind.CATEGORICAL.value:
+                raise SpecError(f"{source}: [{table}] names {column!r}, which is not a categorical column of the spec")
     if not columns:
         raise SpecError(f"{source}: no feature columns: list some under [context] or [candidate]")
     if not any(c.side is Side.CANDIDATE for c in columns):

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble import schema
-from ensemble.dataset import DatasetSpec, Kind
+from ensemble.dataset import DatasetSpec, Kind, bucket
 from ensemble.serving import native
 from ensemble.device import Device
 
@@ -53,7 +53,7 @@ def fit_workflow(train, out_dir: str | Path, freq_threshold: int | None = 3, dev
     spec.check_frame(train, with_label=False)
     workflow = build_workflow(out_dir, freq_threshold, spec=spec)
     columns = [*spec.continuous, *spec.categorical]
-    frame, on_gpu = fit_frame(train[columns].reset_index(drop=True), device)
+    frame, on_gpu = fit_frame(spec.hashed(train[columns]).reset_index(drop=True), device)
     workflow.fit(nvt.Dataset(frame, cpu=not on_gpu))
     return save_workflow(workflow, out_dir, spec)
 
@@ -105,7 +105,7 @@ def nvtabular_transform(workflow, frame, device: Device = Device.CPU, spec: Data
     if isinstance(workflow, (str, Path)):
         workflow = load_workflow(workflow)
     columns = [*spec.continuous, *spec.categorical]
-    frame, _ = fit_frame(frame[columns].reset_index(drop=True), device)
+    frame, _ = fit_frame(spec.hashed(frame[columns]).reset_index(drop=True), device)
     out = workflow.transform(frame)
     return (to_host(out[list(spec.continuous)].values).astype(np.float64),
             to_host(out[list(spec.categorical)].values).astype(np.int64))
@@ -131,6 +131,7 @@ def _write_lean_stats(workflow, out_dir: Path, spec: DatasetSpec = schema.CRITEO
         "categorical_columns": list(spec.categorical),
         "context_dense": spec.context_width(Kind.CONTINUOUS),
         "context_categorical": spec.context_width(Kind.CATEGORICAL),
+        "hash_buckets": list(spec.hash_buckets),
         "fill_value": float(fill.fill_val),
         "clip_min": float(clip.min_value),
         "means": [float(normalize.means[c]) for c in spec.continuous],
@@ -161,6 +162,7 @@ class LeanTransform:
         lookups: per categorical column, ``bytes value -> id`` (b"" -> missing id).
         dense_columns, categorical_columns: the columns of the two input tensors, in order (the
             dataset spec's; a workflow saved without them is Criteo's).
+        hash_buckets: per categorical column, its hash buckets (0: not hashed; empty: none is).
     """
 
     means: np.ndarray
@@ -170,6 +172,7 @@ class LeanTransform:
     lookups: tuple[dict, ...]
     dense_columns: tuple[str, ...] = schema.DENSE_COLUMNS
     categorical_columns: tuple[str, ...] = schema.CATEGORICAL_COLUMNS
+    hash_buckets: tuple[int, ...] = ()
 
     @classmethod
     def load(cls, workflow_dir: str | Path) -> "LeanTransform":
@@ -189,7 +192,7 @@ class LeanTransform:
             lookups.append(lookup)
         return cls(np.asarray(stats["means"], np.float32), np.asarray(stats["stds"], np.float32),
                    float(stats["fill_value"]), float(stats["clip_min"]), tuple(lookups), dense_columns,
-                   categorical_columns)
+                   categorical_columns, tuple(stats.get("hash_buckets", ())) if any(stats.get("hash_buckets", ())) else ())
 
     @property
     def cardinalities(self) -> tuple[int, ...]:
@@ -222,6 +225,11 @@ class LeanTransform:
     def transform_categorical(self, categorical: np.ndarray) -> np.ndarray:
         categorical = np.asarray(categorical, dtype=object)
         batch = categorical.shape[0]
+        if self.hash_buckets:  # hashed columns: each value becomes its bucket's name first
+            categorical = categorical.copy()
+            for j, buckets in enumerate(self.hash_buckets):
+                if buckets:
+                    categorical[:, j] = [bucket(v, buckets) if v else b"" for v in categorical[:, j].tolist()]
         # One pass over the row-major values, each looked up in its column's dictionary, in C
         # when it was built (ensemble.serving.native): no per-column or per-value Python overhead.
         ids = native.lookup(categorical.reshape(-1).tolist(), self.lookups, OOV_ID)

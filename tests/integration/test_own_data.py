@@ -31,6 +31,9 @@ categorical = ["item", "brand"]
 
 [freq_threshold_by_column]
 item = 2
+
+[hash_buckets]
+user = 64
 """
 
 
@@ -92,6 +95,8 @@ def test_own_data_is_served_at_its_widths_and_scores_like_in_process(shop):
     test = log.iloc[-1200:]
     pipeline = Pipeline.from_repository(root / "repository", threads=1)
     assert pipeline.widths == schema.Widths(2, 4, context_dense=1, context_categorical=2)
+    user_rows = pipeline.steps[schema.Model.FEATURES].fn.cardinalities[0]
+    assert user_rows <= 3 + 64  # 400 users hashed into 64 buckets (+ the reserved ids)
     from ensemble.features import transforms
 
     want = pipeline.score(transforms.dense_array(test, spec.continuous),

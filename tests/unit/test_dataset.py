@@ -193,3 +193,42 @@ def test_top_orders_best_first_keeps_ties_and_cuts_at_k():
     assert top(scores, 10).tolist() == [1, 3, 2, 0, 4] and top(np.array([0.3]), 1).tolist() == [0]
     with pytest.raises(RankError, match="top_k must be >= 0"):
         top(scores, -1)
+
+
+def test_hash_buckets_are_parsed_and_checked():
+    spec = dataset.parse_spec(SPEC + "\n[hash_buckets]\nuser = 64\n")
+    assert spec.hash_buckets == (64, 0, 0)
+    for bad, message in (("user = 1", "integer >= 2"), ('user = "8"', "integer >= 2"),
+                         ("age = 8", "[hash_buckets] names 'age', which is not a categorical column")):
+        with pytest.raises(SpecError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            dataset.parse_spec(SPEC + f"\n[hash_buckets]\n{bad}\n")
+
+
+def test_hashed_columns_become_bucket_names_and_missing_stays_missing():
+    spec = dataset.parse_spec(SPEC + "\n[hash_buckets]\nuser = 4\n")
+    frame = _frame().assign(user=["a", None, "", "b", "a", "c"])
+    hashed = spec.hashed(frame)
+    assert hashed["user"].tolist()[1:3] == [None, None] and frame["user"].tolist()[0] == "a"  # a copy
+    assert hashed["user"][0] == hashed["user"][4] == dataset.bucket(b"a", 4).decode()
+    assert {int(v) for v in hashed["user"].dropna()} <= {0, 1, 2, 3}
+    assert dataset.parse_spec(SPEC).hashed(frame) is frame  # nothing hashed: the same frame
+
+
+def test_lean_transform_of_a_hashed_column_equals_nvtabular(tmp_path):
+    from ensemble.features import transforms
+
+    spec = dataset.parse_spec(SPEC + "\n[hash_buckets]\nuser = 16\n")
+    rng = np.random.default_rng(0)
+    n = 3000
+    train = pd.DataFrame({"clicked": rng.integers(0, 2, n), "ts": range(n), "age": rng.integers(18, 80, n).astype(float),
+                          "user": [f"u{v}" for v in rng.integers(0, 500, n)], "country": rng.choice(["fr", "de"], n),
+                          "price": rng.gamma(2, 10, n), "item": [f"i{v}" for v in rng.integers(0, 40, n)]})
+    transforms.fit_workflow(train, tmp_path / "workflow", spec=spec)
+    lean = transforms.LeanTransform.load(tmp_path / "workflow")
+    assert lean.hash_buckets == (16, 0, 0) and lean.cardinalities[0] <= transforms.FIRST_ID + 16
+    fresh = train.assign(user=[f"new{v}" for v in range(n)])  # never seen: still hashed into buckets
+    fresh.loc[::9, "user"] = None
+    want = transforms.nvtabular_transform(tmp_path / "workflow", fresh, spec=spec)
+    got = lean(transforms.dense_array(fresh, spec.continuous), transforms.encode_categorical(fresh, spec.categorical))
+    assert np.array_equal(got[1], want[1]) and np.allclose(got[0], want[0])
+    assert (got[1][1::9, 0] > transforms.OOV_ID).all()  # unseen users land in trained buckets
