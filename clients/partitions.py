@@ -1,8 +1,10 @@
 """Batch scoring, one partition at a time: plan partitions, read and check lines, score chunks
 through Triton or in-process, write outputs (the runs over all partitions: :mod:`clients.scoring`).
 
-Inputs are Criteo TSV (plain or .gz, label optional) or Parquet with the Criteo column names.
-They are cut into partitions (byte ranges of plain TSV, whole .gz files, Parquet row groups),
+Inputs are Criteo TSV (plain or .gz, label optional) or Parquet with the Criteo column names; for
+another dataset (``ScoreSettings.dataset``, a spec), CSV or TSV files with a header row, or Parquet,
+with the spec's column names. They are cut into partitions (byte ranges of plain TSV, whole .gz
+files, Parquet row groups, whole CSV files read in streamed batches),
 read in chunks of ``batch_size`` rows, scored with several requests in flight, and written in
 input order next to the passed-through columns (label, ids). Output is written aside and
 renamed at the end: a run that fails leaves no file that looks complete.
@@ -27,8 +29,17 @@ from clients.progress import INPUT_BYTES
 from clients.triton import Protocol, RankerClient, Retry, ScoringError
 from ensemble import schema
 from ensemble.data import criteo
+from ensemble.dataset import DatasetSpec
 
 FEATURE_COLUMNS = (*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS)
+
+
+def _features(spec: DatasetSpec) -> tuple[str, ...]:
+    return (*spec.continuous, *spec.categorical)
+
+
+def _is_criteo(spec: DatasetSpec) -> bool:
+    return spec.name == schema.CRITEO.name
 SCORE_COLUMNS = tuple(t.name for t in schema.RANKER_OUTPUTS)
 
 
@@ -83,13 +94,16 @@ def _is_parquet(path: str) -> bool:
     return path.endswith((".parquet", ".pq"))
 
 
-def plan_partitions(paths: list[str], partition_bytes: int = 64 << 20) -> list[Partition]:
+def plan_partitions(paths: list[str], partition_bytes: int = 64 << 20,
+                    spec: DatasetSpec = schema.CRITEO) -> list[Partition]:
     """Cut the inputs into partitions, in input order."""
     parts: list[Partition] = []
     for path in map(str, paths):
         if not Path(path).is_file():
             raise BadInput(path, None, "no such file")
-        if _is_parquet(path):
+        if not _is_criteo(spec) and not _is_parquet(path):
+            parts.append(Partition(path, "csv"))  # a header row names the columns
+        elif _is_parquet(path):
             import pyarrow.parquet as pq
 
             groups = pq.ParquetFile(path).num_row_groups
@@ -139,7 +153,8 @@ def _tsv_has_label(path: str) -> bool:
     return tsv_layout(path)[0]
 
 
-def read_partition(part: Partition, chunk_rows: int, report: LineReport | None = None) -> Iterator[pd.DataFrame]:
+def read_partition(part: Partition, chunk_rows: int, report: LineReport | None = None,
+                   spec: DatasetSpec = schema.CRITEO) -> Iterator[pd.DataFrame]:
     """Frames of at most ``chunk_rows`` rows, in file order; each frame's ``attrs["input_bytes"]``
     says how many input bytes it was read from (for the progress bar).
 
@@ -147,6 +162,9 @@ def read_partition(part: Partition, chunk_rows: int, report: LineReport | None =
     number, raises :class:`BadInput` with the file and line number or, when ``report`` is given,
     is skipped and counted there. A header line is skipped.
     """
+    if part.kind == "csv":
+        yield from _read_csv(part, chunk_rows, spec)
+        return
     if part.kind == "parquet":
         import pyarrow.parquet as pq
 
@@ -181,6 +199,33 @@ def read_partition(part: Partition, chunk_rows: int, report: LineReport | None =
         if block.lines:
             yield _with_bytes(criteo.parse_criteo(io.BytesIO(b"".join(block.lines)), with_label=with_label,
                                                   compression=None), read)
+
+
+def _open_csv(source, path: str, spec: DatasetSpec, block_size: int = 1 << 20):
+    """A streaming reader of a CSV/TSV file with a header row (TSV by the ``.tsv``/``.txt``
+    suffix): the spec's continuous columns as float32 (empty = missing), its categorical columns as
+    strings (empty = missing); other columns as pyarrow infers them."""
+    import pyarrow as pa
+    from pyarrow import csv
+
+    types = {**{c: pa.float32() for c in spec.continuous}, **{c: pa.string() for c in spec.categorical}}
+    delimiter = "\t" if path.endswith((".tsv", ".txt", ".tsv.gz", ".txt.gz")) else ","
+    return csv.open_csv(source, read_options=csv.ReadOptions(block_size=block_size),
+                        parse_options=csv.ParseOptions(delimiter=delimiter),
+                        convert_options=csv.ConvertOptions(column_types=types))
+
+
+def _read_csv(part: Partition, chunk_rows: int, spec: DatasetSpec) -> Iterator[pd.DataFrame]:
+    with open(part.path, "rb") as source:
+        reader = _open_csv(source, part.path, spec, max(1 << 20, chunk_rows * 256))
+        position = 0
+        for batch in reader:
+            frame = batch.to_pandas()
+            read, position = source.tell() - position, source.tell()  # bytes consumed: the progress bar's
+            for start in range(0, len(frame), chunk_rows):
+                chunk = frame.iloc[start:start + chunk_rows].reset_index(drop=True)
+                chunk.attrs[INPUT_BYTES] = read * len(chunk) // max(len(frame), 1)
+                yield chunk
 
 
 def _with_bytes(frame: pd.DataFrame, input_bytes: int) -> pd.DataFrame:
@@ -303,6 +348,7 @@ class ScoreSettings:
     retry: Retry = field(default_factory=Retry)
     timeout: float = 120.0
     skip_bad_lines: bool = False
+    dataset: DatasetSpec = schema.CRITEO  # the inputs' columns (Criteo's TSV/Parquet unless set)
 
     def scorer(self, partition_index: int = 0) -> Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]:
         if self.local:
@@ -337,7 +383,8 @@ def local_pipeline(repository: str):
 
     with native_info_quieted():
         pipeline = Pipeline.from_repository(repository)
-        pipeline.score(np.zeros((1, schema.N_DENSE), np.float32), np.full((1, schema.N_CATEGORICAL), b"", object))
+        widths = pipeline.widths
+        pipeline.score(np.zeros((1, widths.dense), np.float32), np.full((1, widths.categorical), b"", object))
     return pipeline
 
 
@@ -348,6 +395,7 @@ def score_chunks(part: Partition, settings: ScoreSettings, on_rows: Callable[[in
     if settings.skip_bad_lines and report is None:
         report = LineReport()
     score = settings.scorer(part.index)
+    features = set(_features(settings.dataset))
     pending: deque[tuple[Future, pd.DataFrame, int]] = deque()
     first_row = 0
 
@@ -359,7 +407,7 @@ def score_chunks(part: Partition, settings: ScoreSettings, on_rows: Callable[[in
             raise ChunkFailed(part.path, start + exc.start, start + exc.stop, exc) from exc
         except Exception as exc:  # noqa: BLE001 - reported with its rows
             raise ChunkFailed(part.path, start, start + len(frame), exc) from exc
-        out = frame[[c for c in frame.columns if c not in FEATURE_COLUMNS]].reset_index(drop=True)
+        out = frame[[c for c in frame.columns if c not in features]].reset_index(drop=True)
         for name in SCORE_COLUMNS if settings.all_scores else (schema.SCORE.name,):
             out[name] = scores[name]
         out.attrs[INPUT_BYTES] = frame.attrs.get(INPUT_BYTES, 0)
@@ -368,8 +416,9 @@ def score_chunks(part: Partition, settings: ScoreSettings, on_rows: Callable[[in
 
     with ThreadPoolExecutor(max(1, settings.concurrency)) as pool:
         try:
-            for frame in read_partition(part, settings.batch_size, report if settings.skip_bad_lines else None):
-                dense, cats = from_frame(frame)
+            for frame in read_partition(part, settings.batch_size, report if settings.skip_bad_lines else None,
+                                        settings.dataset):
+                dense, cats = from_frame(frame, settings.dataset)
                 pending.append((pool.submit(score, dense, cats), frame, first_row))
                 first_row += len(frame)
                 while len(pending) >= max(1, settings.concurrency):
@@ -381,17 +430,25 @@ def score_chunks(part: Partition, settings: ScoreSettings, on_rows: Callable[[in
                 future.cancel()
 
 
-def output_schema(parts: list[Partition], all_scores: bool):
+def output_schema(parts: list[Partition], all_scores: bool, spec: DatasetSpec = schema.CRITEO):
     """The output's columns: every input's pass-through columns (label, ids; first type seen
     wins), then the scores. A column an input lacks is null in that input's rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     fields: dict[str, object] = {}
-    for path in dict.fromkeys(p.path for p in parts):
-        if _is_parquet(path):
+    features = set(_features(spec))
+    for part in {p.path: p for p in parts}.values():
+        path = part.path
+        if part.kind == "csv":
+            with open(path, "rb") as source:
+                columns = _open_csv(source, path, spec).schema
+            for item in columns:
+                if item.name not in features:
+                    fields.setdefault(item.name, item.type)
+        elif _is_parquet(path):
             for item in pq.ParquetFile(path).schema_arrow:
-                if item.name not in FEATURE_COLUMNS:
+                if item.name not in features:
                     fields.setdefault(item.name, item.type)
         elif _tsv_has_label(path):
             fields.setdefault(schema.LABEL, pa.int8())
@@ -461,10 +518,10 @@ class Summary:
     def rows_per_second(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
 
-    def observe(self, frame: pd.DataFrame) -> None:
-        if schema.LABEL in frame.columns:
-            known = frame[schema.LABEL].notna().to_numpy()
-            self._labels.append(frame[schema.LABEL].to_numpy()[known].astype(np.int8))
+    def observe(self, frame: pd.DataFrame, label: str = schema.LABEL) -> None:
+        if label in frame.columns:
+            known = frame[label].notna().to_numpy()
+            self._labels.append(frame[label].to_numpy()[known].astype(np.int8))
             self._scores.append(frame[schema.SCORE.name].to_numpy(np.float32)[known])
 
     def finish(self, seconds: float) -> "Summary":

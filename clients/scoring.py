@@ -31,19 +31,19 @@ def score_files(paths: list[str], output: str, settings: ScoreSettings, progress
     Raises:
         ChunkFailed: a chunk kept failing; nothing is left at ``output``.
     """
-    parts = plan_partitions(paths, partition_bytes)
+    parts = plan_partitions(paths, partition_bytes, settings.dataset)
     loading = time.perf_counter()
     if settings.local:  # load the models before the clock starts: rows/s is scoring throughput
         local_pipeline(str(Path(settings.repository).resolve()))
     summary = Summary(output=str(output), load_seconds=time.perf_counter() - loading if settings.local else 0.0)
     started = time.perf_counter()
-    writer = OutputWriter(output, output_schema(parts, settings.all_scores))
+    writer = OutputWriter(output, output_schema(parts, settings.all_scores, settings.dataset))
     bar = Progress(parts, progress)
     try:
         for part in parts:
             for frame in score_chunks(part, settings, report=summary.lines):
                 writer.write(frame)
-                summary.observe(frame)
+                summary.observe(frame, settings.dataset.label)
                 bar.chunk(part, len(frame), frame.attrs.get(INPUT_BYTES, 0))
             bar.part_done(part)
             summary.parts += 1
@@ -88,8 +88,8 @@ def score_files_dask(paths: list[str], output: str, settings: ScoreSettings, sch
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    parts = plan_partitions(paths, partition_bytes)
-    arrow_schema = output_schema(parts, settings.all_scores)
+    parts = plan_partitions(paths, partition_bytes, settings.dataset)
+    arrow_schema = output_schema(parts, settings.all_scores, settings.dataset)
     cluster = None if scheduler else LocalCluster(n_workers=max(1, local_workers), threads_per_worker=1,
                                                   processes=True, dashboard_address=None)
     client = Client(scheduler or cluster)

@@ -243,11 +243,13 @@ def cmd_score(args) -> int:
         print(f"error: --output {args.output}: the output is Parquet (.parquet) or CSV (.csv), not {suffix or 'no suffix'}",
               file=sys.stderr)
         return 2
+    from ensemble import dataset
+
     settings = ScoreSettings(urls=tuple(args.url or ()), protocol=args.protocol, local=args.local,
                              repository=args.repository, batch_size=args.batch_size,
                              concurrency=args.concurrency, all_scores=args.all_scores,
                              retry=Retry(attempts=args.retries + 1, backoff=args.backoff), timeout=args.timeout,
-                             skip_bad_lines=args.skip_bad_lines)
+                             skip_bad_lines=args.skip_bad_lines, dataset=dataset.load_spec(args.dataset))
     partition_bytes = int(args.partition_mb * 2**20)
     try:
         if args.dask_scheduler or args.dask_local:
@@ -448,7 +450,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=cmd_deploy)
 
     p = _command(sub, "score", "score files (TSV/.gz/Parquet) through Triton, in-process, or on Dask")
-    p.add_argument("input", nargs="+", help="Criteo TSV (.gz too; label optional) or Parquet files")
+    p.add_argument("input", nargs="+",
+                   help="Criteo TSV (.gz too; label optional) or Parquet files; with --dataset: CSV/TSV files with a "
+                        "header row, or Parquet")
+    p.add_argument("--dataset", default="criteo",
+                   help="the inputs' spec: a built-in name or a spec file (docs/your-data.md)")
     p.add_argument("--output", required=True, help="Parquet, or CSV by suffix; a folder with --dask-*")
     p.add_argument("--url", action="append", help="Triton endpoint host:port or http://, grpc:// (repeatable)")
     p.add_argument("--protocol", choices=["http", "grpc"], default="http",

@@ -140,3 +140,26 @@ def test_a_group_whose_context_disagrees_is_refused(shop, tmp_path):
     done = _ensemble("rank", str(tmp_path / "mixed.csv"), "--dataset", str(root / "shop.toml"), "--group-by", "user",
                      "--url", server.http_url, "--output", str(tmp_path / "out.csv"))
     assert done.returncode == 2 and "context column" in done.stderr and "differs" in done.stderr, done.stderr
+
+
+def test_score_files_of_the_dataset_through_the_server(shop, tmp_path):
+    root, log, server = shop
+    spec = dataset.load_spec(root / "shop.toml")
+    test = log.iloc[-1500:].reset_index(drop=True)
+    test.iloc[:700].to_csv(tmp_path / "a.csv", index=False)
+    test.iloc[700:1100].to_csv(tmp_path / "b.tsv", sep="\t", index=False)
+    test.iloc[1100:].to_parquet(tmp_path / "c.parquet", index=False)
+    inputs = [str(tmp_path / n) for n in ("a.csv", "b.tsv", "c.parquet")]
+    done = _ensemble("score", *inputs, "--dataset", str(root / "shop.toml"), "--url", f"grpc://{server.grpc_url}",
+                     "--batch-size", "256", "--output", str(tmp_path / "scored.parquet"), "--no-progress")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "1500 rows" in done.stdout and "AUC" in done.stdout, done.stdout
+    scored = pd.read_parquet(tmp_path / "scored.parquet")
+    assert list(scored.columns) == ["ts", "clicked", "score"]  # passed-through columns, then the score
+    assert scored["ts"].tolist() == test["ts"].tolist()  # input order
+    from ensemble.features import transforms
+
+    pipeline = Pipeline.from_repository(root / "repository", threads=1)
+    want = pipeline.score(transforms.dense_array(test, spec.continuous),
+                          transforms.encode_categorical(test, spec.categorical))[schema.SCORE.name].ravel()
+    assert np.max(np.abs(scored["score"].to_numpy() - want)) <= 1e-5
