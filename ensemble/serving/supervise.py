@@ -17,6 +17,10 @@ Two faults seen here, and what the supervisor does about them:
   A probe refused or timed out while the ranker keeps scoring other requests (Triton's success
   count grows) is overload, not a fault: the ranker refuses what would miss its deadline, and a reload
   would only take the ranker away from the requests it does serve.
+- **The python ``rank`` model's process dies or stalls** (the python-backend layouts' ranking
+  requests). After each good probe of the ranker the supervisor sends ``rank`` a one-candidate
+  request; when its answer is the broken-stub error or none comes, it SIGKILLs that stub, unloads
+  ``rank`` and loads it again. A heal of the ranker ends the ranker's processes, never ``rank``'s.
 - **The native layout's ranker stalls.** It runs inside tritonserver (``libtriton_fused.so``), so
   there is no process of its own to end: after ``failures_to_heal`` failed probes with no progress
   the supervisor restarts the server as below (a crash of that code is a crash of the server).
@@ -29,6 +33,7 @@ Two faults seen here, and what the supervisor does about them:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -85,6 +90,8 @@ class Supervisor:
         self.control = Control.of(server.http_url, key=server.options.admin_key or "", grpc=server.grpc_url)
         self.release: int | None = None  # the release last seen serving: restored after a restart
         self._config: dict | None = None
+        self._rank_request: bytes | None = None  # the rank model's probe, sized at its first use
+        self._rank_failures, self._rank_scored = 0, None
         self._scored: int | None = None  # successful requests at the last failed probe
 
     def probe(self) -> str | None:
@@ -156,14 +163,91 @@ class Supervisor:
         named = set(re.findall(r"Stub process '(\w+)_\d+_\d+'", problem))
         ended = []
         for model, pid in self.server.stub_pids().items():
-            if named and model not in named:
-                continue
+            if (named and model not in named) or (not named and model == schema.RANK_MODEL):
+                continue  # the rank model is not one of the ranker's processes
             try:
                 os.kill(pid, signal.SIGKILL)
                 ended.append(model)
             except ProcessLookupError:
                 pass
         return ended
+
+    def _rank_body(self) -> bytes | None:
+        """A one-candidate ranking request sized from the served ``rank`` config (None: no rank model)."""
+        try:
+            config = dataclasses.replace(self.control, model=schema.RANK_MODEL).config()
+        except ControlError:
+            return None
+        inputs = []
+        for tensor in config.get("input", []):
+            if tensor.get("optional"):
+                continue
+            dims = [1 if int(d) < 0 else int(d) for d in tensor["dims"]]
+            size = int(np.prod(dims))
+            data = [""] * size if tensor["data_type"] == schema.DType.STRING.value else [0.0] * size
+            inputs.append({"name": tensor["name"], "shape": dims,
+                           "datatype": schema.DType(tensor["data_type"]).wire, "data": data})
+        return json.dumps({"inputs": inputs}).encode()
+
+    def probe_rank(self) -> str | None:
+        """None when the python ``rank`` model answers (or there is none to ask), else why not."""
+        if Layout(self.server.options.layout) is Layout.NATIVE:
+            return None  # served inside tritonserver: the ranker's probe covers it
+        if self._rank_request is None:
+            self._rank_request = self._rank_body()
+            if self._rank_request is None:
+                return None
+        request = urllib.request.Request(f"{self.control.url}/v2/models/{schema.RANK_MODEL}/infer", self._rank_request,
+                                         {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.policy.probe_timeout) as reply:
+                reply.read()
+                return None
+        except urllib.error.HTTPError as exc:
+            text = exc.read()[:300].decode(errors="replace")
+            return text if BROKEN_STUB in text else None  # refused or unloaded: not this fault
+        except (urllib.error.URLError, OSError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    def _check_rank(self) -> None:
+        """Heal the rank model at once when Triton calls its stub unhealthy; after unanswered probes
+        only when it also stopped answering others (a busy rank model is not a broken one)."""
+        problem = self.probe_rank()
+        if problem is None:
+            self._rank_failures, self._rank_scored = 0, None
+            return
+        if BROKEN_STUB not in problem:
+            try:
+                scored = dataclasses.replace(self.control, model=schema.RANK_MODEL).scored()
+            except (ControlError, ValueError, TypeError):
+                scored = None
+            before, self._rank_scored = self._rank_scored, scored
+            if scored is not None and before is not None and scored > before:
+                self._rank_failures = 0
+                return
+            self._rank_failures += 1
+            if self._rank_failures < self.policy.failures_to_heal:
+                return
+        self._rank_failures = 0
+        self.heal_rank(problem)
+
+    def heal_rank(self, problem: str) -> None:
+        """End the rank model's stub and load it again."""
+        pid = self.server.stub_pids().get(schema.RANK_MODEL)
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.log(f"rank model not answering ({problem}); ended its backend process, unloading and reloading it")
+        rank = dataclasses.replace(self.control, model=schema.RANK_MODEL)
+        try:
+            rank.unload()
+            rank.load(None)
+        except ControlError as exc:
+            self.log(f"rank reload failed: {exc}")
+            return
+        self.log("rank model reloaded")
 
     def restart(self) -> None:
         """Clear away the dead server's processes and start a new one (after the backoff)."""
@@ -198,6 +282,7 @@ class Supervisor:
         problem = self.probe()
         if problem is None:
             self._failures, self._scored = 0, None
+            self._check_rank()
             try:
                 release = self.serving_release()
                 if release != self.release or self._config is None:

@@ -214,3 +214,36 @@ def test_a_port_in_use_is_refused_before_starting(trained, tmp_path):
         with pytest.raises(ServerError, match=f"{taken}.*already in use"):
             server.start()
         assert time.monotonic() - started < 1 and server.process is None
+
+
+@pytest.mark.parametrize("fault", ["kill-rank", "stall-rank"])
+def test_a_broken_rank_model_is_healed_and_the_ranker_never_touched(supervised, fault):
+    from clients.triton import RankerClient, Retry
+
+    server, supervisor, lines = supervised
+    client = RankerClient(server.http_url, "http", retry=Retry(attempts=1), timeout=5.0)
+    dense, cats = fresh_rows(20, seed=43)
+    assert len(client.rank(None, (dense, cats)).order) == len(dense)
+    ranker_pid, rank_pid = server.stub_pids()["ranker"], server.stub_pids()["rank"]
+    started = time.monotonic()
+    os.kill(rank_pid, signal.SIGKILL if fault == "kill-rank" else signal.SIGSTOP)
+    answered = None
+    while time.monotonic() - started < RECOVERY_BOUND_S:
+        try:
+            client.rank(None, (dense, cats))
+            if server.stub_pids().get("rank") not in (None, rank_pid):
+                answered = time.monotonic() - started
+                break
+        except Exception:  # noqa: BLE001 - broken until healed
+            pass
+        time.sleep(0.2)
+    if fault == "stall-rank":
+        try:
+            os.kill(rank_pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass  # the supervisor ended it
+    print(f"\n{fault}: ranking again after {answered}s; supervisor: {lines}")
+    assert answered is not None, lines
+    assert any("rank model reloaded" in line for line in lines), lines
+    assert server.stub_pids()["ranker"] == ranker_pid and supervisor.heals == 0  # the ranker was left alone
+    assert client.score(dense, cats).shape == (len(dense),)
