@@ -27,7 +27,8 @@ def from_frame(frame, spec: DatasetSpec = schema.CRITEO) -> tuple[np.ndarray, np
     missing = [c for c in (*spec.continuous, *spec.categorical) if c not in frame.columns]
     if missing:
         raise ValueError(f"input lacks {spec.name} columns {missing[:5]}{'...' if len(missing) > 5 else ''}")
-    return transforms.dense_array(frame, spec.continuous), transforms.encode_categorical(frame, spec.categorical)
+    return (transforms.dense_array(frame, spec.continuous),
+            transforms.encode_categorical(frame, spec.categorical, spec.list_separator))
 
 
 def from_arrow(table, spec: DatasetSpec = schema.CRITEO) -> tuple[np.ndarray, np.ndarray]:
@@ -47,10 +48,15 @@ def from_tsv_lines(lines: Iterable[str | bytes]) -> tuple[np.ndarray, np.ndarray
     return from_frame(criteo.parse_criteo(io.BytesIO(blob), with_label=with_label, compression=None))
 
 
-def _encode(values) -> np.ndarray:
+def _encode(values, separator: str = "|") -> np.ndarray:
+    from ensemble.dataset import cell_bytes
+
+    if isinstance(values, (list, tuple)) and any(isinstance(v, (list, tuple, np.ndarray)) for v in values):
+        values = [cell_bytes(v, separator) for v in values]  # a multi-hot context value given as a list
     cats = np.asarray(values, dtype=object)
     if cats.size and not all(isinstance(v, bytes) for v in cats.flat):
-        cats = np.vectorize(lambda v: v.encode() if isinstance(v, str) else (v if isinstance(v, bytes) else b""),
+        cats = np.vectorize(lambda v: cell_bytes(v, separator) if isinstance(v, (str, bytes)) else
+                            (cell_bytes(v, separator) if isinstance(v, (list, tuple, np.ndarray)) else b""),
                             otypes=[object])(cats)
     return cats
 
@@ -79,9 +85,10 @@ def ranking_tensors(context, candidates, spec: DatasetSpec = schema.CRITEO
             raise ValueError(f"context lacks {spec.name} context columns {missing}")
         context_dense = np.array([np.nan if context[c] is None else context[c]
                                   for c in names(Kind.CONTINUOUS, Side.CONTEXT)], np.float32)
-        context_cats = _encode([context[c] for c in names(Kind.CATEGORICAL, Side.CONTEXT)])
+        context_cats = _encode([context[c] for c in names(Kind.CATEGORICAL, Side.CONTEXT)], spec.list_separator)
     else:
-        context_dense, context_cats = np.asarray(context[0], np.float32).reshape(-1), _encode(context[1]).reshape(-1)
+        context_dense = np.asarray(context[0], np.float32).reshape(-1)
+        context_cats = _encode(context[1], spec.list_separator).reshape(-1)
     if hasattr(candidates, "columns") and hasattr(candidates, "iloc"):
         from ensemble.features import transforms
 
@@ -90,9 +97,9 @@ def ranking_tensors(context, candidates, spec: DatasetSpec = schema.CRITEO
         if missing:
             raise ValueError(f"candidates lack {spec.name} candidate columns {missing[:5]}")
         return (context_dense, context_cats, transforms.dense_array(candidates, tuple(dense_cols)),
-                transforms.encode_categorical(candidates, tuple(cat_cols)))
+                transforms.encode_categorical(candidates, tuple(cat_cols), spec.list_separator))
     dense, cats = candidates
-    return context_dense, context_cats, np.asarray(dense, np.float32), _encode(cats)
+    return context_dense, context_cats, np.asarray(dense, np.float32), _encode(cats, spec.list_separator)
 
 
 def to_tensors(rows, categorical: np.ndarray | None = None, spec: DatasetSpec = schema.CRITEO

@@ -28,6 +28,23 @@ A spec file::
     [hash_buckets]               # optional: hash a categorical column's values into N buckets
     user_id = 100000
 
+A *multi-hot* column holds a list of values per row (genres, tags): listed under ``multi_hot`` in
+``[context]`` or ``[candidate]``, sent as one string with the items separated by ``list_separator``
+(default ``"|"``: ``"comedy|drama"``), and given its most items in ``[max_items]`` (required)::
+
+    [candidate]
+    multi_hot = ["genres"]
+
+    [max_items]
+    genres = 3
+
+It rides in the ``categorical`` tensor as one column, after the side's categorical columns. The
+features step turns it into ``max_items`` slot columns ``genres[0]``, ``genres[1]``, ... holding the
+row's distinct items in sorted order (a set: order and repeats do not count; items past
+``max_items`` are dropped; unused slots are missing), and each slot is then an ordinary categorical
+column with its own vocabulary and embedding table (:meth:`DatasetSpec.prepared`,
+:func:`list_slots`). The models see the slots, the client contract the one column.
+
 Categorical values seen fewer than their column's threshold times in training map to the
 out-of-vocabulary id. A hashed column's values are replaced by their bucket, ``crc32(value) % N``
 (:func:`bucket`), before anything else sees them, in training and in serving alike: its vocabulary
@@ -70,6 +87,12 @@ class Column:
     side: Side
     freq_threshold: int = 1  # categorical columns only
     hash_buckets: int = 0  # categorical columns only; 0: not hashed
+    max_items: int = 0  # multi-hot columns (categorical kind): their slots; 0: one value per row
+
+    @property
+    def slots(self) -> tuple[str, ...]:
+        """The columns the features step gives the models for this one: itself, or its slots."""
+        return tuple(slot_name(self.name, i) for i in range(self.max_items)) if self.max_items else (self.name,)
 
 
 @dataclass(frozen=True)
@@ -81,6 +104,7 @@ class DatasetSpec:
     columns: tuple[Column, ...]
     time: str | None = None
     source: str = "<string>"
+    list_separator: str = "|"
 
     def _names(self, kind: Kind, side: Side | None = None) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns if c.kind is kind and (side is None or c.side is side))
@@ -108,8 +132,20 @@ class DatasetSpec:
         return len(self._names(kind, Side.CONTEXT))
 
     @property
+    def model_categorical(self) -> tuple[str, ...]:
+        """The categorical columns the models see, in order: ``categorical`` with every multi-hot
+        column replaced by its slots (the same as ``categorical`` when there is none)."""
+        return tuple(s for c in self.columns if c.kind is Kind.CATEGORICAL for s in c.slots)
+
+    @property
+    def max_items(self) -> tuple[int, ...]:
+        """Per column of the categorical tensor: its slots when multi-hot, else 0."""
+        return tuple(c.max_items for c in self.columns if c.kind is Kind.CATEGORICAL)
+
+    @property
     def freq_thresholds(self) -> dict[str, int]:
-        return {c.name: c.freq_threshold for c in self.columns if c.kind is Kind.CATEGORICAL}
+        """Per column the models see (a multi-hot column's slots take its threshold)."""
+        return {s: c.freq_threshold for c in self.columns if c.kind is Kind.CATEGORICAL for s in c.slots}
 
     @property
     def hash_buckets(self) -> tuple[int, ...]:
@@ -127,6 +163,29 @@ class DatasetSpec:
             frame[name] = [None if v is None or v != v or v == "" else bucket(str(v).encode(), buckets).decode()
                            for v in frame[name].tolist()]
         return frame
+
+    def prepared(self, frame):
+        """``frame`` as the features step sees it: hashed columns replaced by their buckets, and
+        every multi-hot column replaced by its slot columns (:func:`list_slots`)."""
+        frame = self.hashed(frame)
+        lists = [c for c in self.columns if c.max_items and c.name in frame.columns]
+        if not lists:
+            return frame
+        import pandas as pd
+
+        columns = {}
+        for name in frame.columns:
+            column = next((c for c in lists if c.name == name), None)
+            if column is None:
+                columns[name] = frame[name]
+                continue
+            sep = self.list_separator.encode()
+            rows = [list_slots(cell_bytes(v, self.list_separator), sep, column.max_items)
+                    for v in frame[name].tolist()]
+            for i, slot in enumerate(column.slots):
+                columns[slot] = pd.Series([r[i].decode() if r[i] else None for r in rows], index=frame.index,
+                                          dtype=object)
+        return pd.DataFrame(columns, index=frame.index)
 
     def check_frame(self, frame, *, with_label: bool = True) -> None:
         """Refuse a frame that does not match the spec, naming the column.
@@ -156,14 +215,41 @@ class DatasetSpec:
                 raise SpecError(f"{self.name}: label {self.label!r} must be 0 or 1; found {bad[:5]}")
 
 
+def cell_bytes(value, separator: str = "|") -> bytes:
+    """A categorical cell as the bytes the contract sends: text as UTF-8, a list of items (a
+    multi-hot cell read from Parquet or built in Python) joined by ``separator``, missing as b""."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return separator.encode().join(cell_bytes(v, separator) for v in value if v is not None)
+    if value is None or (isinstance(value, float) and value != value):
+        return b""
+    return str(value).encode()
+
+
+def slot_name(column: str, index: int) -> str:
+    """The name of a multi-hot column's slot ``index`` (0-based)."""
+    return f"{column}[{index}]"
+
+
+def list_slots(value: bytes, separator: bytes, max_items: int) -> list[bytes]:
+    """A multi-hot value (``b"drama|comedy"``) as its ``max_items`` slots: the distinct non-empty
+    items, sorted, the first ``max_items`` kept, padded with ``b""`` (missing)."""
+    items = sorted({item.strip() for item in value.split(separator)} - {b""}) if value else []
+    return items[:max_items] + [b""] * (max_items - len(items[:max_items]))
+
+
 def bucket(value: bytes, buckets: int) -> bytes:
     """A hashed column's value as its bucket's name: ``crc32(value) % buckets`` in decimal."""
     return str(zlib.crc32(value) % buckets).encode()
 
 
 _TOP_KEYS = {"name", "label", "time", "freq_threshold", "context", "candidate", "freq_threshold_by_column",
-             "hash_buckets"}
-_SIDE_KEYS = {"continuous", "categorical"}
+             "hash_buckets", "list_separator", "max_items"}
+_SIDE_KEYS = {"continuous", "categorical", "multi_hot"}
+_MULTI_HOT = "multi_hot"
 
 
 def _threshold(value, where: str) -> int:
@@ -205,6 +291,16 @@ def parse_spec(text: str, source: str = "<string>") -> DatasetSpec:
         if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 2:
             raise SpecError(f"{source}: column {column!r}: hash_buckets must be an integer >= 2, not {buckets!r}")
 
+    separator = raw.get("list_separator", "|")
+    if not isinstance(separator, str) or not separator:
+        raise SpecError(f"{source}: 'list_separator' must be a non-empty string")
+    max_items = raw.get("max_items", {})
+    if not isinstance(max_items, dict):
+        raise SpecError(f"{source}: [max_items] must be a table of column = most items per row")
+    for column, items in max_items.items():
+        if isinstance(items, bool) or not isinstance(items, int) or not 1 <= items <= 64:
+            raise SpecError(f"{source}: column {column!r}: max_items must be an integer from 1 to 64, not {items!r}")
+
     columns: list[Column] = []
     seen: dict[str, str] = {}
     for side in (Side.CONTEXT, Side.CANDIDATE):
@@ -214,10 +310,11 @@ def parse_spec(text: str, source: str = "<string>") -> DatasetSpec:
         extra = sorted(set(table) - _SIDE_KEYS)
         if extra:
             raise SpecError(f"{source}: unknown key(s) {', '.join(extra)} in [{side.value}] "
-                            f"(known: continuous, categorical)")
-        for kind in (Kind.CONTINUOUS, Kind.CATEGORICAL):
-            for column in _names_list(table.get(kind.value, []), f"{source}: {side.value}.{kind.value}"):
-                where = f"{side.value}.{kind.value}"
+                            f"(known: {', '.join(sorted(_SIDE_KEYS))})")
+        for key, kind in ((Kind.CONTINUOUS.value, Kind.CONTINUOUS), (Kind.CATEGORICAL.value, Kind.CATEGORICAL),
+                          (_MULTI_HOT, Kind.CATEGORICAL)):
+            for column in _names_list(table.get(key, []), f"{source}: {side.value}.{key}"):
+                where = f"{side.value}.{key}"
                 if column in seen:
                     raise SpecError(f"{source}: column {column!r} is listed twice ({seen[column]} and {where})")
                 if column in (label, time):
@@ -227,13 +324,30 @@ def parse_spec(text: str, source: str = "<string>") -> DatasetSpec:
                 threshold = 1
                 if kind is Kind.CATEGORICAL:
                     threshold = _threshold(by_column.get(column, default_threshold), f"{source}: column {column!r}")
+                items = 0
+                if key == _MULTI_HOT:
+                    if column not in max_items:
+                        raise SpecError(f"{source}: multi-hot column {column!r} needs its most items per row "
+                                        f"in [max_items] ({column} = N)")
+                    if column in hashing:
+                        raise SpecError(f"{source}: multi-hot column {column!r} cannot be hashed "
+                                        f"(its items are looked up one by one)")
+                    items = max_items[column]
                 columns.append(Column(column, kind, side, threshold,
-                                      hashing.get(column, 0) if kind is Kind.CATEGORICAL else 0))
+                                      hashing.get(column, 0) if kind is Kind.CATEGORICAL else 0, items))
     # Tensor order: context then candidate within each kind (the loop above already is).
     for table, names in (("freq_threshold_by_column", by_column), ("hash_buckets", hashing)):
         for column in names:
-            if seen.get(column, "").split(".")[-1] != Kind.CATEGORICAL.value:
+            if seen.get(column, "").split(".")[-1] not in (Kind.CATEGORICAL.value, _MULTI_HOT):
                 raise SpecError(f"{source}: [{table}] names {column!r}, which is not a categorical column of the spec")
+    for column in max_items:
+        if seen.get(column, "").split(".")[-1] != _MULTI_HOT:
+            raise SpecError(f"{source}: [max_items] names {column!r}, which is not a multi-hot column of the spec")
+    for column in (c for c in columns if c.max_items):
+        for slot in column.slots:
+            if slot in seen or slot in (label, time):
+                raise SpecError(f"{source}: multi-hot column {column.name!r}: its slot name {slot!r} is taken "
+                                f"by another column")
     if not columns:
         raise SpecError(f"{source}: no feature columns: list some under [context] or [candidate]")
     if not any(c.side is Side.CANDIDATE for c in columns):
@@ -241,7 +355,7 @@ def parse_spec(text: str, source: str = "<string>") -> DatasetSpec:
     if not any(c.kind is Kind.CATEGORICAL for c in columns) or not any(c.kind is Kind.CONTINUOUS for c in columns):
         # The DLRMs need both a dense input and at least one embedding table.
         raise SpecError(f"{source}: the models need at least one continuous and one categorical column")
-    return DatasetSpec(name, label, tuple(columns), time, source)
+    return DatasetSpec(name, label, tuple(columns), time, source, separator)
 
 
 def builtin_names() -> tuple[str, ...]:

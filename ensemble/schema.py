@@ -142,25 +142,38 @@ class Widths:
     """How many continuous and categorical columns a dataset has (its spec's): the tensors above
     carry Criteo's (13 and 26); :func:`sized` gives them another dataset's. ``context_dense`` and
     ``context_categorical``: how many of each are the context's (the leading columns), which a
-    ranking request sends once."""
+    ranking request sends once. ``category_ids``: the width of the ids the features step hands the
+    models (``categorical`` plus the extra slots of multi-hot columns; 0: the same as
+    ``categorical``)."""
 
     dense: int
     categorical: int
     context_dense: int = 0
     context_categorical: int = 0
+    category_ids: int = 0
+
+    def __post_init__(self):
+        if self.category_ids == self.categorical:  # one form per width: equal Widths compare equal
+            object.__setattr__(self, "category_ids", 0)
 
     @classmethod
     def of(cls, spec: dataset.DatasetSpec) -> "Widths":
         return cls(len(spec.continuous), len(spec.categorical), spec.context_width(dataset.Kind.CONTINUOUS),
-                   spec.context_width(dataset.Kind.CATEGORICAL))
+                   spec.context_width(dataset.Kind.CATEGORICAL), len(spec.model_categorical))
+
+    @property
+    def ids(self) -> int:
+        return self.category_ids or self.categorical
 
     def dims(self, tensor: Tensor) -> tuple[int, ...]:
         if tensor.name in (DENSE.name, DENSE_FEATURES.name):
             return (self.dense,)
-        if tensor.name in (CATEGORICAL.name, CATEGORY_IDS.name):
+        if tensor.name == CATEGORICAL.name:
             return (self.categorical,)
+        if tensor.name == CATEGORY_IDS.name:
+            return (self.ids,)
         if tensor.name == XGB_FEATURES.name:
-            return (self.dense + self.categorical,)
+            return (self.dense + self.ids,)
         return tensor.dims
 
 
@@ -169,7 +182,8 @@ CRITEO_WIDTHS = Widths.of(CRITEO)
 
 def sized(step: Step, widths: Widths) -> Step:
     """``step`` with its tensors' dims for a dataset of these widths."""
-    if (widths.dense, widths.categorical) == (CRITEO_WIDTHS.dense, CRITEO_WIDTHS.categorical):
+    if (widths.dense, widths.categorical, widths.ids) == (CRITEO_WIDTHS.dense, CRITEO_WIDTHS.categorical,
+                                                          CRITEO_WIDTHS.ids):
         return step
     resize = lambda tensors: tuple(Tensor(t.name, t.dtype, widths.dims(t)) for t in tensors)  # noqa: E731
     return Step(step.model, resize(step.inputs), resize(step.outputs))
@@ -182,7 +196,8 @@ def widths_of_config(config: dict) -> Widths:
              if t.get("dims")}
     dense = found.get(DENSE.name, found.get(DENSE_FEATURES.name, CRITEO_WIDTHS.dense))
     categorical = found.get(CATEGORICAL.name, found.get(CATEGORY_IDS.name, CRITEO_WIDTHS.categorical))
-    return Widths(dense, categorical)
+    ids = found.get(CATEGORY_IDS.name, 0)
+    return Widths(dense, categorical, category_ids=ids)
 
 
 # Ranking requests: the ``rank`` model takes one context and N candidates, broadcasts the context

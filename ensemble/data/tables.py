@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from ensemble.dataset import DatasetSpec
+from ensemble.dataset import DatasetSpec, cell_bytes
 
 
 def read_table(paths: Sequence[str | Path], spec: DatasetSpec, nrows: int | None = None,
@@ -29,9 +29,9 @@ def read_table(paths: Sequence[str | Path], spec: DatasetSpec, nrows: int | None
             frame = pd.read_parquet(path)
             if remaining is not None:
                 frame = frame.iloc[:remaining]
-            for column in spec.categorical:
+            for column in spec.categorical:  # text; a multi-hot column's lists joined by the separator
                 if column in frame.columns:
-                    frame[column] = frame[column].map(lambda v: None if v is None or v != v else str(v))
+                    frame[column] = frame[column].map(lambda v: _text(v, spec.list_separator))
         else:
             sep = "\t" if ".tsv" in suffixes or ".txt" in suffixes else ","
             dtypes = {**{c: "float32" for c in spec.continuous}, **{c: "object" for c in spec.categorical}}
@@ -63,3 +63,9 @@ def split(frame: pd.DataFrame, valid: float = 0.1, test: float = 0.1, time: str 
     n_train = n - n_valid - n_test
     parts = frame.iloc[:n_train], frame.iloc[n_train:n_train + n_valid], frame.iloc[n_train + n_valid:]
     return tuple(p.reset_index(drop=True) for p in parts)  # type: ignore[return-value]
+
+
+def _text(value, separator: str) -> str | None:
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return cell_bytes(value, separator).decode()
+    return None if value is None or value != value else str(value)

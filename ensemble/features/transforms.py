@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble import schema
-from ensemble.dataset import DatasetSpec, Kind, bucket
+from ensemble.dataset import DatasetSpec, Kind, bucket, cell_bytes, list_slots
 from ensemble.serving import native
 from ensemble.device import Device
 
@@ -53,7 +53,7 @@ def fit_workflow(train, out_dir: str | Path, freq_threshold: int | None = 3, dev
     spec.check_frame(train, with_label=False)
     workflow = build_workflow(out_dir, freq_threshold, spec=spec)
     columns = [*spec.continuous, *spec.categorical]
-    frame, on_gpu = fit_frame(spec.hashed(train[columns]).reset_index(drop=True), device)
+    frame, on_gpu = fit_frame(spec.prepared(train[columns]).reset_index(drop=True), device)
     workflow.fit(nvt.Dataset(frame, cpu=not on_gpu))
     return save_workflow(workflow, out_dir, spec)
 
@@ -69,7 +69,7 @@ def build_workflow(out_dir: Path, freq_threshold: int | None = 3, client=None, s
     if isinstance(thresholds, dict) and len(set(thresholds.values())) == 1:
         thresholds = next(iter(thresholds.values()))  # one value: the form NVTabular has always been given
     # out_path keeps NVTabular from writing ./categories into the working directory.
-    categorical = list(spec.categorical) >> ops.Categorify(
+    categorical = list(spec.model_categorical) >> ops.Categorify(
         freq_threshold=thresholds, out_path=str(out_dir.parent / f".{out_dir.name}-fit"))
     return nvt.Workflow(dense + categorical, client=client)
 
@@ -98,17 +98,17 @@ def nvtabular_transform(workflow, frame, device: Device = Device.CPU, spec: Data
         device: "gpu" transforms on cuDF when cuDF is installed (training's bulk transform).
 
     Returns:
-        (dense [B x continuous] float64, ids [B x categorical] int64)
+        (dense [B x continuous] float64, ids [B x the models' categorical columns] int64)
     """
     from ensemble.device import fit_frame, to_host
 
     if isinstance(workflow, (str, Path)):
         workflow = load_workflow(workflow)
     columns = [*spec.continuous, *spec.categorical]
-    frame, _ = fit_frame(spec.hashed(frame[columns]).reset_index(drop=True), device)
+    frame, _ = fit_frame(spec.prepared(frame[columns]).reset_index(drop=True), device)
     out = workflow.transform(frame)
     return (to_host(out[list(spec.continuous)].values).astype(np.float64),
-            to_host(out[list(spec.categorical)].values).astype(np.int64))
+            to_host(out[list(spec.model_categorical)].values).astype(np.int64))
 
 
 def _ops_of(workflow) -> list:
@@ -132,12 +132,15 @@ def _write_lean_stats(workflow, out_dir: Path, spec: DatasetSpec = schema.CRITEO
         "context_dense": spec.context_width(Kind.CONTINUOUS),
         "context_categorical": spec.context_width(Kind.CATEGORICAL),
         "hash_buckets": list(spec.hash_buckets),
+        "max_items": list(spec.max_items),
+        "list_separator": spec.list_separator,
+        "id_columns": list(spec.model_categorical),
         "fill_value": float(fill.fill_val),
         "clip_min": float(clip.min_value),
         "means": [float(normalize.means[c]) for c in spec.continuous],
         "stds": [float(normalize.stds[c]) for c in spec.continuous],
         "freq_threshold": (cat.freq_threshold if isinstance(cat.freq_threshold, (int, dict)) else 0),
-        "vocabularies": {c: f"categories/unique.{c}.parquet" for c in spec.categorical},
+        "vocabularies": {c: f"categories/unique.{c}.parquet" for c in spec.model_categorical},
     }
     (out_dir / LEAN_FILE).write_text(json.dumps(stats, indent=1))
 
@@ -149,7 +152,8 @@ def workflow_widths(workflow_dir: str | Path) -> schema.Widths:
     if "dense_columns" not in stats:
         return schema.CRITEO_WIDTHS
     return schema.Widths(len(stats["dense_columns"]), len(stats["categorical_columns"]),
-                         int(stats.get("context_dense", 0)), int(stats.get("context_categorical", 0)))
+                         int(stats.get("context_dense", 0)), int(stats.get("context_categorical", 0)),
+                         len(stats.get("id_columns", stats["categorical_columns"])))
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,10 @@ class LeanTransform:
         dense_columns, categorical_columns: the columns of the two input tensors, in order (the
             dataset spec's; a workflow saved without them is Criteo's).
         hash_buckets: per categorical column, its hash buckets (0: not hashed; empty: none is).
+        max_items: per categorical column, its slots when it is multi-hot (0: one value; empty:
+            none is multi-hot); ``list_separator`` splits such a column's items.
+        id_columns: the columns of the ids the models take (``categorical_columns`` with each
+            multi-hot column replaced by its slots); ``lookups`` follow them.
     """
 
     means: np.ndarray
@@ -173,6 +181,9 @@ class LeanTransform:
     dense_columns: tuple[str, ...] = schema.DENSE_COLUMNS
     categorical_columns: tuple[str, ...] = schema.CATEGORICAL_COLUMNS
     hash_buckets: tuple[int, ...] = ()
+    max_items: tuple[int, ...] = ()
+    list_separator: bytes = b"|"
+    id_columns: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, workflow_dir: str | Path) -> "LeanTransform":
@@ -183,7 +194,8 @@ class LeanTransform:
         lookups = []
         dense_columns = tuple(stats.get("dense_columns", schema.DENSE_COLUMNS))
         categorical_columns = tuple(stats.get("categorical_columns", schema.CATEGORICAL_COLUMNS))
-        for col in categorical_columns:
+        id_columns = tuple(stats.get("id_columns", categorical_columns))
+        for col in id_columns:
             # ParquetFile, not read_table: read_table imports pyarrow.dataset and with it pandas.
             table = pq.ParquetFile(workflow_dir / stats["vocabularies"][col]).read(columns=[col])
             values = table.column(0).to_pylist()
@@ -192,7 +204,9 @@ class LeanTransform:
             lookups.append(lookup)
         return cls(np.asarray(stats["means"], np.float32), np.asarray(stats["stds"], np.float32),
                    float(stats["fill_value"]), float(stats["clip_min"]), tuple(lookups), dense_columns,
-                   categorical_columns, tuple(stats.get("hash_buckets", ())) if any(stats.get("hash_buckets", ())) else ())
+                   categorical_columns, tuple(stats.get("hash_buckets", ())) if any(stats.get("hash_buckets", ())) else (),
+                   tuple(stats.get("max_items", ())) if any(stats.get("max_items", ())) else (),
+                   stats.get("list_separator", "|").encode(), id_columns)
 
     @property
     def cardinalities(self) -> tuple[int, ...]:
@@ -207,7 +221,8 @@ class LeanTransform:
             categorical: [B x 26] object array of bytes (b"" = missing).
 
         Returns:
-            (dense_features [B x 13] float32, category_ids [B x 26] int64)
+            (dense_features [B x 13] float32, category_ids [B x 26] int64; wider than the input
+            by the slots of multi-hot columns)
         """
         return self.transform_dense(dense), self.transform_categorical(categorical)
 
@@ -230,18 +245,32 @@ class LeanTransform:
             for j, buckets in enumerate(self.hash_buckets):
                 if buckets:
                     categorical[:, j] = [bucket(v, buckets) if v else b"" for v in categorical[:, j].tolist()]
+        if self.max_items:  # multi-hot columns: each becomes its slots
+            categorical = self._slots(categorical)
         # One pass over the row-major values, each looked up in its column's dictionary, in C
         # when it was built (ensemble.serving.native): no per-column or per-value Python overhead.
         ids = native.lookup(categorical.reshape(-1).tolist(), self.lookups, OOV_ID)
-        return ids.reshape(batch, len(self.categorical_columns))
+        return ids.reshape(batch, len(self.lookups))
+
+    def _slots(self, categorical: np.ndarray) -> np.ndarray:
+        parts = []
+        for j, items in enumerate(self.max_items):
+            if items:
+                parts.append(np.array([list_slots(v, self.list_separator, items) for v in categorical[:, j].tolist()],
+                                      dtype=object).reshape(-1, items))
+            else:
+                parts.append(categorical[:, j:j + 1])
+        return np.concatenate(parts, axis=1) if parts else categorical
 
 
-def encode_categorical(frame, columns: tuple[str, ...] = schema.CATEGORICAL_COLUMNS) -> np.ndarray:
+def encode_categorical(frame, columns: tuple[str, ...] = schema.CATEGORICAL_COLUMNS,
+                       separator: str = "|") -> np.ndarray:
     """Categorical columns (str, None/NaN = missing; default Criteo's ``C*``) -> [B x columns]
-    object array of bytes."""
+    object array of bytes. A multi-hot cell given as a list of items is joined by ``separator``."""
     out = np.empty((len(frame), len(columns)), dtype=object)
     for j, col in enumerate(columns):
-        out[:, j] = [v.encode("utf-8") if isinstance(v, str) else (v if isinstance(v, bytes) else b"")
+        out[:, j] = [v.encode("utf-8") if isinstance(v, str) else (v if isinstance(v, bytes) else
+                     (cell_bytes(v, separator) if isinstance(v, (list, tuple, np.ndarray)) else b""))
                      for v in frame[col].tolist()]
     return out
 

@@ -168,8 +168,10 @@ class Pipeline:
         """The dataset's input widths (the features step's inputs) and its context's."""
         if self._widths is not None:
             return self._widths
-        dense, categorical = self.steps[Model.FEATURES].step.inputs
-        return schema.Widths(dense.dims[0], categorical.dims[0])
+        features = self.steps[Model.FEATURES].step
+        dense, categorical = features.inputs
+        ids = next((t.dims[0] for t in features.outputs if t.name == schema.CATEGORY_IDS.name), 0)
+        return schema.Widths(dense.dims[0], categorical.dims[0], category_ids=ids)
 
     def rank(self, context_dense, context_categorical, candidate_dense, candidate_categorical,
              k: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -1,6 +1,6 @@
 """A team's own click log, described by a spec file: train, export, serve, score and rank from the
 command line, against a real tritonserver. The log is generated here (seeded): users with an age and
-a country, items with a price, clicks that depend on both sides."""
+a country, items with a price and a few tags (a multi-hot column), clicks that depend on both sides."""
 
 from __future__ import annotations
 
@@ -28,6 +28,10 @@ categorical = ["user", "country"]
 [candidate]
 continuous = ["price"]
 categorical = ["item", "brand"]
+multi_hot = ["tags"]
+
+[max_items]
+tags = 2
 
 [freq_threshold_by_column]
 item = 2
@@ -45,14 +49,23 @@ def click_log(rows: int = 12_000, seed: int = 3) -> pd.DataFrame:
     item_price = np.round(rng.gamma(2.0, 20.0, items), 2)
     item_brand = rng.choice([f"b{i}" for i in range(12)], items)
     item_appeal = rng.normal(0, 1, items)
+    words = np.array(["sale", "new", "eco", "premium", "local"])
+    item_tags = ["|".join(rng.choice(words, rng.integers(0, 4), replace=False)) for _ in range(items)]
+    on_sale = np.array(["sale" in t.split("|") for t in item_tags])
     u, i = rng.integers(0, users, rows), rng.integers(0, items, rows)
-    logit = item_appeal[i] - 0.02 * item_price[i] + 0.03 * (user_age[u] - 40) * (item_price[i] > 40)
+    logit = (item_appeal[i] - 0.02 * item_price[i] + 0.03 * (user_age[u] - 40) * (item_price[i] > 40)
+             + 1.0 * on_sale[i])
     clicked = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(int)
     price = item_price[i].astype(float)
     price[rng.random(rows) < 0.05] = np.nan  # some missing values, as real logs have
     return pd.DataFrame({"ts": np.arange(rows), "user": [f"u{x}" for x in u], "country": user_country[u],
                          "age": user_age[u], "item": [f"i{x:03d}" for x in i], "brand": item_brand[i],
-                         "price": price, "clicked": clicked})
+                         "price": price, "tags": [item_tags[x] for x in i], "clicked": clicked})
+
+
+def _with_tag_lists(frame: pd.DataFrame) -> pd.DataFrame:
+    """The tags as lists of strings, as a Parquet file of a real log would hold them."""
+    return frame.assign(tags=[t.split("|") if t else [] for t in frame["tags"].fillna("")])
 
 
 def _ensemble(*args: str) -> subprocess.CompletedProcess:
@@ -65,7 +78,7 @@ def shop(tmp_path_factory):
     (root / "shop.toml").write_text(SPEC)
     log = click_log()
     log.iloc[:8000].to_csv(root / "part-1.csv", index=False)
-    log.iloc[8000:].to_parquet(root / "part-2.parquet", index=False)  # CSV and Parquet parts together
+    _with_tag_lists(log.iloc[8000:]).to_parquet(root / "part-2.parquet", index=False)  # CSV and Parquet together
     done = _ensemble("train", "--dataset", str(root / "shop.toml"), str(root / "part-1.csv"),
                      str(root / "part-2.parquet"), "--workdir", str(root / "work"), "--xgb-rounds", "60")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -94,7 +107,8 @@ def test_own_data_is_served_at_its_widths_and_scores_like_in_process(shop):
     spec = dataset.load_spec(root / "shop.toml")
     test = log.iloc[-1200:]
     pipeline = Pipeline.from_repository(root / "repository", threads=1)
-    assert pipeline.widths == schema.Widths(2, 4, context_dense=1, context_categorical=2)
+    # 5 categorical columns in the contract; the models see 6 (the tags as 2 slots)
+    assert pipeline.widths == schema.Widths(2, 5, context_dense=1, context_categorical=2, category_ids=6)
     user_rows = pipeline.steps[schema.Model.FEATURES].fn.cardinalities[0]
     assert user_rows <= 3 + 64  # 400 users hashed into 64 buckets (+ the reserved ids)
     from ensemble.features import transforms
@@ -104,6 +118,10 @@ def test_own_data_is_served_at_its_widths_and_scores_like_in_process(shop):
     for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
         got = RankerClient(url, protocol, dataset=spec).score(test)
         assert np.max(np.abs(got - want)) <= 1e-5
+    # The tags are a set: order and repeats do not change a score; having "sale" does.
+    client, row = RankerClient(server.http_url, dataset=spec), test.iloc[:1]
+    same = [client.score(row.assign(tags=t))[0] for t in ("new|sale", "sale|new|sale", " sale | new")]
+    assert same[0] == same[1] == same[2] != client.score(row.assign(tags="new"))[0]
     from ensemble.models.metrics import auc
 
     assert auc(test["clicked"], want) > 0.6  # the generated clicks depend on the item and the price
@@ -148,7 +166,7 @@ def test_score_files_of_the_dataset_through_the_server(shop, tmp_path):
     test = log.iloc[-1500:].reset_index(drop=True)
     test.iloc[:700].to_csv(tmp_path / "a.csv", index=False)
     test.iloc[700:1100].to_csv(tmp_path / "b.tsv", sep="\t", index=False)
-    test.iloc[1100:].to_parquet(tmp_path / "c.parquet", index=False)
+    _with_tag_lists(test.iloc[1100:]).to_parquet(tmp_path / "c.parquet", index=False)
     inputs = [str(tmp_path / n) for n in ("a.csv", "b.tsv", "c.parquet")]
     done = _ensemble("score", *inputs, "--dataset", str(root / "shop.toml"), "--url", f"grpc://{server.grpc_url}",
                      "--batch-size", "256", "--output", str(tmp_path / "scored.parquet"), "--no-progress")

@@ -232,3 +232,68 @@ def test_lean_transform_of_a_hashed_column_equals_nvtabular(tmp_path):
     got = lean(transforms.dense_array(fresh, spec.continuous), transforms.encode_categorical(fresh, spec.categorical))
     assert np.array_equal(got[1], want[1]) and np.allclose(got[0], want[0])
     assert (got[1][1::9, 0] > transforms.OOV_ID).all()  # unseen users land in trained buckets
+
+
+MULTI_HOT = SPEC.replace('categorical = ["item"]', 'categorical = ["item"]\nmulti_hot = ["tags"]') + "\n[max_items]\ntags = 3\n"
+
+
+def test_multi_hot_columns_are_parsed_and_checked():
+    spec = dataset.parse_spec(MULTI_HOT)
+    assert spec.categorical == ("user", "country", "item", "tags")  # the contract: one column
+    assert spec.model_categorical == ("user", "country", "item", "tags[0]", "tags[1]", "tags[2]")
+    assert spec.max_items == (0, 0, 0, 3) and spec.freq_thresholds["tags[2]"] == 2
+    widths = schema.Widths.of(spec)
+    assert (widths.categorical, widths.ids) == (4, 6)
+    assert widths.dims(schema.CATEGORICAL) == (4,) and widths.dims(schema.CATEGORY_IDS) == (6,)
+    assert schema.Widths.of(schema.CRITEO) == schema.Widths(13, 26)  # no slots: one form
+    assert spec.list_separator == "|" and dataset.parse_spec('list_separator = ";"\n' + MULTI_HOT).list_separator == ";"
+    for text, message in (
+            (MULTI_HOT.replace("\n[max_items]\ntags = 3\n", ""), "multi-hot column 'tags' needs its most items"),
+            (MULTI_HOT.replace("tags = 3", "tags = 0"), "max_items must be an integer from 1 to 64"),
+            (MULTI_HOT.replace("tags = 3", "tags = 3\nitem = 3"), "[max_items] names 'item', which is not a multi-hot"),
+            (MULTI_HOT + "\n[hash_buckets]\ntags = 8\n", "multi-hot column 'tags' cannot be hashed"),
+            (MULTI_HOT.replace('continuous = ["price"]', 'continuous = ["price", "tags[1]"]'),
+             "its slot name 'tags[1]' is taken"),
+            (MULTI_HOT.replace("multi_hot", "multihot"), "unknown key(s) multihot in [candidate]"),
+            ('list_separator = ""\n' + MULTI_HOT, "'list_separator' must be a non-empty string")):
+        with pytest.raises(SpecError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
+                           .replace(")", r"\)")):
+            dataset.parse_spec(text)
+
+
+def test_list_slots_are_a_sorted_set_cut_to_max_items():
+    assert dataset.list_slots(b"drama|comedy|drama", b"|", 3) == [b"comedy", b"drama", b""]
+    assert dataset.list_slots(b"d|c|b|a", b"|", 2) == [b"a", b"b"]
+    assert dataset.list_slots(b"", b"|", 2) == [b"", b""] and dataset.list_slots(b"||x| ", b"|", 1) == [b"x"]
+    assert dataset.cell_bytes(["b", "a"]) == b"b|a" and dataset.cell_bytes(np.array(["x"], object), ";") == b"x"
+    assert dataset.cell_bytes(None) == dataset.cell_bytes(float("nan")) == b""
+    spec = dataset.parse_spec(MULTI_HOT)
+    frame = _frame().assign(tags=["a|b", None, ["c", "a"], "", "b|b", "z|y|x|w"])
+    slots = spec.prepared(frame)
+    assert "tags" not in slots and list(slots.columns[-3:]) == ["tags[0]", "tags[1]", "tags[2]"]
+    assert slots["tags[0]"].tolist() == ["a", None, "a", None, "b", "w"]
+    assert slots["tags[1]"].tolist() == ["b", None, "c", None, None, "x"]
+
+
+def test_lean_transform_of_a_multi_hot_column_equals_nvtabular(tmp_path):
+    from ensemble.features import transforms
+
+    spec = dataset.parse_spec(MULTI_HOT)
+    rng = np.random.default_rng(1)
+    n = 2000
+    words = [f"t{i}" for i in range(12)]
+    tags = ["|".join(rng.choice(words, rng.integers(0, 5), replace=False)) for _ in range(n)]
+    train = pd.DataFrame({"clicked": rng.integers(0, 2, n), "ts": range(n), "age": rng.integers(18, 80, n).astype(float),
+                          "user": [f"u{v}" for v in rng.integers(0, 50, n)], "country": rng.choice(["fr", "de"], n),
+                          "price": rng.gamma(2, 10, n), "item": [f"i{v}" for v in rng.integers(0, 40, n)], "tags": tags})
+    transforms.fit_workflow(train, tmp_path / "workflow", spec=spec)
+    lean = transforms.LeanTransform.load(tmp_path / "workflow")
+    assert lean.id_columns == spec.model_categorical and len(lean.cardinalities) == 6
+    assert transforms.workflow_widths(tmp_path / "workflow") == schema.Widths(2, 4, 1, 2, 6)
+    fresh = train.copy()
+    fresh.loc[::7, "tags"] = "unseen|t3"
+    fresh.loc[1::7, "tags"] = None
+    want = transforms.nvtabular_transform(tmp_path / "workflow", fresh, spec=spec)
+    got = lean(transforms.dense_array(fresh, spec.continuous), transforms.encode_categorical(fresh, spec.categorical))
+    assert got[1].shape == (n, 6) and np.array_equal(got[1], want[1]) and np.allclose(got[0], want[0])
+    assert (got[1][1::7, 3:] == transforms.NULL_ID).all()  # no tags: every slot missing
