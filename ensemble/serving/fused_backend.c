@@ -176,6 +176,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
     TRITONSERVER_Error *err = TRITONBACKEND_ModelState(model, &raw);
     if (err) return err;
     ModelState *state = raw;
+    if (state == NULL) return NULL; /* Triton finalizes a model whose initialization failed, too */
     PyGILState_STATE gil = PyGILState_Ensure();
     PyObject *result = PyObject_CallMethod(state->model, "close", NULL);
     if (result == NULL) PyErr_Clear();
