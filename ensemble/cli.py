@@ -376,12 +376,15 @@ def _add_server(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port")
     p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port")
     p.add_argument("--layout", choices=[layout.value for layout in Layout], default=DEFAULT_LAYOUT.value,
-                   help="fused: the ranker as one python-backend model (the CPU default); ensemble: a Triton "
-                        "ensemble of one python-backend model per step; gpu: the NGC container's native backends")
+                   help="native: the ranker inside Triton's process through the project's backend (the CPU "
+                        "default); fused: the ranker as one python-backend model (the fallback); ensemble: a "
+                        "Triton ensemble of one python-backend model per step; gpu: the NGC container's "
+                        "native backends")
     p.add_argument("--log-file", default=None, help="server log (default: a temp file)")
     p.add_argument("--latency-objective-ms", type=float, default=None, metavar="MS",
-                   help="the fused ranker refuses (503 / UNAVAILABLE) only a request it predicts would complete "
-                        "later than this after it arrived, or than its client's timeout if sooner "
+                   help="the ranker (native and fused layouts) refuses (503 / UNAVAILABLE) only a request it "
+                        "predicts would complete later than this after it arrived, or than its client's timeout "
+                        "if sooner "
                         f"(default: the repository config's, {DEFAULT_OBJECTIVE_MS:g} ms as exported)")
     p.add_argument("--latency-quantiles", type=_quantiles, metavar="Q:ERR,...",
                    default=monitoring.format_quantiles(monitoring.DEFAULT_QUANTILES),

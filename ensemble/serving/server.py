@@ -28,9 +28,10 @@ from ensemble.serving.monitoring import LatencySummaries
 from ensemble.serving.door import door_options
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-# What `ensemble serve` serves on CPU unless told otherwise: one backend process for the whole chain
-# (docs/serving.md, "Layouts").
-DEFAULT_LAYOUT = Layout.FUSED
+# What `ensemble serve` serves on CPU unless told otherwise: the whole chain inside Triton's own
+# process, through the project's backend (docs/serving.md, "Layouts"); `fused` is the python-backend
+# fallback.
+DEFAULT_LAYOUT = Layout.NATIVE
 
 
 class ServerError(RuntimeError):

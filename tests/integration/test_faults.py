@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from ensemble.models.registry import Layout
-from ensemble.serving.server import DEFAULT_LAYOUT, ServerError, ServerOptions, TritonServer, free_port
+from ensemble.serving.server import ServerError, ServerOptions, TritonServer, free_port
 from ensemble.serving.supervise import Supervisor, SupervisorPolicy
 from tests.helpers import Load, fresh_rows
 
@@ -24,7 +24,9 @@ RECOVERY_BOUND_S = 30.0  # the test's failure bound; the 10 s recovery target is
 
 @pytest.fixture()
 def supervised(trained, tmp_path, request):
-    layout = getattr(request, "param", DEFAULT_LAYOUT)
+    # Unless a test names its layout: the fused one, whose ranker and rank model are python-backend
+    # stub processes a test can kill or stop (the default native layout has none).
+    layout = getattr(request, "param", Layout.FUSED)
     server = TritonServer(ServerOptions(trained.repository, http_port=free_port(), grpc_port=free_port(),
                                         metrics_port=free_port(), log_file=tmp_path / "tritonserver.log",
                                         layout=layout))
