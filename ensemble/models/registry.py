@@ -85,7 +85,7 @@ class Component:
         """The tensors this component reads and writes in a layout."""
         return (schema.GPU_STEPS if layout is Layout.GPU else schema.STEPS)[self.model]
 
-    def adapt(self, fn: Callable[..., object], layout: Layout) -> Callable[..., object]:
+    def adapt(self, fn: Callable[..., object], layout: Layout, n_dense: int = schema.N_DENSE) -> Callable[..., object]:
         """Wrap a loaded step so it reads/writes the layout's tensors (see ``schema.GPU_STEPS``):
         in the GPU layout features also emits the trees' design matrix and xgb reads it."""
         if layout is not Layout.GPU:
@@ -97,8 +97,7 @@ class Component:
                 dense_features, ids = fn(dense, categorical)
                 return dense_features, ids, design_matrix(dense_features, ids)
             return features
-        if self.model is Model.XGB:
-            n_dense = schema.N_DENSE
+        if self.model is Model.XGB:  # the design matrix: the dataset's dense columns, then the ids
             return lambda x: fn(x[:, :n_dense], x[:, n_dense:].astype(np.int64))
         return fn
 

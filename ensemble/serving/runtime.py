@@ -91,7 +91,7 @@ def load_step(model: Model | str, version_dir: str | Path, threads: int = 1,
     if widths is None:
         widths = workflow_widths(version_dir) if component.model is Model.FEATURES else schema.CRITEO_WIDTHS
     fn = component.load(version_dir, threads, Device(device))
-    return StepRunner(schema.sized(component.step(layout), widths), component.adapt(fn, layout))
+    return StepRunner(schema.sized(component.step(layout), widths), component.adapt(fn, layout, widths.dense))
 
 
 def latest_version(model_dir: Path) -> Path:

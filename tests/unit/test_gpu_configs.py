@@ -203,3 +203,13 @@ def test_gpu_tree_scorer_without_cuda_libraries_says_what_is_missing(trained):
         pytest.skip("cupy is installed here")
     with pytest.raises(device.GpuUnavailable, match="'cupy'"):
         GpuTreeScorer(trained.repository / "xgb" / "1")
+
+
+def test_the_gpu_layouts_trees_split_the_design_matrix_at_the_datasets_dense_width():
+    from ensemble.models.registry import BY_MODEL, Layout
+
+    seen = []
+    xgb = BY_MODEL[Model.XGB].adapt(lambda dense, ids: seen.append((dense, ids)), Layout.GPU, n_dense=3)
+    xgb(np.arange(10, dtype=np.float32).reshape(1, 10))
+    dense, ids = seen[0]
+    assert dense.tolist() == [[0, 1, 2]] and ids.tolist() == [[3, 4, 5, 6, 7, 8, 9]] and ids.dtype == np.int64
