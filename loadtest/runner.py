@@ -29,8 +29,8 @@ LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 
 
 class Target(str, enum.Enum):
-    """What a scenario loads. The two plain Triton targets serve the default CPU layout (fused);
-    ``triton-native-*`` the ranker in the project's own backend; ``triton-ensemble-http`` the
+    """What a scenario loads. The two plain Triton targets serve the fused layout (the python-backend
+    fallback); ``triton-native-*`` the default, the ranker in the project's own backend; ``triton-ensemble-http`` the
     per-model ensemble layout. The baselines: ``inproc`` and ``naive`` (FastAPI processes) and
     ``mlserver`` (the in-process pipeline as an MLServer runtime)."""
 
