@@ -12,7 +12,8 @@ Before the switch a release must pass, in this process: its manifests (every fil
 loading it, finite scores in [0, 1] on fresh rows, and held-out AUC not worse than the serving
 release's by more than :data:`AUC_TOLERANCE` (measured on ``--holdout`` when given, else the
 test AUC each release recorded at export). After the switch the served scores must equal the
-in-process ones (<= 1e-5) or the previous release is put back.
+in-process ones (<= 1e-5) or the previous release is put back. A release that serves is declared
+(:mod:`ensemble.serving.declared`), so a server started later on the repository serves it too.
 
 The switch goes through Triton's model-repository API (:mod:`ensemble.serving.control`, which says who
 may call it), over gRPC when ``grpc_url`` is given (``ensemble deploy`` always gives it): a load over
@@ -31,6 +32,7 @@ from ensemble import schema
 from ensemble.data import criteo
 from ensemble.features import transforms
 from ensemble.repository import manifest
+from ensemble.serving import declared
 from ensemble.serving.control import Control, ControlError
 from ensemble.models.registry import ORDER
 from ensemble.serving.runtime import RELEASE_FILE, Pipeline, release_versions
@@ -128,6 +130,7 @@ def switch_to(url: str, repository: str | Path, release: int, holdout: str | Pat
                           "switches at once (restart the server on the new export instead)")
     serving = control.serving_release()
     if serving == release:
+        declared.write(repository, release, "deploy" if compare_auc else "rollback")
         log(f"release {release} already serves")
         return release
     pipeline = check_release(repository, release, serving, holdout, log, compare_auc)
@@ -142,7 +145,9 @@ def switch_to(url: str, repository: str | Path, release: int, holdout: str | Pat
             control.load_release(serving)
         raise DeployError(f"release {release}: served scores differ from in-process by {diff:.2e}; "
                           f"release {serving} put back")
-    log(f"release {release} serves (served == in-process within {diff:.1e})")
+    declared.write(repository, release, "deploy" if compare_auc else "rollback")
+    log(f"release {release} serves (served == in-process within {diff:.1e}); declared in "
+        f"{declared.path(repository)}, which every later start of a server on this repository loads")
     return release
 
 

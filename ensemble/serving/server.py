@@ -189,7 +189,7 @@ class TritonServer:
         if name:
             cmd.append(f"--model-config-name={name}")
         cmd.append("--model-control-mode=explicit")
-        if o.latency_objective_ms is None:  # else start() loads it with the objective in its config
+        if not self._ranker_override():  # else start() loads it with the objective or release in its config
             cmd.append(f"--load-model={Model.RANKER.value}")
         if (Path(o.repository) / schema.RANK_MODEL / config_file(Layout(o.layout))).is_file():
             cmd.append(f"--load-model={schema.RANK_MODEL}")  # ranking requests (ensemble/serving/rank_model.py)
@@ -251,17 +251,31 @@ class TritonServer:
                 self._cleanup()
                 raise ServerError(f"tritonserver exited with code {self.process.returncode}\n{self.log_tail()}")
             if self.ready():
-                if self.options.latency_objective_ms is not None:
-                    self._load_ranker_with_objective()
+                if self._ranker_override():
+                    self._load_ranker_with_overrides()
                 return self
             time.sleep(0.25)
         tail = self.log_tail()
         self.stop()
         raise ServerError(f"tritonserver not ready after {self.options.startup_timeout:.0f}s\n{tail}")
 
-    def _load_ranker_with_objective(self) -> None:
+    def declared_release(self) -> int | None:
+        """The release the last deploy or rollback declared for this repository (``ensemble.serving.
+        declared``), which this server loads instead of the newest; None: the newest. Only the fused
+        and native layouts serve a release as one model version."""
+        from ensemble.serving import declared
+
+        if Layout(self.options.layout) not in (Layout.FUSED, Layout.NATIVE):
+            return None
+        return declared.read(self.options.repository)
+
+    def _ranker_override(self) -> bool:
+        return self.options.latency_objective_ms is not None or self.declared_release() is not None
+
+    def _load_ranker_with_overrides(self) -> None:
         """Load the ranker from the repository's config file of this layout, with the server's
-        latency objective in place of the file's (a config override: Triton then reports it)."""
+        latency objective in place of the file's and the declared release as its only version (a
+        config override: Triton then reports both)."""
         from google.protobuf import json_format, text_format
         from tritonclient.grpc import model_config_pb2
 
@@ -269,7 +283,12 @@ class TritonServer:
         path = Path(o.repository) / Model.RANKER.value / config_file(Layout(o.layout))
         config = json_format.MessageToDict(text_format.Parse(path.read_text(), model_config_pb2.ModelConfig()),
                                            preserving_proto_field_name=True)
-        config.setdefault("parameters", {})[LATENCY_OBJECTIVE_PARAMETER] = {"string_value": f"{o.latency_objective_ms:g}"}
+        if o.latency_objective_ms is not None:
+            config.setdefault("parameters", {})[LATENCY_OBJECTIVE_PARAMETER] = {
+                "string_value": f"{o.latency_objective_ms:g}"}
+        release = self.declared_release()
+        if release is not None:
+            config["version_policy"] = {"specific": {"versions": [release]}}
         try:
             Control.of(self.http_url, key=o.admin_key or "", grpc=self.grpc_url).load(config)
         except ControlError as exc:

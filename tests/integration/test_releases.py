@@ -50,6 +50,30 @@ def test_deploy_and_rollback_under_load_fail_no_request(trained, served_copy, ca
     assert load.sent > 50 and load.failed == 0 and load.refused == 0, load.errors[:3]
 
 
+def test_a_server_started_later_serves_the_declared_release(trained, served_copy, tmp_path):
+    from ensemble.serving import declared
+    from ensemble.serving.deploy import rollback
+
+    repository, server = served_copy
+    first = Control.of(server.http_url).serving_release()
+    new = int(export_repository(TrainedArtifacts.under(trained.workdir), repository)[Model.RANKER].name)
+    assert declared.read(repository) is None  # exported, not deployed: nothing declared
+    deploy(server.http_url, repository, log=lambda _: None, grpc_url=server.grpc_url)
+    assert declared.read(repository) == new
+    rollback(server.http_url, repository, log=lambda _: None, grpc_url=server.grpc_url)
+    assert declared.read(repository) == first
+    later = TritonServer(ServerOptions(repository, http_port=free_port(), grpc_port=free_port(),
+                                       metrics_port=free_port(), log_file=tmp_path / "later.log"))
+    later.start()
+    try:  # the newest exported release is `new`; the declared one serves
+        assert Control.of(later.http_url).serving_release() == first
+        assert Control.of(later.http_url).config()["version_policy"] == {"specific": {"versions": [first]}}
+    finally:
+        later.stop()
+    declared.write(repository, 999, "test")  # a release the repository no longer holds: the newest serves
+    assert declared.read(repository) is None
+
+
 def test_a_release_with_a_damaged_file_is_refused_and_the_serving_one_stays(trained, served_copy):
     repository, server = served_copy
     serving = Control.of(server.http_url).serving_release()
