@@ -130,7 +130,7 @@ def switch_to(url: str, repository: str | Path, release: int, holdout: str | Pat
                           "switches at once (restart the server on the new export instead)")
     serving = control.serving_release()
     if serving == release:
-        declared.write(repository, release, "deploy" if compare_auc else "rollback")
+        _declare(repository, release, "deploy" if compare_auc else "rollback", log)
         log(f"release {release} already serves")
         return release
     pipeline = check_release(repository, release, serving, holdout, log, compare_auc)
@@ -145,10 +145,21 @@ def switch_to(url: str, repository: str | Path, release: int, holdout: str | Pat
             control.load_release(serving)
         raise DeployError(f"release {release}: served scores differ from in-process by {diff:.2e}; "
                           f"release {serving} put back")
-    declared.write(repository, release, "deploy" if compare_auc else "rollback")
-    log(f"release {release} serves (served == in-process within {diff:.1e}); declared in "
-        f"{declared.path(repository)}, which every later start of a server on this repository loads")
+    log(f"release {release} serves (served == in-process within {diff:.1e})")
+    _declare(repository, release, "deploy" if compare_auc else "rollback", log)
     return release
+
+
+def _declare(repository: str | Path, release: int, by: str, log) -> None:
+    """Record the serving release for later server starts; a repository this process may not write
+    (mounted read-only) is reported, and the switch stands."""
+    try:
+        where = declared.write(repository, release, by)
+    except OSError as exc:
+        log(f"release {release} serves but is not declared ({exc}): a server started later on this "
+            "repository serves its newest release")
+        return
+    log(f"release {release} declared in {where}: every later start of a server on this repository loads it")
 
 
 def deploy(url: str, repository: str | Path, release: int | None = None, holdout: str | Path | None = None,

@@ -1,0 +1,26 @@
+"""The declared release: written by deploy/rollback, read by every server start."""
+
+from __future__ import annotations
+
+from ensemble.serving import declared
+from ensemble.serving.deploy import _declare
+
+
+def test_written_release_is_read_back_only_while_the_repository_holds_it(tmp_path):
+    (tmp_path / "ranker" / "3").mkdir(parents=True)
+    assert declared.read(tmp_path) is None  # nothing declared: the newest serves
+    declared.write(tmp_path, 3, "rollback")
+    assert declared.read(tmp_path) == 3 and not list((tmp_path / "ranker").glob(".serving.json*"))
+    declared.write(tmp_path, 4, "deploy")  # release 4 is not in the repository (pruned, or a typo)
+    assert declared.read(tmp_path) is None
+    declared.path(tmp_path).write_text("{not json")
+    assert declared.read(tmp_path) is None
+
+
+def test_a_repository_that_cannot_be_written_leaves_the_switch_standing(tmp_path):
+    lines = []
+    _declare(tmp_path / "elsewhere", 3, "deploy", lines.append)  # no ranker folder to write into
+    assert len(lines) == 1 and "serves but is not declared" in lines[0]
+    (tmp_path / "ranker").mkdir()
+    _declare(tmp_path, 3, "deploy", lines.append)
+    assert "declared in" in lines[1] and declared.path(tmp_path).is_file()
