@@ -118,3 +118,21 @@ def test_fleet_plan_ports_and_logs(tmp_path):
 def test_bad_fleets_are_refused(options, message):
     with pytest.raises(FleetError, match=message):
         plan(options)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--replicas", "0"], "must be 1 to 32"),
+    (["--replicas", "two"], "not a number"),
+    (["--replica-ports", "9000"], "apply to a fleet"),
+    (["--replicas", "1", "--gateway-admin-port", "9901"], "apply to a fleet"),
+    (["--replicas", "2", "--replica-ports", "8000"], "would serve twice"),
+])
+def test_serve_refuses_bad_fleet_flags_before_starting_anything(capsys, argv, message):
+    from ensemble import cli
+
+    try:
+        code = cli.main(["serve", "--repository", "no-such-repository", *argv])
+    except SystemExit as exc:  # argparse's own refusal
+        code = exc.code
+    assert code == 2
+    assert message in capsys.readouterr().err
