@@ -228,6 +228,76 @@ def test_oversized_bodies_and_gzip_bombs_are_refused_before_the_replicas(fleet):
     grown = _rss(fleet) - rss
     assert grown < 50 * 2**20, f"replicas grew by {grown / 2**20:.0f} MiB"  # the bomb inside Triton: ~217 MiB
 
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(fleet.grpc)
+    with pytest.raises(InferenceServerException) as refused:  # Triton would inflate it without a bound
+        client.infer("ranker", _tensors(grpcclient, dense, categorical), compression_algorithm="gzip")
+    assert refused.value.status() == "StatusCode.UNIMPLEMENTED", refused.value
+    client.infer("ranker", _tensors(grpcclient, dense, categorical))
+
+
+def test_the_gateway_refuses_past_its_bound_before_the_replica(server, tmp_path):
+    """A gateway with room for 2 requests in flight, in front of the session's real server: of 24
+    concurrent 2,048-row requests, those past the bound get 503 from Envoy itself (it says so in
+    ``x-envoy-overloaded``), the replica's deadline refusals aside; HTTP and gRPC alike."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    from ensemble.fleet.envoy import Envoy
+    from ensemble.fleet.gateway import Gateway, Replica
+
+    gateway = Gateway((Replica(server.options.http_port, server.options.grpc_port),), http_port=free_port(),
+                      grpc_port=free_port(), admin_port=free_port(), max_requests=2)
+    envoy = Envoy(gateway, log_file=tmp_path / "envoy.log").start()
+    try:
+        dense, categorical = _rows(2048, 9)
+        body = schema.v2_json_request(dense, categorical)
+        answers: list[tuple[int, str]] = []
+
+        def send() -> None:
+            request = urllib.request.Request(f"http://127.0.0.1:{gateway.http_port}{schema.RANKER_INFER_PATH}", body)
+            try:
+                with urllib.request.urlopen(request, timeout=120) as reply:
+                    answers.append((reply.status, ""))
+            except urllib.error.HTTPError as exc:
+                answers.append((exc.code, exc.headers.get("x-envoy-overloaded", "")))
+
+        workers = [threading.Thread(target=send) for _ in range(24)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        assert {status for status, _ in answers} <= {200, 503}, answers
+        assert any(status == 200 for status, _ in answers), answers
+        assert ("503", "true") in {(str(status), flag) for status, flag in answers}, answers
+
+        grpc_errors: list[str] = []
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{gateway.grpc_port}")
+        inputs = _tensors(grpcclient, dense, categorical)
+        done = threading.Barrier(24)
+
+        def infer() -> None:
+            done.wait()
+            try:
+                client.infer("ranker", inputs, client_timeout=120)
+            except InferenceServerException as exc:
+                grpc_errors.append(str(exc.status()))
+
+        workers = [threading.Thread(target=infer) for _ in range(24)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        assert grpc_errors and set(grpc_errors) == {"StatusCode.UNAVAILABLE"}, grpc_errors
+        overflow = envoy.stats("cluster[.]replicas_grpc[.]upstream_rq_(active|pending)_overflow")
+        assert sum(overflow.values()) > 0, overflow  # refused by the gateway, not (only) by the replica
+        assert httpclient.InferenceServerClient(server.http_url).is_model_ready("ranker")
+    finally:
+        envoy.stop()
+
 
 def _closed_loop(module, address: str, threads: int, seconds: float) -> tuple[int, list[str]]:
     """``threads`` plain tritonclient clients (no retries), each sending 1-row requests back to back."""
