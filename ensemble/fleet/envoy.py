@@ -54,10 +54,14 @@ def validate(config: dict, binary: Path | None = None) -> None:
 class Envoy:
     """One Envoy process serving ``gateway``; ``start()`` returns once its listeners are up."""
 
-    def __init__(self, gateway: Gateway, log_file: Path | None = None, concurrency: int | None = None):
+    def __init__(self, gateway: Gateway, log_file: Path | None = None, concurrency: int | None = None,
+                 cpu_list: str | None = None):
+        """``concurrency``: Envoy's worker threads (None: one per core); ``cpu_list``: run under
+        ``taskset -c`` (a benchmark keeps the gateway off its client's core)."""
         self.gateway = gateway
         self.log_file = log_file
         self.concurrency = concurrency
+        self.cpu_list = cpu_list
         self.process: subprocess.Popen | None = None
         self._scratch: Path | None = None
 
@@ -71,6 +75,8 @@ class Envoy:
                "--drain-strategy", "immediate"]
         if self.concurrency:
             cmd += ["--concurrency", str(self.concurrency)]
+        if self.cpu_list:
+            cmd = ["taskset", "-c", self.cpu_list, *cmd]
         return cmd
 
     def start(self, timeout: float = 60.0) -> "Envoy":
