@@ -12,9 +12,10 @@
   or reset is also ejected at once (outlier detection on local-origin failures only: a 503 refusal
   for a deadline is the replica's overload policy working, not a fault). The panic threshold is off:
   traffic never goes to a replica known to be down.
-- **Retries.** A request that failed to connect, was reset, or was refused with 503 (gRPC
-  UNAVAILABLE) is retried up to ``retries`` times on replicas it has not tried yet, within a retry
-  budget (a share of the requests in flight) so that retries cannot multiply true overload.
+- **Retries.** A request that failed to connect, was reset, or got an answer that another replica
+  would not give (:data:`RETRIED_HTTP_STATUSES`: a deadline refusal, a ranker being reloaded, a
+  broken backend process) is retried up to ``retries`` times on replicas it has not tried yet, within
+  a retry budget (a share of the requests in flight) so that retries cannot multiply true overload.
 - **Limits at the door.** A body larger than ``max_request_bytes`` (after gzip decompression at the
   gateway, whose inflation ratio is bounded too) is refused with 413 before a replica sees it.
   Other HTTP content encodings and compressed gRPC messages are refused (Triton would inflate them
@@ -177,14 +178,28 @@ def _cluster(name: str, gateway: Gateway, grpc: bool) -> dict:
     }
 
 
+# What a replica answers while it cannot score, and another replica can: a refusal for its deadline
+# (503 / UNAVAILABLE), a ranker being healed or reloaded ("has no available versions": 404 /
+# NOT_FOUND, until the health check takes the replica out), a broken backend process ("Stub process
+# ... is not healthy": 500 / INTERNAL, until its supervisor heals it).
+RETRIED_HTTP_STATUSES = (503, 404, 500)
+RETRIED_GRPC = "unavailable,internal"
+GRPC_NOT_FOUND = "5"  # grpc-status of an error sent without a message: in the response headers
+
+
 def _retry_policy(gateway: Gateway, grpc: bool) -> dict:
-    return {"retry_on": ("unavailable," if grpc else "") + "reset,connect-failure,refused-stream,retriable-status-codes",
-            "retriable_status_codes": [503],
-            "num_retries": gateway.retries,
-            "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {
-                "@type": _TYPES + "extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
-            "host_selection_retry_max_attempts": 5,
-            "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.05s"}}
+    policy = {"retry_on": "reset,connect-failure,refused-stream,"
+                          + (f"{RETRIED_GRPC},retriable-headers" if grpc else "retriable-status-codes"),
+              "num_retries": gateway.retries,
+              "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {
+                  "@type": _TYPES + "extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
+              "host_selection_retry_max_attempts": 5,
+              "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.05s"}}
+    if grpc:
+        policy["retriable_headers"] = [{"name": "grpc-status", "string_match": {"exact": GRPC_NOT_FOUND}}]
+    else:
+        policy["retriable_status_codes"] = list(RETRIED_HTTP_STATUSES)
+    return policy
 
 
 def _forward(cluster: str, gateway: Gateway, grpc: bool) -> dict:

@@ -332,29 +332,64 @@ def test_ordinary_concurrent_load_is_never_refused(fleet, protocol):
     assert errors == [] and done > 0, errors[:5]
 
 
-def test_a_killed_replica_costs_no_request_and_comes_back(fleet):
-    import tritonclient.grpc as grpcclient
-    import tritonclient.http as httpclient
+class _LightLoad:
+    """One HTTP and one gRPC plain tritonclient client (no retries), each sending ``rows``-row
+    requests about every 10 ms until the block ends; ``errors`` holds every failure."""
 
-    rows, errors, sent = 7, [], [0]
-    stop = threading.Event()
+    def __init__(self, fleet: Fleet, rows: int):
+        import tritonclient.grpc as grpcclient
+        import tritonclient.http as httpclient
 
-    def load(module, address: str) -> None:
+        self.errors: list[str] = []
+        self.sent = 0
+        self._stop = threading.Event()
+        self._workers = [threading.Thread(target=self._loop, args=(module, address, rows))
+                         for module, address in ((httpclient, fleet.http), (grpcclient, fleet.grpc))]
+
+    def _loop(self, module, address: str, rows: int) -> None:
         client = module.InferenceServerClient(address)
         inputs = _inputs(module, rows, 3)
-        while not stop.is_set():
+        while not self._stop.is_set():
             try:
                 client.infer("ranker", inputs)
-                sent[0] += 1
+                self.sent += 1
             except Exception as exc:  # noqa: BLE001 - every failure is reported
-                errors.append(repr(exc)[:300])
+                self.errors.append(repr(exc)[:300])
             time.sleep(0.01)
 
-    workers = [threading.Thread(target=load, args=(httpclient, fleet.http)),
-               threading.Thread(target=load, args=(grpcclient, fleet.grpc))]
-    for worker in workers:
-        worker.start()
-    try:
+    def __enter__(self) -> "_LightLoad":
+        for worker in self._workers:
+            worker.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for worker in self._workers:
+            worker.join()
+
+
+def test_a_killed_backend_process_costs_no_request(fleet):
+    """The ranker's python-backend process of replica 1 is SIGKILLed: Triton answers "not healthy"
+    until the supervisor unloads and reloads the ranker, and "no available versions" meanwhile; the
+    gateway retries both on replica 0."""
+    healed = sum("replica 1: ranker reloaded" in line for line in fleet.output)
+    with _LightLoad(fleet, rows=6) as load:
+        time.sleep(1)
+        stub = processes.stub_pids(fleet.replica_pid(1)).get("ranker")
+        assert stub is not None, fleet.text()
+        os.kill(stub, signal.SIGKILL)
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while sum("replica 1: ranker reloaded" in line for line in fleet.output) == healed:
+            assert time.monotonic() < deadline, f"replica 1 not healed:\n{fleet.text()}"
+            time.sleep(0.5)
+        time.sleep(2)
+    assert load.errors == [], load.errors[:5]
+    assert load.sent > 0
+
+
+def test_a_killed_replica_costs_no_request_and_comes_back(fleet):
+    rows = 7
+    with _LightLoad(fleet, rows) as load:
         time.sleep(1)
         victim = fleet.replica_pid(0)
         assert victim is not None, fleet.text()
@@ -368,12 +403,8 @@ def test_a_killed_replica_costs_no_request_and_comes_back(fleet):
         while _executions(fleet.replicas[0][0], rows) < 5:
             assert time.monotonic() < served, f"replica 0 gets no traffic:\n{fleet.text()}"
             time.sleep(0.5)
-    finally:
-        stop.set()
-        for worker in workers:
-            worker.join()
-    assert errors == [], errors[:5]
-    assert sent[0] > 0
+    assert load.errors == [], load.errors[:5]
+    assert load.sent > 0
     assert any("replica 0: tritonserver ready again" in line for line in fleet.output), fleet.text()
 
 
@@ -385,10 +416,11 @@ def test_shutdown_drains_requests_in_flight(fleet):
     answers: list[str] = []
     replicas = [fleet.replica_pid(i) for i in range(len(fleet.replicas))]
     started = threading.Barrier(5)
+    rows = _rows(schema.MAX_BATCH_SIZE, 5)
 
     def big() -> None:
         client = httpclient.InferenceServerClient(fleet.http, network_timeout=300, connection_timeout=300)
-        inputs = _inputs(httpclient, schema.MAX_BATCH_SIZE, 5)
+        inputs = _tensors(httpclient, *rows)
         started.wait()
         try:
             answers.append(str(client.infer("ranker", inputs).as_numpy(schema.SCORE.name).shape))
