@@ -26,6 +26,7 @@ import numpy as np
 from ensemble import schema
 from ensemble.machine import summary
 from ensemble.models.registry import Layout
+from ensemble.serving.server import DEFAULT_LAYOUT
 
 TARGET_ADDED_P50_MS = 0.3
 
@@ -123,7 +124,8 @@ def _table(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repository", required=True, help="an exported model repository")
-    p.add_argument("--layout", choices=[layout.value for layout in Layout if layout is not Layout.GPU], default="fused")
+    p.add_argument("--layout", choices=[layout.value for layout in Layout if layout is not Layout.GPU],
+                   default=DEFAULT_LAYOUT.value)
     p.add_argument("--protocols", nargs="+", choices=["http", "grpc"], default=["http", "grpc"])
     p.add_argument("--requests", type=int, default=4000, help="per path and protocol")
     p.add_argument("--blocks", type=int, default=20, help="alternating blocks the requests are split into")

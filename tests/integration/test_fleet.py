@@ -1,4 +1,5 @@
-"""`ensemble serve --replicas 2`: two real tritonservers behind a real Envoy gateway, on free ports.
+"""`ensemble serve --replicas 2`: two real tritonservers (fused layout) behind a real Envoy gateway,
+on free ports.
 
 One fleet serves the whole module (started through the command line, as a user would); the last
 test shuts it down and checks the drain. Each replica's share of the traffic is read from Triton's
@@ -68,7 +69,9 @@ def _read_lines(process: subprocess.Popen, into: list[str]) -> None:
 def fleet(trained, tmp_path_factory):
     log = tmp_path_factory.mktemp("fleet") / "serve.log"
     http, grpc, metrics = free_port(), free_port(), free_port()
+    # the fused layout: its ranker is a python-backend process of its own, which a test kills
     cmd = [sys.executable, "-m", "ensemble", "serve", "--repository", str(trained.repository), "--replicas", "2",
+           "--layout", "fused",
            "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--log-file", str(log)]
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output: list[str] = []
