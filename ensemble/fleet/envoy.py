@@ -133,6 +133,28 @@ class Envoy:
                 found[name] = int(value)
         return found
 
+    def unhealthy_hosts(self) -> list[str]:
+        """``cluster::host:port`` of every replica the gateway does not route to now (health check
+        failed or not yet passed, or ejected)."""
+        found = []
+        for line in self._admin("/clusters").splitlines():
+            name, _, flags = line.rpartition("::health_flags::")
+            if name and flags.strip() != "healthy":
+                found.append(name)
+        return found
+
+    def wait_healthy(self, timeout: float) -> list[str]:
+        """Wait until the gateway routes to every replica; returns those it still does not."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                unhealthy = self.unhealthy_hosts()
+            except (urllib.error.URLError, OSError):
+                unhealthy = ["(no answer from the admin listener)"]
+            if not unhealthy or time.monotonic() > deadline or not self.alive():
+                return unhealthy
+            time.sleep(0.2)
+
     def requests_in_flight(self) -> int:
         """Requests the public listeners have taken and not yet answered."""
         stats = self.stats("http[.](http|grpc)[.]downstream_rq_active")

@@ -24,6 +24,7 @@ from ensemble.fleet.gateway import Gateway, GatewayError, Replica, envoy_config,
 from ensemble.serving.server import ServerError, ServerOptions, TritonServer, free_port, port_free
 
 MAX_REPLICAS = 32
+HEALTHY_TIMEOUT = 60.0  # seconds start() waits for the gateway to route to every replica
 REPLICA_HOST = "127.0.0.1"  # model control stays on the replicas' own ports, reachable only from this host
 
 
@@ -129,6 +130,11 @@ class Fleet:
         except EnvoyError as exc:
             self.stop_replicas()
             raise FleetError(str(exc)) from None
+        # ready means every replica in rotation: a first health check can time out on a busy machine
+        unhealthy = self.envoy.wait_healthy(HEALTHY_TIMEOUT)
+        if unhealthy:
+            self.log(f"gateway: not yet routing to {', '.join(unhealthy)} after {HEALTHY_TIMEOUT:.0f}s; "
+                     "serving with the others")
         return self
 
     def _supervise(self, index: int) -> None:

@@ -45,14 +45,19 @@ MIN_REQUESTS_PER_REPLICA = 64
 # A gzip body may inflate to at most this many times its size (ordinary v2 JSON compresses 5-20x).
 MAX_INFLATE_RATIO = 100
 GRPC_SERVICE = "inference.GRPCInferenceService"
+# Statistics are cumulative counters of one server: a client that reads them twice and takes the
+# difference (perf_analyzer does, around every measurement window) must read the same replica both
+# times, so they come from the first healthy replica in order rather than a balanced one.
+HTTP_STATS_PATHS = r"/v2/models(/[^/]+(/versions/[0-9]+)?)?/stats"
+GRPC_STATS_METHOD = "ModelStatistics"
 # What a client may call over gRPC; everything else (Repository*, *SharedMemory*, TraceSetting,
 # LogSettings, ModelStreamInfer) is refused at the gateway.
 GRPC_CLIENT_METHODS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
-                       "ModelConfig", "ModelStatistics", "ModelInfer")
+                       "ModelConfig", GRPC_STATS_METHOD, "ModelInfer")
 # What a client may call over HTTP: server health and metadata, a model's metadata, readiness,
 # config, statistics and inference (optionally of one version).
 HTTP_CLIENT_PATHS = ("/v2", "/v2/health/live", "/v2/health/ready")
-HTTP_MODEL_PATHS = r"/v2/models/[^/]+(/versions/[0-9]+)?(/(ready|config|stats|infer))?"
+HTTP_MODEL_PATHS = r"/v2/models/[^/]+(/versions/[0-9]+)?(/(ready|config|infer))?"
 REFUSED_TEXT = ("refused at the gateway: model control, shared memory, trace and log settings are not open to "
                 "clients (operators use a replica's own port)\n")
 
@@ -139,13 +144,20 @@ def _seconds(value: float) -> str:
     return f"{value:g}s"
 
 
-def _cluster(name: str, gateway: Gateway, grpc: bool) -> dict:
-    """The replicas as one upstream cluster: their gRPC ports over HTTP/2, or their HTTP ports."""
+def _cluster(name: str, gateway: Gateway, grpc: bool, pinned: bool = False) -> dict:
+    """The replicas as one upstream cluster: their gRPC ports over HTTP/2, or their HTTP ports.
+
+    Args:
+        pinned: every request goes to the first healthy replica in order (replica ``i`` is Envoy
+            priority ``i``), not to the least loaded.
+    """
     limit = gateway.requests_in_flight()
     endpoints = [{"endpoint": {"address": _address(r.host, r.grpc_port if grpc else r.http_port),
                                # health is read on the HTTP port for both protocols
                                "health_check_config": {"port_value": r.http_port}}}
                  for r in gateway.replicas]
+    groups = ([{"priority": i, "lb_endpoints": [e]} for i, e in enumerate(endpoints)] if pinned
+              else [{"lb_endpoints": endpoints}])
     protocol = {"http2_protocol_options": {}} if grpc else {"http_protocol_options": {}}
     return {
         "name": name,
@@ -154,7 +166,7 @@ def _cluster(name: str, gateway: Gateway, grpc: bool) -> dict:
         "lb_policy": "LEAST_REQUEST",
         "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
         "per_connection_buffer_limit_bytes": gateway.max_request_bytes,
-        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": endpoints}]},
+        "load_assignment": {"cluster_name": name, "endpoints": groups},
         "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": _TYPES + "extensions.upstreams.http.v3.HttpProtocolOptions",
             "explicit_http_config": protocol}},
@@ -221,6 +233,8 @@ def _http_routes(gateway: Gateway) -> list[dict]:
          **_refuse(415, "refused at the gateway: only gzip or unencoded bodies are accepted\n")},
         *({"match": {"path": path}, "route": _forward("replicas_http", gateway, grpc=False)}
           for path in HTTP_CLIENT_PATHS),
+        {"match": {"safe_regex": {"regex": HTTP_STATS_PATHS}},
+         "route": _forward("replicas_http_stats", gateway, grpc=False)},
         {"match": {"safe_regex": {"regex": HTTP_MODEL_PATHS}},
          "route": _forward("replicas_http", gateway, grpc=False)},
         {"match": {"prefix": "/"}, **_refuse(403, REFUSED_TEXT)},
@@ -234,7 +248,9 @@ def _grpc_routes(gateway: Gateway) -> list[dict]:
         {"match": {"prefix": "/", "headers": [{"name": "grpc-encoding", "invert_match": True,
                                                "string_match": {"exact": "identity"}}]},
          **_refuse(404, "refused at the gateway: send gRPC messages uncompressed\n")},
-        *({"match": {"path": path, "grpc": {}}, "route": _forward("replicas_grpc", gateway, grpc=True)}
+        *({"match": {"path": path, "grpc": {}},
+           "route": _forward("replicas_grpc_stats" if path.endswith(GRPC_STATS_METHOD) else "replicas_grpc",
+                             gateway, grpc=True)}
           for path in paths),
         {"match": {"prefix": "/"}, **_refuse(403, REFUSED_TEXT)},
     ]
@@ -293,7 +309,9 @@ def envoy_config(gateway: Gateway) -> dict:
             "listeners": [_listener("http", gateway.http_port, gateway, grpc=False),
                           _listener("grpc", gateway.grpc_port, gateway, grpc=True)],
             "clusters": [_cluster("replicas_http", gateway, grpc=False),
-                         _cluster("replicas_grpc", gateway, grpc=True)],
+                         _cluster("replicas_grpc", gateway, grpc=True),
+                         _cluster("replicas_http_stats", gateway, grpc=False, pinned=True),
+                         _cluster("replicas_grpc_stats", gateway, grpc=True, pinned=True)],
         },
         "overload_manager": {"resource_monitors": [{
             "name": "envoy.resource_monitors.global_downstream_max_connections",

@@ -69,9 +69,18 @@ def test_cluster_policies():
         assert cluster["outlier_detection"]["enforcing_consecutive_5xx"] == 0  # a deadline refusal is no fault
         limits = cluster["circuit_breakers"]["thresholds"][0]
         assert limits["max_requests"] == gw.requests_within_objective(None) * 2
-        health_ports = [e["endpoint"]["health_check_config"]["port_value"]
-                        for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+        groups = cluster["load_assignment"]["endpoints"]
+        health_ports = [e["endpoint"]["health_check_config"]["port_value"] for g in groups for e in g["lb_endpoints"]]
         assert health_ports == [18100, 18102]
+        if cluster["name"].endswith("_stats"):  # cumulative counters: always the first healthy replica
+            assert [g["priority"] for g in groups] == [0, 1]
+        else:
+            assert len(groups) == 1
+    routes = {r["match"].get("path") or r["match"].get("safe_regex", {}).get("regex"): r["route"]["cluster"]
+              for r in _routes(config, "http") + _routes(config, "grpc") if "route" in r}
+    assert routes[gw.HTTP_STATS_PATHS] == "replicas_http_stats"
+    assert routes[f"/{gw.GRPC_SERVICE}/ModelStatistics"] == "replicas_grpc_stats"
+    assert routes[f"/{gw.GRPC_SERVICE}/ModelInfer"] == "replicas_grpc"
     grpc = next(c for c in config["static_resources"]["clusters"] if c["name"] == "replicas_grpc")
     options = grpc["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
     assert "http2_protocol_options" in options["explicit_http_config"]
