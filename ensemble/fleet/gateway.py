@@ -90,6 +90,9 @@ class Gateway:
         max_requests: requests in flight through the gateway, per protocol, before it refuses
             with 503; None: :func:`requests_within_objective` of the default objective x replicas.
         retries: retries of a failed request, each on a replica not tried yet.
+        dns_refresh: None: each replica is one address (STATIC). Seconds: each replica's ``host`` is
+            a DNS name whose addresses are replicas on other machines (a Kubernetes headless Service),
+            resolved again at this interval (STRICT_DNS); ports may then equal the gateway's own.
     """
 
     replicas: tuple[Replica, ...]
@@ -100,6 +103,7 @@ class Gateway:
     max_request_bytes: int = HTTP_MAX_INPUT_BYTES
     max_requests: int | None = None
     retries: int = 2
+    dns_refresh: float | None = None
 
     def check(self) -> None:
         """Raises :class:`GatewayError` naming the first problem."""
@@ -111,7 +115,8 @@ class Gateway:
         if bad:
             raise GatewayError(f"port(s) {', '.join(map(str, bad))} out of range 1-65535")
         listened = [(self.host, self.http_port), (self.host, self.grpc_port), ("127.0.0.1", self.admin_port)]
-        listened += [(r.host, p) for r in self.replicas for p in (r.http_port, r.grpc_port)]
+        if self.dns_refresh is None:  # resolved replicas listen on other machines
+            listened += [(r.host, p) for r in self.replicas for p in (r.http_port, r.grpc_port)]
         seen: set[int] = set()
         twice = sorted({p for _, p in listened if p in seen or seen.add(p)})
         if twice:
@@ -122,6 +127,8 @@ class Gateway:
             raise GatewayError(f"max_requests must be at least 1, got {self.max_requests}")
         if not 0 <= self.retries <= 5:
             raise GatewayError(f"retries must be 0-5, got {self.retries}")
+        if self.dns_refresh is not None and not self.dns_refresh > 0:
+            raise GatewayError(f"dns_refresh must be > 0 seconds, got {self.dns_refresh}")
 
     def requests_in_flight(self) -> int:
         return self.max_requests or requests_within_objective(None) * len(self.replicas)
@@ -159,7 +166,7 @@ def _cluster(name: str, gateway: Gateway, grpc: bool, pinned: bool = False) -> d
     groups = ([{"priority": i, "lb_endpoints": [e]} for i, e in enumerate(endpoints)] if pinned
               else [{"lb_endpoints": endpoints}])
     protocol = {"http2_protocol_options": {}} if grpc else {"http_protocol_options": {}}
-    return {
+    cluster = {
         "name": name,
         "type": "STATIC",
         "connect_timeout": "1s",
@@ -188,6 +195,17 @@ def _cluster(name: str, gateway: Gateway, grpc: bool, pinned: bool = False) -> d
             "max_requests": limit,
             "retry_budget": {"budget_percent": {"value": 20.0}, "min_retry_concurrency": 8}}]},
     }
+    if gateway.dns_refresh is not None:
+        cluster.update(_dns_discovery(gateway.dns_refresh))
+    return cluster
+
+
+def _dns_discovery(refresh: float) -> dict:
+    """Every address the replicas' DNS name resolves to is a replica. A replica that leaves the
+    answer (a pod being deleted) stops taking requests at once, even while its health check still
+    passes, rather than when the check fails."""
+    return {"type": "STRICT_DNS", "dns_refresh_rate": _seconds(refresh), "respect_dns_ttl": False,
+            "dns_lookup_family": "V4_PREFERRED", "ignore_health_on_host_removal": True}
 
 
 # What a replica answers while it cannot score, and another replica can: a refusal for its deadline
