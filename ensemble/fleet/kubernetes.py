@@ -388,6 +388,28 @@ def kserve_inference_service(shape: Shape) -> dict:
                                              "storageUri": f"pvc://{shape.repository_claim}/"}}}}
 
 
+def release_job(shape: Shape) -> dict:
+    """The release job: ``ensemble export`` from a claim holding ``ensemble train``'s work folder into the
+    repository claim (read-write here only). Its label is the one the Triton pods' NetworkPolicy admits."""
+    container = {"name": "export", "image": shape.image, "imagePullPolicy": "IfNotPresent",
+                 "args": ["export", "--workdir", "/work", "--repository", MODELS_MOUNT],
+                 "env": [{"name": ADMIN_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": "ranker-admin-key", "key": "key"}}},
+                         {"name": "HOME", "value": "/tmp"}],
+                 "volumeMounts": [{"name": "models", "mountPath": MODELS_MOUNT},
+                                  {"name": "work", "mountPath": "/work", "readOnly": True},
+                                  {"name": "tmp", "mountPath": "/tmp"}],
+                 "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}
+    pod = {"restartPolicy": "Never", "automountServiceAccountToken": False,
+           "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001},
+           "containers": [container],
+           "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": shape.repository_claim}},
+                       {"name": "work", "persistentVolumeClaim": {"claimName": "training-output", "readOnly": True}},
+                       {"name": "tmp", "emptyDir": {}}]}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta("ranker-export", "release", shape),
+            "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 86400,
+                     "template": {"metadata": {"labels": labels("release")}, "spec": pod}}}
+
+
 def files(shape: Shape = Shape()) -> dict[str, list[dict]]:
     """Relative path -> the documents it holds, in the order they are written."""
     return {
@@ -401,6 +423,7 @@ def files(shape: Shape = Shape()) -> dict[str, list[dict]]:
         "monitoring.yaml": [service_monitor("ranker-triton", "triton", "/metrics", shape),
                             service_monitor("ranker-gateway", "gateway", GATEWAY_METRICS_PATH, shape)],
         "prometheus-adapter/config.yaml": [adapter_config_map()],
+        "release/export-job.yaml": [release_job(shape)],
         "kserve/serving-runtime.yaml": [kserve_runtime(shape)],
         "kserve/inference-service.yaml": [kserve_inference_service(shape)],
     }
@@ -476,6 +499,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-gateway", action="store_true", help="a gateway pod's preStop hook")
     parser.add_argument("--settle", type=float, default=Shape().gateway_settle_seconds)
     parser.add_argument("--timeout", type=float, default=GATEWAY_DRAIN_SECONDS)
+    parser.add_argument("--namespace", default=Shape().namespace,
+                        help="write for this namespace (it is in the gateway's DNS name of the Triton pods)")
+    parser.add_argument("--image", default=Shape().image, help="the project's CPU image, as the cluster pulls it")
     args = parser.parse_args(argv)
     if args.drain_gateway:
         left = drain_gateway(Shape().gateway().admin_port, args.settle, args.timeout)
@@ -483,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.write:
         parser.error("give --write FOLDER or --drain-gateway")
-    for path in write(Path(args.write)):
+    for path in write(Path(args.write), Shape(namespace=args.namespace, image=args.image)):
         print(path)
     return 0
 

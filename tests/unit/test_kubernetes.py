@@ -331,3 +331,28 @@ def test_write_creates_every_file(tmp_path: Path):
     written = k8s.write(tmp_path)
     assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == sorted(k8s.rendered())
     assert all(p.read_text().startswith(k8s.HEADER) for p in written)
+
+
+def test_the_release_job_writes_the_repository_and_is_admitted_to_the_triton_ports():
+    job = _one("Job", "ranker-export")
+    pod = job["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    args = cli.build_parser().parse_args(container["args"])
+    assert (args.command, args.repository) == ("export", k8s.MODELS_MOUNT)
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == k8s.MODELS_MOUNT]
+    assert not mount.get("readOnly")
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert volume["persistentVolumeClaim"]["claimName"] == _one("PersistentVolumeClaim")["metadata"]["name"]
+    policy = _one("NetworkPolicy")
+    assert any(_selects(peer.get("podSelector", {}).get("matchLabels", {}), pod["metadata"]["labels"])
+               for rule in policy["spec"]["ingress"] for peer in rule["from"])
+
+
+def test_another_namespace_reaches_the_dns_name_and_every_manifest(tmp_path: Path):
+    assert k8s.main(["--write", str(tmp_path), "--namespace", "ranking", "--image", "registry.example/ensemble:1"]) == 0
+    documents = [d for p in tmp_path.rglob("*.yaml") for d in yaml.safe_load_all(p.read_text())]
+    spaces = {d["metadata"].get("namespace") for d in documents if d["kind"] not in ("Kustomization", "Namespace")}
+    assert spaces == {"ranking", "monitoring"}  # monitoring: prometheus-adapter's own
+    gateway = (tmp_path / "gateway.yaml").read_text()
+    assert '"address": "ranker-triton.ranking.svc.cluster.local"' in gateway
+    assert "image: registry.example/ensemble:1" in (tmp_path / "triton.yaml").read_text()
