@@ -159,6 +159,11 @@ def cmd_export(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    if args.replicas != 1:
+        return _serve_fleet(args)
+    if args.replica_ports is not None or args.gateway_admin_port is not None:
+        print("error: --replica-ports and --gateway-admin-port apply to a fleet (--replicas 2 or more)", file=sys.stderr)
+        return 2
     from ensemble.serving.server import ServerError, TritonServer
     from ensemble.serving.lifecycle import run_until_signal
     from ensemble.serving.supervise import Supervisor
@@ -179,6 +184,34 @@ def cmd_serve(args) -> int:
         server.stop()
         return 1
     server.stop()
+    print("stopped")
+    return 0
+
+
+def _serve_fleet(args) -> int:
+    """``ensemble serve --replicas N``: N supervised tritonservers behind the Envoy gateway (docs/fleet.md)."""
+    from ensemble.fleet.fleet import Fleet, FleetOptions
+    from ensemble.serving.lifecycle import run_until_signal
+    from ensemble.serving.server import ServerError
+
+    try:
+        fleet = Fleet(FleetOptions(_server_options(args), args.replicas, replica_ports=args.replica_ports,
+                                   admin_port=args.gateway_admin_port), log=lambda line: print(line, flush=True))
+    except ServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        def supervise(stopped) -> None:
+            fleet.start()
+            print("\n".join(fleet.describe()), flush=True)
+            fleet.run(stopped)
+
+        run_until_signal(on_tick=supervise)
+    except ServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        fleet.stop()
+        return 1
+    fleet.stop()
     print("stopped")
     return 0
 
@@ -393,6 +426,29 @@ def _add_server(p: argparse.ArgumentParser) -> None:
                    help="export only Triton's cumulative latency counters (no *_summary_us quantiles)")
 
 
+def _replica_count(text: str) -> int:
+    from ensemble.fleet.fleet import MAX_REPLICAS
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 1 <= value <= MAX_REPLICAS:
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_REPLICAS}, got {value}")
+    return value
+
+
+def _add_fleet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--replicas", type=_replica_count, default=1,
+                   help="tritonservers to run; 2 or more run behind an Envoy gateway on --http-port and --grpc-port, "
+                        "replica i serving metrics on --metrics-port + i (docs/fleet.md)")
+    p.add_argument("--replica-ports", type=int, default=None, metavar="PORT",
+                   help="with --replicas: replica i's HTTP port is PORT + 2i and its gRPC port PORT + 2i + 1, on "
+                        "127.0.0.1 (default: free ports, printed at start)")
+    p.add_argument("--gateway-admin-port", type=int, default=None, metavar="PORT",
+                   help="with --replicas: the gateway's admin port on 127.0.0.1 (default: a free port, printed at start)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ensemble", description="Criteo ranking ensemble on Triton",
                                      formatter_class=_Help)
@@ -435,6 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "serve", "run tritonserver on the repository until SIGINT/SIGTERM")
     _add_server(p)
+    _add_fleet(p)
     p.set_defaults(func=cmd_serve)
 
     for name, text in (("deploy", "switch a running fused-layout server to the newest exported release, after checks"),

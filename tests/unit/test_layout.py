@@ -37,5 +37,5 @@ def test_ensemble_imports_clients_and_loadtest_only_from_the_command_line_and_de
 
 def test_folders_are_the_roles_and_nesting_stops_at_one_level():
     folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
-    assert folders == ["check", "data", "features", "models", "repository", "serving"]
+    assert folders == ["check", "data", "features", "fleet", "models", "repository", "serving"]
     assert not [p for p in PACKAGE.glob("*/*/__init__.py")], "no package deeper than ensemble/<role>/"

@@ -1,0 +1,158 @@
+"""What the fleet's Envoy gateway adds to a request: one client sends 1-row requests one at a time
+to a tritonserver directly and through the gateway in front of it, in the same run.
+
+Not a test: prints a table and writes ``<out>/gateway-overhead.json`` (machine, command, points).
+The same replica answers both paths, so the difference is the gateway's hop: Envoy's parsing, the
+buffer and routing, and the extra loopback connection. The two paths alternate in blocks (the order
+flipping every block) so the VM's drifts in speed hit both alike. The server and the gateway are
+pinned to ``--server-cpus`` / ``--gateway-cpus`` and this process to ``--client-cpu``. The target:
+the gateway adds at most 0.3 ms at the p50. Usage (after ``make demo``)::
+
+    .venv/bin/python -m benchmarks.gateway_overhead --repository model_repository
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ensemble import schema
+from ensemble.machine import summary
+from ensemble.models.registry import Layout
+from ensemble.serving.server import DEFAULT_LAYOUT
+
+TARGET_ADDED_P50_MS = 0.3
+
+
+def _percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def _one_row_inputs(module) -> list:
+    """One seeded row (values the demo model may or may not have seen: the cost is the same)."""
+    rng = np.random.default_rng(5)
+    dense = module.InferInput(schema.DENSE.name, [1, schema.N_DENSE], "FP32")
+    dense.set_data_from_numpy(rng.integers(0, 100, (1, schema.N_DENSE)).astype(np.float32))
+    categorical = module.InferInput(schema.CATEGORICAL.name, [1, schema.N_CATEGORICAL], "BYTES")
+    categorical.set_data_from_numpy(np.array([[f"{v:08x}".encode() for v in rng.integers(0, 2**32, schema.N_CATEGORICAL)]],
+                                             dtype=object))
+    return [dense, categorical]
+
+
+def _measure(protocol: str, addresses: dict[str, str], requests: int, blocks: int, warmup: int) -> dict:
+    """Latencies (ms) of sequential 1-row requests per path, in alternating blocks."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    module = httpclient if protocol == "http" else grpcclient
+    inputs = _one_row_inputs(module)
+    outputs = [module.InferRequestedOutput(schema.SCORE.name)]
+    clients = {path: module.InferenceServerClient(address) for path, address in addresses.items()}
+    samples: dict[str, list[float]] = {path: [] for path in clients}
+    for client in clients.values():
+        for _ in range(warmup):
+            client.infer(schema.Model.RANKER.value, inputs, outputs=outputs)
+    per_block = max(1, requests // blocks)
+    for block in range(blocks):
+        order = list(clients) if block % 2 == 0 else list(reversed(clients))
+        for path in order:
+            client = clients[path]
+            for _ in range(per_block):
+                start = time.perf_counter()
+                client.infer(schema.Model.RANKER.value, inputs, outputs=outputs)
+                samples[path].append((time.perf_counter() - start) * 1e3)
+    for client in clients.values():
+        client.close()
+    row: dict = {"protocol": protocol, "requests_per_path": per_block * blocks, "blocks": blocks}
+    for path, values in samples.items():
+        row[f"{path}_p50_ms"] = statistics.median(values)
+        row[f"{path}_p99_ms"] = _percentile(values, 0.99)
+    row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
+    row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
+    row["within_target"] = row["added_p50_ms"] <= TARGET_ADDED_P50_MS
+    return row
+
+
+def run(args) -> list[dict]:
+    from ensemble.fleet.envoy import Envoy
+    from ensemble.fleet.gateway import Gateway, Replica
+    from ensemble.serving.server import ServerOptions, TritonServer, free_port
+
+    if args.client_cpu is not None:
+        os.sched_setaffinity(0, {args.client_cpu})
+    server = TritonServer(ServerOptions(Path(args.repository), http_port=free_port(), grpc_port=free_port(),
+                                        metrics_port=free_port(), layout=Layout(args.layout), cpu_list=args.server_cpus))
+    server.start()
+    envoy = None
+    try:
+        gateway = Gateway((Replica(server.options.http_port, server.options.grpc_port),), http_port=free_port(),
+                          grpc_port=free_port(), admin_port=free_port())
+        envoy = Envoy(gateway, concurrency=args.gateway_threads, cpu_list=args.gateway_cpus).start()
+        results = []
+        for protocol in args.protocols:
+            if protocol == "http":
+                addresses = {"direct": server.http_url, "gateway": f"127.0.0.1:{gateway.http_port}"}
+            else:
+                addresses = {"direct": server.grpc_url, "gateway": f"127.0.0.1:{gateway.grpc_port}"}
+            row = {"layout": args.layout, **_measure(protocol, addresses, args.requests, args.blocks, args.warmup)}
+            results.append(row)
+        return results
+    finally:
+        if envoy is not None:
+            envoy.stop()
+        server.stop()
+
+
+def _table(results: list[dict]) -> str:
+    lines = [f"| protocol | direct p50 / p99 ms | through the gateway p50 / p99 ms | added p50 ms (target <= "
+             f"{TARGET_ADDED_P50_MS}) | added p99 ms |", "| --- | --- | --- | --- | --- |"]
+    for r in results:
+        lines.append(f"| {r['protocol']} | {r['direct_p50_ms']:.3f} / {r['direct_p99_ms']:.3f} | "
+                     f"{r['gateway_p50_ms']:.3f} / {r['gateway_p99_ms']:.3f} | {r['added_p50_ms']:+.3f}"
+                     f"{'' if r['within_target'] else ' (over)'} | {r['added_p99_ms']:+.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repository", required=True, help="an exported model repository")
+    p.add_argument("--layout", choices=[layout.value for layout in Layout if layout is not Layout.GPU],
+                   default=DEFAULT_LAYOUT.value)
+    p.add_argument("--protocols", nargs="+", choices=["http", "grpc"], default=["http", "grpc"])
+    p.add_argument("--requests", type=int, default=4000, help="per path and protocol")
+    p.add_argument("--blocks", type=int, default=20, help="alternating blocks the requests are split into")
+    p.add_argument("--warmup", type=int, default=100, help="unmeasured requests per path first")
+    p.add_argument("--server-cpus", default="1", help="taskset CPU list of tritonserver ('' for none)")
+    p.add_argument("--gateway-cpus", default="1", help="taskset CPU list of Envoy ('' for none)")
+    p.add_argument("--gateway-threads", type=int, default=1, help="Envoy's worker threads (--concurrency)")
+    p.add_argument("--client-cpu", type=int, default=0, help="CPU of this process (-1 for none)")
+    p.add_argument("--out", default="docs/results", help="folder of gateway-overhead.json")
+    args = p.parse_args(argv)
+    if args.requests < args.blocks or args.blocks < 2:
+        p.error("--blocks must be at least 2 and --requests at least --blocks")
+    args.server_cpus = args.server_cpus or None
+    args.gateway_cpus = args.gateway_cpus or None
+    args.client_cpu = None if args.client_cpu < 0 else args.client_cpu
+    machine = summary()  # before this process pins itself to one core
+    results = run(args)
+    print(_table(results))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "gateway-overhead.json"
+    path.write_text(json.dumps({"machine": machine, "command": " ".join(["python -m benchmarks.gateway_overhead",
+                                                                           *sys.argv[1:]]),
+                                "target_added_p50_ms": TARGET_ADDED_P50_MS, "results": results}, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

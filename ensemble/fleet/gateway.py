@@ -1,0 +1,339 @@
+"""The gateway's Envoy configuration, generated from one typed description of the fleet.
+
+``envoy_config(Gateway(...))`` returns the bootstrap as a dict (JSON is YAML, so Envoy reads the
+``json.dumps`` of it as it is). What the gateway does, and why (docs/fleet.md has the long form):
+
+- **Two public listeners.** HTTP (HTTP/1.1 or cleartext HTTP/2) to the replicas' HTTP ports over
+  HTTP/1.1 (Triton's HTTP front end speaks only that), gRPC to their gRPC ports over HTTP/2. Every
+  request is balanced on its own (least request), so one long-lived gRPC connection spreads over
+  all replicas.
+- **Health.** Each replica's ``/v2/models/ranker/ready`` is checked every second on its HTTP port;
+  two failures take it out of rotation, one success puts it back. A replica whose connections fail
+  or reset is also ejected at once (outlier detection on local-origin failures only: a 503 refusal
+  for a deadline is the replica's overload policy working, not a fault). The panic threshold is off:
+  traffic never goes to a replica known to be down.
+- **Retries.** A request that failed to connect, was reset, or got an answer that another replica
+  would not give (:data:`RETRIED_HTTP_STATUSES`: a deadline refusal, a ranker being reloaded, a
+  broken backend process) is retried up to ``retries`` times on replicas it has not tried yet, within
+  a retry budget (a share of the requests in flight) so that retries cannot multiply true overload.
+- **Limits at the door.** A body larger than ``max_request_bytes`` (after gzip decompression at the
+  gateway, whose inflation ratio is bounded too) is refused with 413 before a replica sees it.
+  Other HTTP content encodings and compressed gRPC messages are refused (Triton would inflate them
+  without a bound). Headers must arrive within 10 s and an idle connection closes after 5 minutes.
+- **Closed routes.** Only health, metadata, config, statistics and inference reach the replicas;
+  model control (``/v2/repository/...``, gRPC ``Repository*``), shared-memory registration and trace
+  or log settings are refused with 403 (gRPC PERMISSION_DENIED). Operators use a replica's own port.
+- **Overload.** Beyond ``max_requests`` requests in flight the gateway refuses at once with 503
+  (gRPC UNAVAILABLE), before any replica parses the request. The bound follows the replicas'
+  latency objective (:func:`requests_within_objective`): a request past it could not be answered
+  within the objective even at the fastest rate measured here, so the replica would refuse it too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ensemble import schema
+from ensemble.serving.door import HTTP_MAX_INPUT_BYTES
+
+# The fastest any replica answered on the build VM (1-row requests, native layout, one core:
+# docs/load-testing.md): with more requests than objective x this rate waiting on a replica, the
+# last would miss the objective.
+PEAK_REQUESTS_PER_SECOND = 5_000
+MIN_REQUESTS_PER_REPLICA = 64
+# A gzip body may inflate to at most this many times its size (ordinary v2 JSON compresses 5-20x).
+MAX_INFLATE_RATIO = 100
+GRPC_SERVICE = "inference.GRPCInferenceService"
+# Statistics are cumulative counters of one server: a client that reads them twice and takes the
+# difference (perf_analyzer does, around every measurement window) must read the same replica both
+# times, so they come from the first healthy replica in order rather than a balanced one.
+HTTP_STATS_PATHS = r"/v2/models(/[^/]+(/versions/[0-9]+)?)?/stats"
+GRPC_STATS_METHOD = "ModelStatistics"
+# What a client may call over gRPC; everything else (Repository*, *SharedMemory*, TraceSetting,
+# LogSettings, ModelStreamInfer) is refused at the gateway.
+GRPC_CLIENT_METHODS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
+                       "ModelConfig", GRPC_STATS_METHOD, "ModelInfer")
+# What a client may call over HTTP: server health and metadata, a model's metadata, readiness,
+# config, statistics and inference (optionally of one version).
+HTTP_CLIENT_PATHS = ("/v2", "/v2/health/live", "/v2/health/ready")
+HTTP_MODEL_PATHS = r"/v2/models/[^/]+(/versions/[0-9]+)?(/(ready|config|infer))?"
+REFUSED_TEXT = ("refused at the gateway: model control, shared memory, trace and log settings are not open to "
+                "clients (operators use a replica's own port)\n")
+
+_TYPES = "type.googleapis.com/envoy."
+
+
+class GatewayError(ValueError):
+    """A fleet description the gateway cannot serve; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One Triton replica's internal ports (on ``host``, loopback by default)."""
+
+    http_port: int
+    grpc_port: int
+    host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """The gateway in front of ``replicas``.
+
+    Attributes:
+        replicas: the Triton replicas, at least one.
+        host: the address the public listeners bind.
+        http_port, grpc_port: the public ports.
+        admin_port: Envoy's admin listener (always on loopback: it can drain and stop the gateway).
+        max_request_bytes: the largest body (after decompression) passed on; larger gets 413.
+        max_requests: requests in flight through the gateway, per protocol, before it refuses
+            with 503; None: :func:`requests_within_objective` of the default objective x replicas.
+        retries: retries of a failed request, each on a replica not tried yet.
+        dns_refresh: None: each replica is one address (STATIC). Seconds: each replica's ``host`` is
+            a DNS name whose addresses are replicas on other machines (a Kubernetes headless Service),
+            resolved again at this interval (STRICT_DNS); ports may then equal the gateway's own.
+    """
+
+    replicas: tuple[Replica, ...]
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    admin_port: int = 9901
+    max_request_bytes: int = HTTP_MAX_INPUT_BYTES
+    max_requests: int | None = None
+    retries: int = 2
+    dns_refresh: float | None = None
+
+    def check(self) -> None:
+        """Raises :class:`GatewayError` naming the first problem."""
+        if not self.replicas:
+            raise GatewayError("a gateway needs at least one replica")
+        ports = [self.http_port, self.grpc_port, self.admin_port]
+        ports += [p for r in self.replicas for p in (r.http_port, r.grpc_port)]
+        bad = [p for p in ports if not 0 < p < 65536]
+        if bad:
+            raise GatewayError(f"port(s) {', '.join(map(str, bad))} out of range 1-65535")
+        listened = [(self.host, self.http_port), (self.host, self.grpc_port), ("127.0.0.1", self.admin_port)]
+        if self.dns_refresh is None:  # resolved replicas listen on other machines
+            listened += [(r.host, p) for r in self.replicas for p in (r.http_port, r.grpc_port)]
+        seen: set[int] = set()
+        twice = sorted({p for _, p in listened if p in seen or seen.add(p)})
+        if twice:
+            raise GatewayError(f"port(s) {', '.join(map(str, twice))} given to more than one listener")
+        if self.max_request_bytes < 1024:
+            raise GatewayError(f"max_request_bytes must be at least 1024, got {self.max_request_bytes}")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise GatewayError(f"max_requests must be at least 1, got {self.max_requests}")
+        if not 0 <= self.retries <= 5:
+            raise GatewayError(f"retries must be 0-5, got {self.retries}")
+        if self.dns_refresh is not None and not self.dns_refresh > 0:
+            raise GatewayError(f"dns_refresh must be > 0 seconds, got {self.dns_refresh}")
+
+    def requests_in_flight(self) -> int:
+        return self.max_requests or requests_within_objective(None) * len(self.replicas)
+
+
+def requests_within_objective(objective_ms: float | None) -> int:
+    """Requests one replica can hold and still answer the last within ``objective_ms`` at the
+    fastest rate measured here (None: the exported default objective)."""
+    from ensemble.repository.configs import DEFAULT_OBJECTIVE_MS
+
+    objective = DEFAULT_OBJECTIVE_MS if objective_ms is None else objective_ms
+    return max(MIN_REQUESTS_PER_REPLICA, math.ceil(objective / 1000 * PEAK_REQUESTS_PER_SECOND))
+
+
+def _address(host: str, port: int) -> dict:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def _cluster(name: str, gateway: Gateway, grpc: bool, pinned: bool = False) -> dict:
+    """The replicas as one upstream cluster: their gRPC ports over HTTP/2, or their HTTP ports.
+
+    Args:
+        pinned: every request goes to the first healthy replica in order (replica ``i`` is Envoy
+            priority ``i``), not to the least loaded.
+    """
+    limit = gateway.requests_in_flight()
+    endpoints = [{"endpoint": {"address": _address(r.host, r.grpc_port if grpc else r.http_port),
+                               # health is read on the HTTP port for both protocols
+                               "health_check_config": {"port_value": r.http_port}}}
+                 for r in gateway.replicas]
+    groups = ([{"priority": i, "lb_endpoints": [e]} for i, e in enumerate(endpoints)] if pinned
+              else [{"lb_endpoints": endpoints}])
+    protocol = {"http2_protocol_options": {}} if grpc else {"http_protocol_options": {}}
+    cluster = {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "lb_policy": "LEAST_REQUEST",
+        "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
+        "per_connection_buffer_limit_bytes": gateway.max_request_bytes,
+        "load_assignment": {"cluster_name": name, "endpoints": groups},
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": _TYPES + "extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": protocol}},
+        "health_checks": [{
+            # a replica under full load still answers readiness, but late: a generous timeout
+            "timeout": "3s", "interval": "1s", "no_traffic_interval": "1s", "unhealthy_interval": "1s",
+            "unhealthy_threshold": 2, "healthy_threshold": 1,
+            "http_health_check": {"path": f"/v2/models/{schema.Model.RANKER.value}/ready"}}],
+        "outlier_detection": {
+            # only failures of the connection count (refused, reset, timed out); HTTP answers do not
+            "split_external_local_origin_errors": True,
+            "consecutive_local_origin_failure": 1, "enforcing_consecutive_local_origin_failure": 100,
+            "enforcing_local_origin_success_rate": 0, "enforcing_consecutive_5xx": 0,
+            "enforcing_consecutive_gateway_failure": 0, "enforcing_success_rate": 0,
+            "enforcing_failure_percentage": 0, "enforcing_failure_percentage_local_origin": 0,
+            "interval": "1s", "base_ejection_time": "2s", "max_ejection_percent": 50},
+        "circuit_breakers": {"thresholds": [{
+            "priority": "DEFAULT", "max_connections": limit, "max_pending_requests": limit,
+            "max_requests": limit,
+            "retry_budget": {"budget_percent": {"value": 20.0}, "min_retry_concurrency": 8}}]},
+    }
+    if gateway.dns_refresh is not None:
+        cluster.update(_dns_discovery(gateway.dns_refresh))
+    return cluster
+
+
+def _dns_discovery(refresh: float) -> dict:
+    """Every address the replicas' DNS name resolves to is a replica. A replica that leaves the
+    answer (a pod being deleted) stops taking requests at once, even while its health check still
+    passes, rather than when the check fails."""
+    return {"type": "STRICT_DNS", "dns_refresh_rate": _seconds(refresh), "respect_dns_ttl": False,
+            "dns_lookup_family": "V4_PREFERRED", "ignore_health_on_host_removal": True}
+
+
+# What a replica answers while it cannot score, and another replica can: a refusal for its deadline
+# (503 / UNAVAILABLE), a ranker being healed or reloaded ("has no available versions": 404 /
+# NOT_FOUND, until the health check takes the replica out), a broken backend process ("Stub process
+# ... is not healthy": 500 / INTERNAL, until its supervisor heals it).
+RETRIED_HTTP_STATUSES = (503, 404, 500)
+RETRIED_GRPC = "unavailable,internal"
+GRPC_NOT_FOUND = "5"  # grpc-status of an error sent without a message: in the response headers
+
+
+def _retry_policy(gateway: Gateway, grpc: bool) -> dict:
+    policy = {"retry_on": "reset,connect-failure,refused-stream,"
+                          + (f"{RETRIED_GRPC},retriable-headers" if grpc else "retriable-status-codes"),
+              "num_retries": gateway.retries,
+              "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {
+                  "@type": _TYPES + "extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
+              "host_selection_retry_max_attempts": 5,
+              "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.05s"}}
+    if grpc:
+        policy["retriable_headers"] = [{"name": "grpc-status", "string_match": {"exact": GRPC_NOT_FOUND}}]
+    else:
+        policy["retriable_status_codes"] = list(RETRIED_HTTP_STATUSES)
+    return policy
+
+
+def _forward(cluster: str, gateway: Gateway, grpc: bool) -> dict:
+    return {"cluster": cluster,
+            "timeout": "0s",  # the client's timeout governs (Triton's `timeout` parameter, gRPC deadlines)
+            "max_stream_duration": {"grpc_timeout_header_max": "0s"},
+            "retry_policy": _retry_policy(gateway, grpc)}
+
+
+def _refuse(status: int, text: str) -> dict:
+    return {"direct_response": {"status": status, "body": {"inline_string": text}}}
+
+
+def _http_routes(gateway: Gateway) -> list[dict]:
+    return [
+        # gzip bodies are inflated by the decompressor filter, within its ratio; any other encoding is refused
+        {"match": {"prefix": "/", "headers": [{"name": "content-encoding", "invert_match": True,
+                                               "string_match": {"exact": "gzip"}}]},
+         **_refuse(415, "refused at the gateway: only gzip or unencoded bodies are accepted\n")},
+        *({"match": {"path": path}, "route": _forward("replicas_http", gateway, grpc=False)}
+          for path in HTTP_CLIENT_PATHS),
+        {"match": {"safe_regex": {"regex": HTTP_STATS_PATHS}},
+         "route": _forward("replicas_http_stats", gateway, grpc=False)},
+        {"match": {"safe_regex": {"regex": HTTP_MODEL_PATHS}},
+         "route": _forward("replicas_http", gateway, grpc=False)},
+        {"match": {"prefix": "/"}, **_refuse(403, REFUSED_TEXT)},
+    ]
+
+
+def _grpc_routes(gateway: Gateway) -> list[dict]:
+    paths = [f"/{GRPC_SERVICE}/{method}" for method in GRPC_CLIENT_METHODS] + ["/grpc.health.v1.Health/Check"]
+    return [
+        # Triton's gRPC server inflates compressed messages without a bound; the gateway cannot bound them
+        {"match": {"prefix": "/", "headers": [{"name": "grpc-encoding", "invert_match": True,
+                                               "string_match": {"exact": "identity"}}]},
+         **_refuse(404, "refused at the gateway: send gRPC messages uncompressed\n")},
+        *({"match": {"path": path, "grpc": {}},
+           "route": _forward("replicas_grpc_stats" if path.endswith(GRPC_STATS_METHOD) else "replicas_grpc",
+                             gateway, grpc=True)}
+          for path in paths),
+        {"match": {"prefix": "/"}, **_refuse(403, REFUSED_TEXT)},
+    ]
+
+
+def _switch(key: str, on: bool) -> dict:
+    return {"default_value": on, "runtime_key": key}
+
+
+def _connection_manager(name: str, gateway: Gateway, grpc: bool) -> dict:
+    filters = []
+    if not grpc:
+        filters.append({"name": "envoy.filters.http.decompressor", "typed_config": {
+            "@type": _TYPES + "extensions.filters.http.decompressor.v3.Decompressor",
+            "decompressor_library": {"name": "gzip", "typed_config": {
+                "@type": _TYPES + "extensions.compression.gzip.decompressor.v3.Gzip",
+                "max_inflate_ratio": MAX_INFLATE_RATIO}},
+            "request_direction_config": {"common_config": {"enabled": _switch("gateway.inflate_requests", True)},
+                                         "advertise_accept_encoding": False},
+            "response_direction_config": {"common_config": {"enabled": _switch("gateway.inflate_responses", False)}}}})
+    filters.append({"name": "envoy.filters.http.buffer", "typed_config": {
+        "@type": _TYPES + "extensions.filters.http.buffer.v3.Buffer",
+        "max_request_bytes": gateway.max_request_bytes}})
+    filters.append({"name": "envoy.filters.http.router", "typed_config": {
+        "@type": _TYPES + "extensions.filters.http.router.v3.Router"}})
+    return {
+        "@type": _TYPES + "extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": name,
+        "codec_type": "HTTP2" if grpc else "AUTO",
+        "use_remote_address": True,
+        "normalize_path": True,
+        "merge_slashes": True,
+        "path_with_escaped_slashes_action": "REJECT_REQUEST",
+        "request_headers_timeout": "10s",
+        "common_http_protocol_options": {"idle_timeout": "300s", "headers_with_underscores_action": "REJECT_REQUEST"},
+        "route_config": {"name": name, "virtual_hosts": [{
+            "name": name, "domains": ["*"],
+            "routes": _grpc_routes(gateway) if grpc else _http_routes(gateway)}]},
+        "http_filters": filters,
+    }
+
+
+def _listener(name: str, port: int, gateway: Gateway, grpc: bool) -> dict:
+    return {"name": name, "address": _address(gateway.host, port),
+            "per_connection_buffer_limit_bytes": 1 << 20,
+            "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                            "typed_config": _connection_manager(name, gateway, grpc)}]}]}
+
+
+def envoy_config(gateway: Gateway) -> dict:
+    """The Envoy bootstrap of ``gateway`` (see the module docstring); raises :class:`GatewayError`."""
+    gateway.check()
+    return {
+        "admin": {"address": _address("127.0.0.1", gateway.admin_port)},
+        "static_resources": {
+            "listeners": [_listener("http", gateway.http_port, gateway, grpc=False),
+                          _listener("grpc", gateway.grpc_port, gateway, grpc=True)],
+            "clusters": [_cluster("replicas_http", gateway, grpc=False),
+                         _cluster("replicas_grpc", gateway, grpc=True),
+                         _cluster("replicas_http_stats", gateway, grpc=False, pinned=True),
+                         _cluster("replicas_grpc_stats", gateway, grpc=True, pinned=True)],
+        },
+        "overload_manager": {"resource_monitors": [{
+            "name": "envoy.resource_monitors.global_downstream_max_connections",
+            "typed_config": {"@type": _TYPES + "extensions.resource_monitors.downstream_connections.v3."
+                                               "DownstreamConnectionsConfig",
+                             "max_active_downstream_connections": 10_000}}]},
+    }

@@ -1,0 +1,147 @@
+"""The gateway's generated Envoy config: Envoy itself accepts every config the generator writes
+(``envoy --mode validate``), the policies are in it, and bad fleet descriptions get clear errors."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ensemble.fleet import gateway as gw
+from ensemble.fleet.envoy import EnvoyError, validate
+from ensemble.fleet.fleet import FleetError, FleetOptions, plan
+from ensemble.serving.server import ServerOptions
+
+TWO = gw.Gateway((gw.Replica(18100, 18101), gw.Replica(18102, 18103)), http_port=18000, grpc_port=18001,
+                 admin_port=18002)
+
+
+def _gateways() -> dict[str, gw.Gateway]:
+    three = tuple(gw.Replica(19000 + 2 * i, 19001 + 2 * i) for i in range(3))
+    return {"one replica": replace(TWO, replicas=TWO.replicas[:1]),
+            "two replicas": TWO,
+            "three replicas, all interfaces, own limits": gw.Gateway(three, host="0.0.0.0", max_request_bytes=4096,
+                                                                     max_requests=10, retries=0),
+            "fleet plan": plan(FleetOptions(ServerOptions(Path("repo"), http_port=18500, grpc_port=18501,
+                                                          metrics_port=18502, latency_objective_ms=10.0),
+                                            replicas=4, replica_ports=18600, admin_port=18599))[1]}
+
+
+@pytest.mark.parametrize("name", list(_gateways()))
+def test_envoy_accepts_every_generated_config(name):
+    validate(gw.envoy_config(_gateways()[name]))
+
+
+def test_validate_reports_envoys_reason():
+    config = gw.envoy_config(TWO)
+    config["static_resources"]["clusters"][0]["lb_policy"] = "NO_SUCH_POLICY"
+    with pytest.raises(EnvoyError, match="NO_SUCH_POLICY"):
+        validate(config)
+
+
+def _routes(config: dict, listener: str) -> list[dict]:
+    found = next(item for item in config["static_resources"]["listeners"] if item["name"] == listener)
+    manager = found["filter_chains"][0]["filters"][0]["typed_config"]
+    return manager["route_config"]["virtual_hosts"][0]["routes"]
+
+
+def test_only_client_routes_reach_the_replicas():
+    config = gw.envoy_config(TWO)
+    http = _routes(config, "http")
+    forwarded = [r["match"] for r in http if "route" in r]
+    assert {m.get("path") for m in forwarded} >= {"/v2", "/v2/health/ready"}
+    assert all("repository" not in str(m) for m in forwarded)
+    assert http[-1]["direct_response"]["status"] == 403  # anything else, model control included
+    grpc = _routes(config, "grpc")
+    paths = {r["match"]["path"] for r in grpc if "route" in r}
+    assert f"/{gw.GRPC_SERVICE}/ModelInfer" in paths
+    assert not [p for p in paths if "Repository" in p or "SharedMemory" in p]
+    assert grpc[-1]["direct_response"]["status"] == 403
+
+
+def test_cluster_policies():
+    config = gw.envoy_config(TWO)
+    for cluster in config["static_resources"]["clusters"]:
+        assert cluster["lb_policy"] == "LEAST_REQUEST"
+        assert cluster["common_lb_config"]["healthy_panic_threshold"]["value"] == 0
+        assert cluster["health_checks"][0]["http_health_check"]["path"] == "/v2/models/ranker/ready"
+        assert cluster["outlier_detection"]["enforcing_consecutive_5xx"] == 0  # a deadline refusal is no fault
+        limits = cluster["circuit_breakers"]["thresholds"][0]
+        assert limits["max_requests"] == gw.requests_within_objective(None) * 2
+        groups = cluster["load_assignment"]["endpoints"]
+        health_ports = [e["endpoint"]["health_check_config"]["port_value"] for g in groups for e in g["lb_endpoints"]]
+        assert health_ports == [18100, 18102]
+        if cluster["name"].endswith("_stats"):  # cumulative counters: always the first healthy replica
+            assert [g["priority"] for g in groups] == [0, 1]
+        else:
+            assert len(groups) == 1
+    routes = {r["match"].get("path") or r["match"].get("safe_regex", {}).get("regex"): r["route"]["cluster"]
+              for r in _routes(config, "http") + _routes(config, "grpc") if "route" in r}
+    assert routes[gw.HTTP_STATS_PATHS] == "replicas_http_stats"
+    assert routes[f"/{gw.GRPC_SERVICE}/ModelStatistics"] == "replicas_grpc_stats"
+    assert routes[f"/{gw.GRPC_SERVICE}/ModelInfer"] == "replicas_grpc"
+    grpc = next(c for c in config["static_resources"]["clusters"] if c["name"] == "replicas_grpc")
+    options = grpc["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+    assert "http2_protocol_options" in options["explicit_http_config"]
+    retry = _routes(config, "grpc")[1]["route"]["retry_policy"]
+    assert "unavailable" in retry["retry_on"] and retry["num_retries"] == 2
+    assert retry["retry_host_predicate"][0]["name"] == "envoy.retry_host_predicates.previous_hosts"
+
+
+def test_the_overload_bound_follows_the_objective():
+    assert gw.requests_within_objective(500.0) == 2500
+    assert gw.requests_within_objective(None) == gw.requests_within_objective(500.0)
+    assert gw.requests_within_objective(1.0) == gw.MIN_REQUESTS_PER_REPLICA
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"replicas": ()}, "at least one replica"),
+    ({"admin_port": 18100}, "18100 given to more than one listener"),
+    ({"http_port": 70000}, "out of range"),
+    ({"retries": 9}, "retries must be 0-5"),
+    ({"max_request_bytes": 10}, "max_request_bytes"),
+])
+def test_bad_gateways_are_refused(change, message):
+    with pytest.raises(gw.GatewayError, match=message):
+        gw.envoy_config(replace(TWO, **change))
+
+
+def test_fleet_plan_ports_and_logs(tmp_path):
+    options = FleetOptions(ServerOptions(Path("repo"), http_port=8000, grpc_port=8001, metrics_port=8002,
+                                         log_file=tmp_path / "serve.log"), replicas=3, replica_ports=9100)
+    servers, gateway = plan(options)
+    assert [(s.http_port, s.grpc_port, s.metrics_port) for s in servers] == [
+        (9100, 9101, 8002), (9102, 9103, 8003), (9104, 9105, 8004)]
+    assert {s.host for s in servers} == {"127.0.0.1"}
+    assert [s.log_file.name for s in servers] == ["serve-replica0.log", "serve-replica1.log", "serve-replica2.log"]
+    assert (gateway.http_port, gateway.grpc_port) == (8000, 8001)
+    assert gateway.max_requests == gw.requests_within_objective(None) * 3
+
+
+@pytest.mark.parametrize("options, message", [
+    (FleetOptions(ServerOptions(Path("r")), replicas=1), "2 to 32 replicas"),
+    (FleetOptions(ServerOptions(Path("r")), replicas=2, replica_ports=8000), "8000, 8001, 8002, 8003 would serve twice"),
+    (FleetOptions(ServerOptions(Path("r")), replicas=2, replica_ports=65534), "no room"),
+])
+def test_bad_fleets_are_refused(options, message):
+    with pytest.raises(FleetError, match=message):
+        plan(options)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--replicas", "0"], "must be 1 to 32"),
+    (["--replicas", "two"], "not a number"),
+    (["--replica-ports", "9000"], "apply to a fleet"),
+    (["--replicas", "1", "--gateway-admin-port", "9901"], "apply to a fleet"),
+    (["--replicas", "2", "--replica-ports", "8000"], "would serve twice"),
+])
+def test_serve_refuses_bad_fleet_flags_before_starting_anything(capsys, argv, message):
+    from ensemble import cli
+
+    try:
+        code = cli.main(["serve", "--repository", "no-such-repository", *argv])
+    except SystemExit as exc:  # argparse's own refusal
+        code = exc.code
+    assert code == 2
+    assert message in capsys.readouterr().err
