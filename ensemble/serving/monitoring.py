@@ -19,6 +19,8 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The Grafana dashboard shipped with docker-compose (provisioned from docker/grafana/).
 DASHBOARD = PROJECT_ROOT / "docker" / "grafana" / "dashboards" / "ranker.json"
+# The dashboard's fleet panels also read the Envoy gateway's statistics, which no tritonserver exports.
+GATEWAY_METRIC_PREFIX = "envoy_"
 
 # p50 / p90 / p95 / p99 with the rank error Prometheus' best practices suggest for each: the
 # tighter the error, the more samples the server keeps per window.
