@@ -302,6 +302,24 @@ def cmd_score(args) -> int:
     return 0
 
 
+def cmd_declare(args) -> int:
+    from ensemble.serving import declared
+    from ensemble.serving.deploy import available_releases
+
+    if args.clear:
+        declared.path(args.repository).unlink(missing_ok=True)
+    elif args.release is not None:
+        if args.release not in available_releases(args.repository):
+            print(f"error: no release {args.release} in {declared.path(args.repository).parent} "
+                  f"(it has {available_releases(args.repository) or 'none'})", file=sys.stderr)
+            return 2
+        declared.write(args.repository, args.release, "ensemble declare")
+    release = declared.read(args.repository)
+    print(f"declared: release {release}" if release is not None else
+          "declared: none (a server started on this repository loads its newest release)")
+    return 0
+
+
 def cmd_deploy(args) -> int:
     from ensemble.serving.control import ControlError
     from ensemble.serving.deploy import deploy, rollback
@@ -494,8 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fleet(p)
     p.set_defaults(func=cmd_serve)
 
-    for name, text in (("deploy", "switch a running fused-layout server to the newest exported release, after checks"),
-                       ("rollback", "switch a running fused-layout server back to the previous release")):
+    for name, text in (("deploy", "switch a running server (native or fused layout) to the newest exported release, "
+                                  "after checks"),
+                       ("rollback", "switch a running server (native or fused layout) back to the previous release")):
         p = _command(sub, name, text)
         p.add_argument("--url", default="127.0.0.1:8000", help="the server's HTTP address (reads and checks)")
         p.add_argument("--grpc-url", default=None,
@@ -508,6 +527,13 @@ def build_parser() -> argparse.ArgumentParser:
                            help="labelled Criteo TSV: compare the releases' AUC on it (default: the AUC each "
                                 "release recorded at export)")
         p.set_defaults(func=cmd_deploy)
+
+    p = _command(sub, "declare", "show or set the release every later server start on a repository loads")
+    p.add_argument("--repository", default="model_repository", help="the Triton model repository")
+    p.add_argument("--release", type=int, default=None,
+                   help="declare this release (deploy and rollback declare the one they switch to); default: show")
+    p.add_argument("--clear", action="store_true", help="remove the declaration: later starts load the newest release")
+    p.set_defaults(func=cmd_declare)
 
     p = _command(sub, "score", "score files (TSV/.gz/Parquet) through Triton, in-process, or on Dask")
     p.add_argument("input", nargs="+",

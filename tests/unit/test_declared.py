@@ -24,3 +24,18 @@ def test_a_repository_that_cannot_be_written_leaves_the_switch_standing(tmp_path
     (tmp_path / "ranker").mkdir()
     _declare(tmp_path, 3, "deploy", lines.append)
     assert "declared in" in lines[1] and declared.path(tmp_path).is_file()
+
+
+def test_the_declare_command_shows_sets_and_clears(tmp_path, capsys):
+    from ensemble import cli
+
+    for release in (3, 4):
+        (tmp_path / "ranker" / str(release)).mkdir(parents=True)
+        (tmp_path / "ranker" / str(release) / "release.json").write_text("{}")
+    repo = ["--repository", str(tmp_path)]
+    assert cli.main(["declare", *repo]) == 0 and "declared: none" in capsys.readouterr().out
+    assert cli.main(["declare", *repo, "--release", "3"]) == 0 and "release 3" in capsys.readouterr().out
+    assert declared.read(tmp_path) == 3
+    assert cli.main(["declare", *repo, "--release", "9"]) == 2 and "no release 9" in capsys.readouterr().err
+    assert declared.read(tmp_path) == 3  # a refused release changes nothing
+    assert cli.main(["declare", *repo, "--clear"]) == 0 and declared.read(tmp_path) is None
