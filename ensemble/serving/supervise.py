@@ -32,7 +32,9 @@ Two faults seen here, and what the supervisor does about them:
 - **The python ``rank`` model's process dies or stalls** (the python-backend layouts' ranking
   requests). After each good probe of the ranker the supervisor sends ``rank`` a one-candidate
   request; when its answer is the broken-stub error or none comes (or its process is stopped), it
-  SIGKILLs that stub, unloads ``rank`` and loads it again. A heal of the ranker ends the ranker's processes, never ``rank``'s.
+  SIGKILLs that stub, unloads ``rank`` and loads it again. When its answer names the ranker's
+  process (``rank`` calls the ranker, which broke after its own probe), the ranker is healed
+  instead. A heal of the ranker ends the ranker's processes, never ``rank``'s.
 - **The native layout's ranker stalls.** It runs inside tritonserver (``libtriton_fused.so``), so
   there is no process of its own to end: after ``failures_to_heal`` failed probes with no progress
   the supervisor restarts the server as below (a crash of that code is a crash of the server).
@@ -67,6 +69,7 @@ from ensemble.serving.server import ServerError, TritonServer
 RELOAD_PARAMETER = "reload_generation"
 STOPPED_STATES = ("T", "t")  # /proc/<pid>/stat: stopped by a signal, stopped by a tracer
 BROKEN_STUB = "is not healthy"  # Triton's answer once a python-backend process died or stalled
+STUB_NAME = r"Stub process '(\w+)_\d+_\d+'"  # the model whose process Triton's answer names
 
 
 @dataclass(frozen=True)
@@ -197,7 +200,7 @@ class Supervisor:
         stub that was stalled keeps the requests it held, and Triton's unload waits for those
         forever; a dead one releases them. Triton never uses an unhealthy stub again, so nothing
         that works is lost; a stopped one must not resume (see the module docstring)."""
-        named = set(models) if models else set(re.findall(r"Stub process '(\w+)_\d+_\d+'", problem))
+        named = set(models) if models else set(re.findall(STUB_NAME, problem))
         ended = []
         for model, pid in self.server.stub_pids().items():
             if (named and model not in named) or (not named and model == schema.RANK_MODEL):
@@ -257,6 +260,14 @@ class Supervisor:
         problem = self.probe_rank()
         if problem is None:
             self._rank_failures, self._rank_scored = 0, None
+            return
+        named = set(re.findall(STUB_NAME, problem))
+        stopped = self._stopped_ranker_stubs()
+        if stopped or (named and schema.RANK_MODEL not in named):
+            # rank calls the ranker: its answer is about the ranker's process, stalled or dead since
+            # the ranker's probe. Ending rank's would leave the ranker's to resume and crash Triton.
+            self._rank_failures = 0
+            self._heal(problem, set(stopped) or None)
             return
         if BROKEN_STUB not in problem:
             try:

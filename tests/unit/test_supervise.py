@@ -123,3 +123,21 @@ def test_a_stopped_rank_process_is_healed_and_the_ranker_left_alone(tmp_path, mo
         assert reloads == [] and stubs.procs["ranker"].poll() is None
     finally:
         stubs.close()
+
+
+def test_a_rank_answer_naming_the_rankers_process_heals_the_ranker_not_rank(tmp_path, monkeypatch):
+    """rank calls the ranker: when the ranker's process stalls between the ranker's probe and
+    rank's, rank answers with the ranker's broken-stub error. The ranker's process is the one to end."""
+    supervisor, stubs, lines, reloads = _supervised_stubs(tmp_path, monkeypatch, "ranker", "rank")
+    monkeypatch.setattr(supervisor, "probe", lambda: None)
+    monkeypatch.setattr(supervisor, "probe_rank",
+                        lambda: '{"error":"ranker: Stub process \'ranker_0_0\' is not healthy."}')
+    monkeypatch.setattr(supervisor, "heal_rank", lambda problem: pytest.fail("healed rank for the ranker's fault"))
+    monkeypatch.setattr(supervisor, "serving_release", lambda: 1)
+    supervisor._config = {}
+    try:
+        supervisor.check()
+        assert stubs.procs["ranker"].wait(5) == -9 and stubs.procs["rank"].poll() is None
+        assert reloads == [True], lines
+    finally:
+        stubs.close()
