@@ -17,10 +17,24 @@ Two faults seen here, and what the supervisor does about them:
   A probe refused or timed out while the ranker keeps scoring other requests (Triton's success
   count grows) is overload, not a fault: the ranker refuses what would miss its deadline, and a reload
   would only take the ranker away from the requests it does serve.
+- **A backend process is stopped** (SIGSTOP, a debugger or profiler holding it: state ``T``/``t`` in
+  ``/proc``). Each step looks at the backend processes' states before probing (and again after
+  a failed probe); one still stopped ``stop_confirm`` seconds later is ended and healed as above
+  at once, without waiting for probes to fail. Waiting would risk the whole server: Triton 2.51's
+  python backend gives up on a request after one second without a sign of life from the stub, frees
+  that request's shared memory and sends the next, but the stopped stub still holds the first
+  one's handle; when it resumes it runs the stale request and frees the same shared memory again,
+  and the stub and/or tritonserver then die (SIGSEGV in the stub's shared-memory allocator,
+  ``terminate called after throwing an instance of 'boost::interprocess::lock_exception'`` and
+  SIGABRT in tritonserver, or SIGBUS). A stub ended while stopped never resumes. A stall that is
+  not a stop (a call that hangs, then returns after Triton gave up) can still take the server
+  down that way: the supervisor then restarts it, as for any exit of tritonserver.
 - **The python ``rank`` model's process dies or stalls** (the python-backend layouts' ranking
   requests). After each good probe of the ranker the supervisor sends ``rank`` a one-candidate
-  request; when its answer is the broken-stub error or none comes, it SIGKILLs that stub, unloads
-  ``rank`` and loads it again. A heal of the ranker ends the ranker's processes, never ``rank``'s.
+  request; when its answer is the broken-stub error or none comes (or its process is stopped), it
+  SIGKILLs that stub, unloads ``rank`` and loads it again. When its answer names the ranker's
+  process (``rank`` calls the ranker, which broke after its own probe), the ranker is healed
+  instead. A heal of the ranker ends the ranker's processes, never ``rank``'s.
 - **The native layout's ranker stalls.** It runs inside tritonserver (``libtriton_fused.so``), so
   there is no process of its own to end: after ``failures_to_heal`` failed probes with no progress
   the supervisor restarts the server as below (a crash of that code is a crash of the server).
@@ -48,11 +62,14 @@ import numpy as np
 
 from ensemble import schema
 from ensemble.models.registry import Layout
+from ensemble.serving import processes
 from ensemble.serving.control import Control, ControlError
 from ensemble.serving.server import ServerError, TritonServer
 
 RELOAD_PARAMETER = "reload_generation"
+STOPPED_STATES = ("T", "t")  # /proc/<pid>/stat: stopped by a signal, stopped by a tracer
 BROKEN_STUB = "is not healthy"  # Triton's answer once a python-backend process died or stalled
+STUB_NAME = r"Stub process '(\w+)_\d+_\d+'"  # the model whose process Triton's answer names
 
 
 @dataclass(frozen=True)
@@ -65,6 +82,7 @@ class SupervisorPolicy:
     restart_window: float = 600.0
     backoff: float = 1.0
     max_backoff: float = 30.0
+    stop_confirm: float = 0.2  # a backend process stopped this long is stalled, not a profiler's sample
 
 
 class GaveUp(ServerError):
@@ -155,12 +173,34 @@ class Supervisor:
         before, self._scored = self._scored, scored
         return before is not None and scored > before
 
-    def end_broken_stubs(self, problem: str) -> list[str]:
-        """SIGKILL the backend processes the probe's answer names as unhealthy (all of them when it
-        names none: a timeout cannot tell which step hangs). A stub that was stalled keeps the
-        requests it held, and Triton's unload waits for those forever; a dead one releases them.
-        Triton never uses an unhealthy stub again, so nothing that works is lost."""
-        named = set(re.findall(r"Stub process '(\w+)_\d+_\d+'", problem))
+    def stopped_stubs(self, rank: bool = False) -> dict[str, int]:
+        """Model -> pid of the backend processes stopped now and still stopped ``stop_confirm``
+        seconds later (the ranker's; with ``rank``, the rank model's only)."""
+        def stopped() -> dict[str, int]:
+            found = {}
+            for model, pid in self.server.stub_pids().items():
+                if (model == schema.RANK_MODEL) != rank:
+                    continue
+                try:
+                    if processes.stat_fields(pid)[0] in STOPPED_STATES:
+                        found[model] = pid
+                except (OSError, IndexError):
+                    pass  # gone meanwhile: a probe tells what that means
+            return found
+
+        first = stopped()
+        if not first:
+            return {}
+        time.sleep(self.policy.stop_confirm)
+        return {model: pid for model, pid in stopped().items() if first.get(model) == pid}
+
+    def end_broken_stubs(self, problem: str, models: set[str] | None = None) -> list[str]:
+        """SIGKILL the backend processes of ``models``, else those the probe's answer names as
+        unhealthy (all of them when it names none: a timeout cannot tell which step hangs). A
+        stub that was stalled keeps the requests it held, and Triton's unload waits for those
+        forever; a dead one releases them. Triton never uses an unhealthy stub again, so nothing
+        that works is lost; a stopped one must not resume (see the module docstring)."""
+        named = set(models) if models else set(re.findall(STUB_NAME, problem))
         ended = []
         for model, pid in self.server.stub_pids().items():
             if (named and model not in named) or (not named and model == schema.RANK_MODEL):
@@ -212,9 +252,22 @@ class Supervisor:
     def _check_rank(self) -> None:
         """Heal the rank model at once when Triton calls its stub unhealthy; after unanswered probes
         only when it also stopped answering others (a busy rank model is not a broken one)."""
+        stopped = self.stopped_stubs(rank=True)
+        if stopped:
+            self._rank_failures = 0
+            self.heal_rank(f"its backend process {list(stopped.values())} is stopped")
+            return
         problem = self.probe_rank()
         if problem is None:
             self._rank_failures, self._rank_scored = 0, None
+            return
+        named = set(re.findall(STUB_NAME, problem))
+        stopped = self._stopped_ranker_stubs()
+        if stopped or (named and schema.RANK_MODEL not in named):
+            # rank calls the ranker: its answer is about the ranker's process, stalled or dead since
+            # the ranker's probe. Ending rank's would leave the ranker's to resume and crash Triton.
+            self._rank_failures = 0
+            self._heal(problem, set(stopped) or None)
             return
         if BROKEN_STUB not in problem:
             try:
@@ -279,6 +332,10 @@ class Supervisor:
             self.restart()
             self._failures = 0
             return
+        stopped = self._stopped_ranker_stubs()
+        if stopped:
+            self._heal(f"backend process(es) {stopped} stopped", set(stopped))
+            return
         problem = self.probe()
         if problem is None:
             self._failures, self._scored = 0, None
@@ -290,6 +347,10 @@ class Supervisor:
                 self.release = release
             except ControlError:
                 pass
+            return
+        stopped = self._stopped_ranker_stubs()  # the probe may have waited on a process stopped meanwhile
+        if stopped:
+            self._heal(f"{problem}; backend process(es) {stopped} stopped", set(stopped))
             return
         broken = BROKEN_STUB in problem
         if not broken and self._progressing():
@@ -303,7 +364,17 @@ class Supervisor:
             self.restart()
             self._failures = 0
             return
-        ended = self.end_broken_stubs(problem)
+        self._heal(problem)
+
+    def _stopped_ranker_stubs(self) -> dict[str, int]:
+        if Layout(self.server.options.layout) is Layout.NATIVE:
+            return {}  # no backend process of the ranker's (tritonserver's own stop shows in the probe)
+        return self.stopped_stubs()
+
+    def _heal(self, problem: str, models: set[str] | None = None) -> None:
+        """End the ranker's broken backend processes (``models``', else those ``problem`` names),
+        unload the ranker and load it again."""
+        ended = self.end_broken_stubs(problem, models)
         self.log(f"ranker not answering ({problem}); ended backend process(es) {ended}, unloading and reloading it")
         started = self.clock()
         try:

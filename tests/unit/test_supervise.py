@@ -29,3 +29,115 @@ def test_restarts_older_than_the_window_do_not_count(tmp_path):
     with pytest.raises(GaveUp, match="died 1 times"):  # only this one counts, and the budget is 0
         supervisor.restart()
     assert supervisor.restarts == [1000.0]
+
+
+class _Stubs:
+    """Stands in for the server's backend processes: ``sleep`` processes, one per model."""
+
+    def __init__(self, *models: str):
+        import subprocess
+
+        self.procs = {m: subprocess.Popen(["sleep", "60"]) for m in models}
+
+    def pids(self) -> dict[str, int]:
+        return {m: p.pid for m, p in self.procs.items() if p.poll() is None}
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            p.kill()
+            p.wait()
+
+
+def _stop(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until /proc shows it stopped (the signal is delivered asynchronously)."""
+    import os
+    import signal
+    import time
+
+    from ensemble.serving import processes
+
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while processes.stat_fields(pid)[0] != "T" and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _supervised_stubs(tmp_path, monkeypatch, *models):
+    server = _server(tmp_path)
+    stubs = _Stubs(*models)
+    monkeypatch.setattr(server, "alive", lambda: True)
+    monkeypatch.setattr(server, "stub_pids", stubs.pids)
+    lines: list[str] = []
+    supervisor = Supervisor(server, SupervisorPolicy(stop_confirm=0.05), log=lines.append)
+    reloads: list[bool] = []
+    monkeypatch.setattr(supervisor, "reload_ranker", lambda unload_first=False, **_: reloads.append(unload_first))
+    return supervisor, stubs, lines, reloads
+
+
+def test_a_stopped_ranker_process_is_ended_and_healed_before_any_probe(tmp_path, monkeypatch):
+    """A SIGSTOPped backend process must be ended before it can resume: Triton 2.51 gives up on it
+    after a second and crashes when it resumes (module docstring), so no probe is waited for."""
+    import signal
+
+    supervisor, stubs, lines, reloads = _supervised_stubs(tmp_path, monkeypatch, "ranker", "rank")
+    monkeypatch.setattr(supervisor, "probe", lambda: pytest.fail("probed a stopped ranker"))
+    try:
+        _stop(stubs.procs["ranker"].pid)
+        supervisor.check()
+        assert stubs.procs["ranker"].wait(5) == -signal.SIGKILL
+        assert stubs.procs["rank"].poll() is None  # the rank model's process is not the ranker's
+        assert reloads == [True] and "stopped" in lines[0], lines
+    finally:
+        stubs.close()
+
+
+def test_a_stop_shorter_than_stop_confirm_is_left_alone(tmp_path, monkeypatch):
+    from ensemble.serving import processes
+
+    supervisor, stubs, lines, reloads = _supervised_stubs(tmp_path, monkeypatch, "ranker")
+    states = iter(["T", "S"])  # stopped at the first look, running again at the second (a profiler's sample)
+    monkeypatch.setattr(processes, "stat_fields", lambda pid: [next(states, "S")])
+    monkeypatch.setattr(supervisor, "probe", lambda: None)
+    monkeypatch.setattr(supervisor, "_check_rank", lambda: None)
+    monkeypatch.setattr(supervisor, "serving_release", lambda: 1)
+    supervisor._config = {}
+    try:
+        supervisor.check()
+        assert stubs.procs["ranker"].poll() is None and reloads == [] and lines == []
+    finally:
+        stubs.close()
+
+
+def test_a_stopped_rank_process_is_healed_and_the_ranker_left_alone(tmp_path, monkeypatch):
+    supervisor, stubs, lines, reloads = _supervised_stubs(tmp_path, monkeypatch, "ranker", "rank")
+    healed: list[str] = []
+    monkeypatch.setattr(supervisor, "probe", lambda: None)
+    monkeypatch.setattr(supervisor, "probe_rank", lambda: pytest.fail("probed a stopped rank model"))
+    monkeypatch.setattr(supervisor, "heal_rank", healed.append)
+    monkeypatch.setattr(supervisor, "serving_release", lambda: 1)
+    supervisor._config = {}
+    try:
+        _stop(stubs.procs["rank"].pid)
+        supervisor.check()
+        assert len(healed) == 1 and "stopped" in healed[0], healed
+        assert reloads == [] and stubs.procs["ranker"].poll() is None
+    finally:
+        stubs.close()
+
+
+def test_a_rank_answer_naming_the_rankers_process_heals_the_ranker_not_rank(tmp_path, monkeypatch):
+    """rank calls the ranker: when the ranker's process stalls between the ranker's probe and
+    rank's, rank answers with the ranker's broken-stub error. The ranker's process is the one to end."""
+    supervisor, stubs, lines, reloads = _supervised_stubs(tmp_path, monkeypatch, "ranker", "rank")
+    monkeypatch.setattr(supervisor, "probe", lambda: None)
+    monkeypatch.setattr(supervisor, "probe_rank",
+                        lambda: '{"error":"ranker: Stub process \'ranker_0_0\' is not healthy."}')
+    monkeypatch.setattr(supervisor, "heal_rank", lambda problem: pytest.fail("healed rank for the ranker's fault"))
+    monkeypatch.setattr(supervisor, "serving_release", lambda: 1)
+    supervisor._config = {}
+    try:
+        supervisor.check()
+        assert stubs.procs["ranker"].wait(5) == -9 and stubs.procs["rank"].poll() is None
+        assert reloads == [True], lines
+    finally:
+        stubs.close()
