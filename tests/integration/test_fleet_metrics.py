@@ -125,10 +125,25 @@ def test_fleet_panels_see_each_replica_and_one_release(observed):
     releases = _data(prometheus, 'count by (version) (nv_inference_request_success{model="ranker"})')
     assert [(s["metric"]["version"], s["value"][1]) for s in releases] == [(releases[0]["metric"]["version"], "2")]
     healthy = _data(prometheus, 'sum by (envoy_cluster_name) (envoy_cluster_membership_healthy'
-                                '{envoy_cluster_name=~"replicas_.*"})', lambda r: len(r) == 2)
+                                '{envoy_cluster_name=~"replicas_(http|grpc)"})', lambda r: len(r) == 2)
     assert sorted((s["metric"]["envoy_cluster_name"], s["value"][1]) for s in healthy) == [
         ("replicas_grpc", "2"), ("replicas_http", "2")]
     answered = _data(prometheus, 'sum(envoy_http_downstream_rq_xx{envoy_http_conn_manager_prefix=~"http|grpc",'
                                  'envoy_response_code_class="2"})')
     assert answered and float(answered[0]["value"][1]) >= 10, answered
     assert np.isfinite(float(per_replica[0]["value"][1]))
+
+
+def test_the_autoscalers_metric_query_returns_one_value_per_replica(observed):
+    """prometheus-adapter's rule (deploy/kubernetes/prometheus-adapter) as the adapter runs it for
+    the autoscaler, with the replica's ``instance`` label standing in for the pod's."""
+    from ensemble.fleet.kubernetes import adapter_rules
+
+    fleet, prometheus, _ = observed
+    rule = adapter_rules()["rules"][0]
+    expr = rule["metricsQuery"].replace("<<.LabelMatchers>>", f'job="{TRITON_JOB}"').replace("<<.GroupBy>>", "instance")
+    result = _data(prometheus, expr, lambda r: len(r) == 2)
+    assert len(result) == 2 and all(float(s["value"][1]) >= 0 for s in result), (expr, result)
+    series = rule["seriesQuery"].split("{")[0]
+    assert _data(prometheus, f'{series}{{model="ranker"}}'), series
+
