@@ -3,6 +3,8 @@ tests/integration/test_faults.py)."""
 
 import pytest
 
+from ensemble.models.registry import Layout
+
 from ensemble.serving.server import ServerOptions, TritonServer
 from ensemble.serving.supervise import GaveUp, Supervisor, SupervisorPolicy
 
@@ -11,7 +13,8 @@ def _server(tmp_path) -> TritonServer:
     log = tmp_path / "tritonserver.log"
     log.write_text("I1122 12:00:00.000 1 server.cc:1] starting\n"
                    "E1122 12:00:01.000 1 server.cc:2] failed to load 'ranker': the real cause\n")
-    return TritonServer(ServerOptions(tmp_path, log_file=log))
+    # the fused layout: its ranker and rank model are python-backend processes the supervisor ends
+    return TritonServer(ServerOptions(tmp_path, log_file=log, layout=Layout.FUSED))
 
 
 def test_gives_up_with_the_log_tail_when_restarts_exceed_the_budget(tmp_path):
