@@ -222,11 +222,20 @@ def _forward(cluster: str, gateway: Gateway, grpc: bool) -> dict:
 
 
 def _refuse(status: int, text: str) -> dict:
-    return {"direct_response": {"status": status, "body": {"inline_string": text}}}
+    """A route answered by the gateway itself, on the request's headers (the buffer filter, which
+    would wait for the whole body first, is off on it)."""
+    return {"direct_response": {"status": status, "body": {"inline_string": text}},
+            "typed_per_filter_config": {"envoy.filters.http.buffer": {
+                "@type": _TYPES + "extensions.filters.http.buffer.v3.BufferPerRoute", "disabled": True}}}
 
 
 def _http_routes(gateway: Gateway) -> list[dict]:
     return [
+        # refused on its headers, before a byte of the body is read: a client that waits for
+        # `100 Continue` (curl with a large body) then sends none of it
+        {"match": {"prefix": "/", "headers": [{"name": "content-length", "range_match": {
+            "start": gateway.max_request_bytes + 1, "end": 2**62}}]},
+         **_refuse(413, f"refused at the gateway: the body is larger than {gateway.max_request_bytes} bytes\n")},
         # gzip bodies are inflated by the decompressor filter, within its ratio; any other encoding is refused
         {"match": {"prefix": "/", "headers": [{"name": "content-encoding", "invert_match": True,
                                                "string_match": {"exact": "gzip"}}]},
