@@ -17,12 +17,15 @@
   broken backend process) is retried up to ``retries`` times on replicas it has not tried yet, within
   a retry budget (a share of the requests in flight) so that retries cannot multiply true overload.
 - **Limits at the door.** A body larger than ``max_request_bytes`` (after gzip decompression at the
-  gateway, whose inflation ratio is bounded too) is refused with 413 before a replica sees it.
+  gateway, whose inflation ratio is bounded too) is refused with 413 before a replica sees it, on
+  its ``Content-Length`` header when it has one.
   Other HTTP content encodings and compressed gRPC messages are refused (Triton would inflate them
   without a bound). Headers must arrive within 10 s and an idle connection closes after 5 minutes.
 - **Closed routes.** Only health, metadata, config, statistics and inference reach the replicas;
   model control (``/v2/repository/...``, gRPC ``Repository*``), shared-memory registration and trace
   or log settings are refused with 403 (gRPC PERMISSION_DENIED). Operators use a replica's own port.
+  Statistics come from the first healthy replica, not a balanced one (cumulative counters that a
+  reader diffs must come from one server).
 - **Overload.** Beyond ``max_requests`` requests in flight the gateway refuses at once with 503
   (gRPC UNAVAILABLE), before any replica parses the request. The bound follows the replicas'
   latency objective (:func:`requests_within_objective`): a request past it could not be answered
