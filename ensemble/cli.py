@@ -200,18 +200,18 @@ def _serve_fleet(args) -> int:
     except ServerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    try:
-        def supervise(stopped) -> None:
-            fleet.start()
-            print("\n".join(fleet.describe()), flush=True)
-            fleet.run(stopped)
+    def supervise(stopped) -> None:
+        fleet.start()
+        print("\n".join(fleet.describe()), flush=True)
+        fleet.run(stopped)
 
+    try:
         run_until_signal(on_tick=supervise)
     except ServerError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        fleet.stop()
         return 1
-    fleet.stop()
+    finally:  # drains the gateway, then stops the replicas (whatever ended the run)
+        fleet.stop()
     print("stopped")
     return 0
 

@@ -121,7 +121,8 @@ class Fleet:
         except EnvoyError as exc:
             raise FleetError(str(exc)) from None
         with ThreadPoolExecutor(len(self.servers)) as pool:
-            failures = [f for f in [pool.submit(s.start) for s in self.servers] if f.exception() is not None]
+            failures = [f for f in [pool.submit(self._start_replica, i) for i in range(len(self.servers))]
+                        if f.exception() is not None]
         if failures:
             self.stop_replicas()
             raise FleetError(f"a replica did not start: {failures[0].exception()}")
@@ -137,15 +138,28 @@ class Fleet:
                      "serving with the others")
         return self
 
+    def _start_replica(self, index: int) -> None:
+        """Start replica ``index``, a second time if the first fails: on a starved machine Triton
+        2.51's python backend can lose a stub at start-up (tritonserver aborts with
+        ``boost::interprocess::lock_exception``, or waits for the stub forever)."""
+        server = self.servers[index]
+        try:
+            server.start()
+        except ServerError as exc:
+            self.log(f"replica {index}: did not start ({str(exc).splitlines()[0]}); starting it again")
+            server.kill()
+            server.start()
+
     def _supervise(self, index: int) -> None:
         from ensemble.serving.supervise import GaveUp, Supervisor
 
         supervisor = Supervisor(self.servers[index], log=lambda line: self.log(f"replica {index}: {line}"))
         try:
             supervisor.run(self._stop.is_set)
-        except GaveUp as exc:
+        except ServerError as exc:  # GaveUp, or a restart that could not start the server
             self.gave_up[index] = str(exc)
-            self.log(f"replica {index}: gave up: {str(exc).splitlines()[0]}")
+            self.log(f"replica {index}: {'gave up' if isinstance(exc, GaveUp) else 'stopped'}: "
+                     f"{str(exc).splitlines()[0]}")
 
     def run(self, stopping: Callable[[], bool], poll: float = 0.5) -> None:
         """Supervise every replica (a thread each) and the gateway until ``stopping()``.
@@ -168,7 +182,10 @@ class Fleet:
                 if len(gateway_restarts) > 5:
                     raise FleetError(f"the gateway died {len(gateway_restarts)} times within 600s\n{self.envoy.log_tail()}")
                 self.log(f"gateway exited with code {self.envoy.process.returncode}; starting it again")
-                self.envoy.start()
+                try:
+                    self.envoy.start()
+                except EnvoyError as exc:
+                    raise FleetError(f"the gateway did not start again: {exc}") from None
                 self.log("gateway ready again")
 
     def stop(self) -> None:

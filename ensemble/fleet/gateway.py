@@ -17,12 +17,15 @@
   broken backend process) is retried up to ``retries`` times on replicas it has not tried yet, within
   a retry budget (a share of the requests in flight) so that retries cannot multiply true overload.
 - **Limits at the door.** A body larger than ``max_request_bytes`` (after gzip decompression at the
-  gateway, whose inflation ratio is bounded too) is refused with 413 before a replica sees it.
+  gateway, whose inflation ratio is bounded too) is refused with 413 before a replica sees it, on
+  its ``Content-Length`` header when it has one.
   Other HTTP content encodings and compressed gRPC messages are refused (Triton would inflate them
   without a bound). Headers must arrive within 10 s and an idle connection closes after 5 minutes.
 - **Closed routes.** Only health, metadata, config, statistics and inference reach the replicas;
   model control (``/v2/repository/...``, gRPC ``Repository*``), shared-memory registration and trace
   or log settings are refused with 403 (gRPC PERMISSION_DENIED). Operators use a replica's own port.
+  Statistics come from the first healthy replica, not a balanced one (cumulative counters that a
+  reader diffs must come from one server).
 - **Overload.** Beyond ``max_requests`` requests in flight the gateway refuses at once with 503
   (gRPC UNAVAILABLE), before any replica parses the request. The bound follows the replicas'
   latency objective (:func:`requests_within_objective`): a request past it could not be answered
@@ -240,11 +243,20 @@ def _forward(cluster: str, gateway: Gateway, grpc: bool) -> dict:
 
 
 def _refuse(status: int, text: str) -> dict:
-    return {"direct_response": {"status": status, "body": {"inline_string": text}}}
+    """A route answered by the gateway itself, on the request's headers (the buffer filter, which
+    would wait for the whole body first, is off on it)."""
+    return {"direct_response": {"status": status, "body": {"inline_string": text}},
+            "typed_per_filter_config": {"envoy.filters.http.buffer": {
+                "@type": _TYPES + "extensions.filters.http.buffer.v3.BufferPerRoute", "disabled": True}}}
 
 
 def _http_routes(gateway: Gateway) -> list[dict]:
     return [
+        # refused on its headers, before a byte of the body is read: a client that waits for
+        # `100 Continue` (curl with a large body) then sends none of it
+        {"match": {"prefix": "/", "headers": [{"name": "content-length", "range_match": {
+            "start": gateway.max_request_bytes + 1, "end": 2**62}}]},
+         **_refuse(413, f"refused at the gateway: the body is larger than {gateway.max_request_bytes} bytes\n")},
         # gzip bodies are inflated by the decompressor filter, within its ratio; any other encoding is refused
         {"match": {"prefix": "/", "headers": [{"name": "content-encoding", "invert_match": True,
                                                "string_match": {"exact": "gzip"}}]},

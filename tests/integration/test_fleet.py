@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -132,6 +133,26 @@ def _post(address: str, path: str, body: bytes, headers: dict | None = None) -> 
         return exc.code, exc.read()
 
 
+def _announce(address: str, path: str, length: int) -> tuple[int, bytes]:
+    """Send only the headers of a POST of ``length`` bytes with ``Expect: 100-continue`` and return
+    the gateway's final answer, body unsent. (A client that sends a body the gateway refuses part
+    way can see the connection reset before it reads the 413: this one sends none.)"""
+    host, port = address.rsplit(":", 1)
+    head = (f"POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\nExpect: 100-continue\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head)
+        reply = b""
+        while True:
+            while b"\r\n\r\n" not in reply and (chunk := sock.recv(65536)):
+                reply += chunk
+            if not reply.startswith(b"HTTP/1.1 100 "):
+                break
+            reply = reply.split(b"\r\n\r\n", 1)[1]  # Envoy says 100 itself; the route's answer follows
+    status = int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.1 ") else 0
+    return status, reply
+
+
 def _ready(replica_http: str) -> bool:
     try:
         with urllib.request.urlopen(f"http://{replica_http}/v2/models/ranker/ready", timeout=5) as reply:
@@ -228,7 +249,8 @@ def test_oversized_bodies_and_gzip_bombs_are_refused_before_the_replicas(fleet):
     bomb = gzip.compress(b" " * (256 * 2**20), 9)  # about 255 KB that inflates to 256 MiB
     status, reply = _post(fleet.http, schema.RANKER_INFER_PATH, bomb, {"Content-Encoding": "gzip"})
     assert status == 413, (status, reply[:200])
-    status, reply = _post(fleet.http, schema.RANKER_INFER_PATH, b"[" + b"0," * (10 * 2**20) + b"0]")
+    # a client that announces its 20 MiB body and waits for `100 Continue` before sending it
+    status, reply = _announce(fleet.http, schema.RANKER_INFER_PATH, 20 * 2**20)
     assert status == 413, (status, reply[:200])
     status, reply = _post(fleet.http, schema.RANKER_INFER_PATH, body, {"Content-Encoding": "deflate"})
     assert status == 415, (status, reply[:200])
@@ -426,6 +448,21 @@ def test_a_killed_replica_costs_no_request_and_comes_back(fleet):
     assert load.errors == [], load.errors[:5]
     assert load.sent > 0
     assert any("replica 0: tritonserver ready again" in line for line in fleet.output), fleet.text()
+
+
+def test_a_killed_gateway_is_started_again(fleet):
+    import tritonclient.http as httpclient
+
+    envoys = [pid for pid in processes.tree(fleet.process.pid)[1:]
+              if Path(f"/proc/{pid}/cmdline").is_file() and b"envoy.json" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(envoys) == 1, fleet.text()
+    os.kill(envoys[0], signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while not any("gateway ready again" in line for line in fleet.output):
+        assert time.monotonic() < deadline, fleet.text()
+        time.sleep(0.2)
+    client = httpclient.InferenceServerClient(fleet.http)
+    assert client.infer("ranker", _inputs(httpclient, 2, 4)).as_numpy(schema.SCORE.name).shape == (2, 1)
 
 
 def test_shutdown_drains_requests_in_flight(fleet):
