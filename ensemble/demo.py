@@ -90,6 +90,8 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
     start = time.perf_counter()
     server.start()
     summary["server_start_seconds"] = time.perf_counter() - start
+    summary["layout"] = server.options.layout.value if hasattr(server.options.layout, "value") else str(
+        server.options.layout)
     try:
         log(f"    ready in {summary['server_start_seconds']:.1f}s: HTTP {server.http_url}, "
             f"gRPC {server.grpc_url}, metrics {server.metrics_url}")

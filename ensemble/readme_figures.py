@@ -44,7 +44,8 @@ def render(summary: dict) -> dict[str, str]:
     latency, parity = summary["latency"], summary["parity_max_abs_diff"]
     ms = lambda key: f"{latency[key]['p50_ms']:.2f} / {latency[key]['p99_ms']:.2f} ms"  # noqa: E731
     blocks["demo"] = "\n".join([
-        f"From the last `make demo` on {summary['machine']} (server not pinned; latencies of "
+        f"From the last `make demo` on {summary['machine']} ("
+        f"{summary['layout'] + ' layout, ' if summary.get('layout') else ''}server not pinned; latencies of "
         f"{latency['http_1rows']['n']} sequential requests from one client, p50 / p99):", "",
         "| what | HTTP | gRPC |", "| --- | --- | --- |",
         f"| 1-row request | {ms('http_1rows')} | {ms('grpc_1rows')} |",
