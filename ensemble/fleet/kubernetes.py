@@ -150,6 +150,20 @@ def _http_probe(path: str, period: int, failures: int, timeout: int = 3) -> dict
             "failureThreshold": failures}
 
 
+def _pod(component: str, grace_seconds: int, container: dict, volumes: list[dict]) -> dict:
+    """A pod spec of the project's image: not root, no service account token, spread over nodes."""
+    return {
+        "terminationGracePeriodSeconds": grace_seconds,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001},
+        "automountServiceAccountToken": False,
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                       "whenUnsatisfiable": "ScheduleAnyway",
+                                       "labelSelector": {"matchLabels": labels(component)}}],
+        "containers": [container],
+        "volumes": volumes,
+    }
+
+
 def triton_deployment(shape: Shape) -> dict:
     ports = [{"name": "http", "containerPort": HTTP_PORT}, {"name": "grpc", "containerPort": GRPC_PORT},
              {"name": "metrics", "containerPort": METRICS_PORT}]
@@ -173,19 +187,11 @@ def triton_deployment(shape: Shape) -> dict:
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
     }
-    pod = {
-        "terminationGracePeriodSeconds": shape.triton_grace_seconds(),
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001},
-        "automountServiceAccountToken": False,
-        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                                       "whenUnsatisfiable": "ScheduleAnyway",
-                                       "labelSelector": {"matchLabels": labels("triton")}}],
-        "containers": [container],
-        "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": shape.repository_claim, "readOnly": True}},
-                    {"name": "tmp", "emptyDir": {}},
-                    # the python backend passes tensors through shared memory; the default 64 MiB is small
-                    {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shape.shm_size}}],
-    }
+    pod = _pod("triton", shape.triton_grace_seconds(), container, [
+        {"name": "models", "persistentVolumeClaim": {"claimName": shape.repository_claim, "readOnly": True}},
+        {"name": "tmp", "emptyDir": {}},
+        # the python backend passes tensors through shared memory; the default 64 MiB is small
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shape.shm_size}}])
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta("ranker-triton", "triton", shape),
             # no replicas: the HPA owns the count (an apply would reset it)
             "spec": {"selector": {"matchLabels": labels("triton")},
@@ -279,14 +285,8 @@ def gateway_deployment(shape: Shape) -> dict:
     }
     # a changed Envoy config changes the pod template, so an apply rolls the gateway pods
     annotations = {"ensemble.io/envoy-config-sha256": hashlib.sha256(config.encode()).hexdigest()}
-    pod = {"terminationGracePeriodSeconds": shape.gateway_grace_seconds(),
-           "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001},
-           "automountServiceAccountToken": False,
-           "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                                          "whenUnsatisfiable": "ScheduleAnyway",
-                                          "labelSelector": {"matchLabels": labels("gateway")}}],
-           "containers": [container],
-           "volumes": [{"name": "config", "configMap": {"name": "ranker-gateway"}}]}
+    pod = _pod("gateway", shape.gateway_grace_seconds(), container,
+               [{"name": "config", "configMap": {"name": "ranker-gateway"}}])
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta("ranker-gateway", "gateway", shape),
             "spec": {"replicas": shape.gateway_replicas, "selector": {"matchLabels": labels("gateway")},
                      "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
