@@ -117,18 +117,26 @@ class Supervisor:
         if self._body is None:
             config = self.served_config()
             self._body = _probe_body(schema.widths_of_config(config) if config else schema.CRITEO_WIDTHS)
-        request = urllib.request.Request(f"{self.control.url}{schema.RANKER_INFER_PATH}", self._body,
-                                         {"Content-Type": "application/json"})
+        failure = self._post(schema.RANKER_INFER_PATH, self._body)
+        if failure is None:
+            return None
+        status, text = failure
+        if status == 400:  # a release of another dataset's widths: size the probe again
+            self._body = None
+        return f"HTTP {status}: {text}" if status else text
+
+    def _post(self, path: str, body: bytes) -> tuple[int, str] | None:
+        """POST a probe request: None when it is answered, else (the HTTP status, or 0 when nothing
+        answered; what came back or went wrong)."""
+        request = urllib.request.Request(f"{self.control.url}{path}", body, {"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=self.policy.probe_timeout) as reply:
                 reply.read()
                 return None
         except urllib.error.HTTPError as exc:
-            if exc.code == 400:  # a release of another dataset's widths: size the probe again
-                self._body = None
-            return f"HTTP {exc.code}: {exc.read()[:300].decode(errors='replace')}"
+            return exc.code, exc.read()[:300].decode(errors="replace")
         except (urllib.error.URLError, OSError) as exc:
-            return f"{type(exc).__name__}: {exc}"
+            return 0, f"{type(exc).__name__}: {exc}"
 
     def serving_release(self) -> int | None:
         return self.control.serving_release()
@@ -237,17 +245,13 @@ class Supervisor:
             self._rank_request = self._rank_body()
             if self._rank_request is None:
                 return None
-        request = urllib.request.Request(f"{self.control.url}/v2/models/{schema.RANK_MODEL}/infer", self._rank_request,
-                                         {"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.policy.probe_timeout) as reply:
-                reply.read()
-                return None
-        except urllib.error.HTTPError as exc:
-            text = exc.read()[:300].decode(errors="replace")
+        failure = self._post(f"/v2/models/{schema.RANK_MODEL}/infer", self._rank_request)
+        if failure is None:
+            return None
+        status, text = failure
+        if status:
             return text if BROKEN_STUB in text else None  # refused or unloaded: not this fault
-        except (urllib.error.URLError, OSError) as exc:
-            return f"{type(exc).__name__}: {exc}"
+        return text
 
     def _check_rank(self) -> None:
         """Heal the rank model at once when Triton calls its stub unhealthy; after unanswered probes
