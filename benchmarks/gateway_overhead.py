@@ -2,9 +2,11 @@
 to a tritonserver directly and through the gateway in front of it, in the same run.
 
 Not a test: prints a table and writes ``<out>/gateway-overhead.json`` (machine, command, points).
-The same replica answers both paths, so the difference is the gateway's hop: Envoy's parsing, the
-buffer and routing, and the extra loopback connection. The two paths alternate in blocks (the order
-flipping every block) so the VM's drifts in speed hit both alike. The server and the gateway are
+The same replica answers every path, so the difference is the gateway's hop: Envoy's parsing, the
+buffer and routing, and the extra loopback connection. Two gateways configured as a fleet's (routes
+from files): one as between releases, one as during a release across the fleet, when every request
+is pinned to one release (HTTP path rewrite, gRPC Lua filter). The paths alternate in blocks (the
+order flipping every block) so the VM's drifts in speed hit all alike. The server and the gateway are
 pinned to ``--server-cpus`` / ``--gateway-cpus`` and this process to ``--client-cpu``. The target:
 the gateway adds at most 0.3 ms at the p50. Usage (after ``make demo``)::
 
@@ -18,6 +20,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -78,12 +81,15 @@ def _measure(protocol: str, addresses: dict[str, str], requests: int, blocks: in
     row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
     row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
     row["within_target"] = row["added_p50_ms"] <= TARGET_ADDED_P50_MS
+    if "pinned_p50_ms" in row:
+        row["release_pin_p50_ms"] = row["pinned_p50_ms"] - row["gateway_p50_ms"]
     return row
 
 
 def run(args) -> list[dict]:
     from ensemble.fleet.envoy import Envoy
-    from ensemble.fleet.gateway import Gateway, Replica
+    from ensemble.fleet.fleet import serving_release
+    from ensemble.fleet.gateway import Gateway, Replica, write_routes
     from ensemble.serving.server import ServerOptions, TritonServer, free_port
 
     if args.client_cpu is not None:
@@ -91,33 +97,41 @@ def run(args) -> list[dict]:
     server = TritonServer(ServerOptions(Path(args.repository), http_port=free_port(), grpc_port=free_port(),
                                         metrics_port=free_port(), layout=Layout(args.layout), cpu_list=args.server_cpus))
     server.start()
-    envoy = None
+    envoys = []
     try:
-        gateway = Gateway((Replica(server.options.http_port, server.options.grpc_port),), http_port=free_port(),
-                          grpc_port=free_port(), admin_port=free_port())
-        envoy = Envoy(gateway, concurrency=args.gateway_threads, cpu_list=args.gateway_cpus).start()
+        # as a fleet's gateway: routes read from files; "gateway" as between releases, "pinned" as
+        # during a release across the fleet (requests pinned to one: HTTP path rewrite, gRPC Lua filter)
+        routes = Path(tempfile.mkdtemp(prefix="gateway-routes-"))
+        gateways = {name: Gateway((Replica(server.options.http_port, server.options.grpc_port),), http_port=free_port(),
+                                  grpc_port=free_port(), admin_port=free_port(), release=release,
+                                  routes_dir=str(routes / name))
+                    for name, release in (("gateway", None), ("pinned", serving_release(server.options)))}
+        for gateway in gateways.values():
+            write_routes(gateway)
+            envoys.append(Envoy(gateway, concurrency=args.gateway_threads, cpu_list=args.gateway_cpus).start())
         results = []
         for protocol in args.protocols:
-            if protocol == "http":
-                addresses = {"direct": server.http_url, "gateway": f"127.0.0.1:{gateway.http_port}"}
-            else:
-                addresses = {"direct": server.grpc_url, "gateway": f"127.0.0.1:{gateway.grpc_port}"}
+            grpc = protocol == "grpc"
+            addresses = {"direct": server.grpc_url if grpc else server.http_url,
+                         **{name: f"127.0.0.1:{g.grpc_port if grpc else g.http_port}" for name, g in gateways.items()}}
             row = {"layout": args.layout, **_measure(protocol, addresses, args.requests, args.blocks, args.warmup)}
             results.append(row)
         return results
     finally:
-        if envoy is not None:
+        for envoy in envoys:
             envoy.stop()
         server.stop()
 
 
 def _table(results: list[dict]) -> str:
     lines = [f"| protocol | direct p50 / p99 ms | through the gateway p50 / p99 ms | added p50 ms (target <= "
-             f"{TARGET_ADDED_P50_MS}) | added p99 ms |", "| --- | --- | --- | --- | --- |"]
+             f"{TARGET_ADDED_P50_MS}) | added p99 ms | p50 added by the pin during a release |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for r in results:
         lines.append(f"| {r['protocol']} | {r['direct_p50_ms']:.3f} / {r['direct_p99_ms']:.3f} | "
                      f"{r['gateway_p50_ms']:.3f} / {r['gateway_p99_ms']:.3f} | {r['added_p50_ms']:+.3f}"
-                     f"{'' if r['within_target'] else ' (over)'} | {r['added_p99_ms']:+.3f} |")
+                     f"{'' if r['within_target'] else ' (over)'} | {r['added_p99_ms']:+.3f} | "
+                     f"{r.get('release_pin_p50_ms', float('nan')):+.3f} |")
     return "\n".join(lines)
 
 

@@ -321,9 +321,22 @@ def cmd_declare(args) -> int:
 
 
 def cmd_deploy(args) -> int:
+    from ensemble.fleet import release as fleet_release
     from ensemble.serving.control import ControlError
     from ensemble.serving.deploy import deploy, rollback
 
+    fleet = fleet_release.find(args.url)
+    if fleet is not None:  # a gateway: release across every replica behind it
+        try:
+            if args.command == "deploy":
+                release = fleet_release.deploy(fleet, args.release, args.holdout)
+            else:
+                release = fleet_release.rollback(fleet)
+        except ControlError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"serving release {release} on {len(fleet.gateway.replicas)} replicas behind the gateway at {args.url}")
+        return 0
     grpc_url = args.grpc_url or f"{args.url.split('://', 1)[-1].rsplit(':', 1)[0]}:8001"
     try:
         if args.command == "deploy":
@@ -516,11 +529,14 @@ def build_parser() -> argparse.ArgumentParser:
                                   "after checks"),
                        ("rollback", "switch a running server (native or fused layout) back to the previous release")):
         p = _command(sub, name, text)
-        p.add_argument("--url", default="127.0.0.1:8000", help="the server's HTTP address (reads and checks)")
+        p.add_argument("--url", default="127.0.0.1:8000",
+                       help="the server's HTTP address (reads and checks), or the gateway's of a fleet started on this "
+                            "machine by `ensemble serve --replicas N`: then every replica switches (docs/fleet.md)")
         p.add_argument("--grpc-url", default=None,
                        help="the server's gRPC address, which loads the release (default: --url's host, port 8001); "
                             "a load over HTTP would stall HTTP clients sharing Triton's thread for its whole length")
-        p.add_argument("--repository", default="model_repository", help="the repository that server serves")
+        p.add_argument("--repository", default="model_repository",
+                       help="the repository that server serves (a fleet: the one it was started on)")
         if name == "deploy":
             p.add_argument("--release", type=int, default=None, help="a specific release (default: the newest)")
             p.add_argument("--holdout", default=None,

@@ -6,12 +6,19 @@ exactly as ``ensemble serve`` does for one server). The gateway takes the ports 
 HTTP and gRPC (:mod:`ensemble.fleet.gateway`). Replica ``i`` serves metrics on ``metrics_port + i``;
 its HTTP and gRPC ports are ``replica_ports + 2i`` and ``+ 2i + 1``, or free ports picked at start.
 
+Every replica serves one release of the ranker (the repository's declared release, else its
+newest). The gateway reads its routes from files in the fleet's own folder, so that ``ensemble
+deploy --url GATEWAY`` can switch all replicas at once (:mod:`ensemble.fleet.release`, which finds
+the fleet through the record :func:`ensemble.fleet.release.record` writes at start).
+
 Shutdown drains: the gateway stops taking requests and waits for those in flight, then the gateway
 ends, then the supervisors, then the replicas.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +27,11 @@ from pathlib import Path
 from typing import Callable
 
 from ensemble.fleet.envoy import Envoy, EnvoyError, validate
-from ensemble.fleet.gateway import Gateway, GatewayError, Replica, envoy_config, requests_within_objective
+from ensemble.fleet import release as fleet_release
+from ensemble.fleet.gateway import (Gateway, GatewayError, Replica, envoy_config, requests_within_objective,
+                                    write_routes)
+from ensemble.models.registry import Layout
+from ensemble.serving import declared
 from ensemble.serving.server import ServerError, ServerOptions, TritonServer, free_port, port_free
 
 MAX_REPLICAS = 32
@@ -67,6 +78,18 @@ def _log_path(log: Path | None, name: str) -> Path | None:
     return None if log is None else log.with_name(f"{log.stem}-{name}{log.suffix or '.log'}")
 
 
+def serving_release(options: ServerOptions) -> int | None:
+    """The release a fleet on ``options.repository`` serves at start: the declared one, else the
+    newest; None when the layout's ranker is not one version per release (ensemble, gpu)."""
+    from ensemble.serving.deploy import available_releases
+
+    if Layout(options.layout) not in (Layout.FUSED, Layout.NATIVE):
+        return None
+    declared_release = declared.read(options.repository)
+    releases = available_releases(options.repository)
+    return declared_release if declared_release is not None else (releases[-1] if releases else None)
+
+
 def plan(options: FleetOptions) -> tuple[list[ServerOptions], Gateway]:
     """Every replica's server options and the gateway in front of them; raises :class:`FleetError`
     when ports collide or are out of range."""
@@ -103,7 +126,10 @@ class Fleet:
     def __init__(self, options: FleetOptions, log: Callable[[str], None] = print):
         self.options = options
         self.log = log
-        server_options, self.gateway = plan(options)
+        server_options, gateway = plan(options)
+        self.folder = Path(tempfile.mkdtemp(prefix="ensemble-fleet-"))
+        self.release = serving_release(options.server)
+        self.gateway = replace(gateway, routes_dir=str(self.folder / "routes"))
         self.servers = [TritonServer(o) for o in server_options]
         self.envoy = Envoy(self.gateway, log_file=_log_path(options.server.log_file, "gateway"))
         self._stop = threading.Event()
@@ -117,6 +143,7 @@ class Fleet:
         if busy:
             raise FleetError(f"gateway port(s) {', '.join(map(str, busy))} already in use")
         try:
+            write_routes(self.gateway)
             validate(envoy_config(self.gateway))
         except EnvoyError as exc:
             raise FleetError(str(exc)) from None
@@ -131,6 +158,8 @@ class Fleet:
         except EnvoyError as exc:
             self.stop_replicas()
             raise FleetError(str(exc)) from None
+        fleet_release.record(self.gateway, self.options.server.repository, Layout(self.options.server.layout).value,
+                             self.release)
         # ready means every replica in rotation: a first health check can time out on a busy machine
         unhealthy = self.envoy.wait_healthy(HEALTHY_TIMEOUT)
         if unhealthy:
@@ -194,10 +223,12 @@ class Fleet:
         if left:
             self.log(f"gateway: {left} request(s) still in flight after {self.options.drain_timeout:.0f}s; stopping")
         self.envoy.stop()
+        fleet_release.forget(self.gateway)
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=60)
         self.stop_replicas()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def stop_replicas(self) -> None:
         with ThreadPoolExecutor(len(self.servers)) as pool:

@@ -26,6 +26,15 @@
   or log settings are refused with 403 (gRPC PERMISSION_DENIED). Operators use a replica's own port.
   Statistics come from the first healthy replica, not a balanced one (cumulative counters that a
   reader diffs must come from one server).
+- **One release for all.** With ``release`` set (a fleet pins it only while its replicas hold two
+  releases, during a switch: otherwise each replica holds one and nothing needs naming), every
+  inference request on the ranker that names no version is sent to that version on whichever
+  replica takes it (HTTP: the path is rewritten to ``/v2/models/ranker/versions/<release>/infer``;
+  gRPC: a Lua filter adds ``model_version`` to the request message), and every request carries the
+  ``ensemble-release`` header, which the replicas pass to their models as a request parameter (the
+  ``rank`` model scores with that release's pipeline). With ``routes_dir`` set, the routes are read
+  from files there (Envoy's file-based route discovery) and :func:`write_routes` switches every new
+  request to another release in one step (:mod:`ensemble.fleet.release`).
 - **Overload.** Beyond ``max_requests`` requests in flight the gateway refuses at once with 503
   (gRPC UNAVAILABLE), before any replica parses the request. The bound follows the replicas'
   latency objective (:func:`requests_within_objective`): a request past it could not be answered
@@ -34,10 +43,14 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from ensemble import schema
+from ensemble.serving.control import RELEASE_HEADER
 from ensemble.serving.door import HTTP_MAX_INPUT_BYTES
 
 # The fastest any replica answered on the build VM (1-row requests, native layout, one core:
@@ -96,6 +109,10 @@ class Gateway:
         dns_refresh: None: each replica is one address (STATIC). Seconds: each replica's ``host`` is
             a DNS name whose addresses are replicas on other machines (a Kubernetes headless Service),
             resolved again at this interval (STRICT_DNS); ports may then equal the gateway's own.
+        release: the ranker version unversioned requests go to (None: the replica's newest; the
+            Lua filter is then off on every route, at no cost).
+        routes_dir: read the routes from files in this folder, which :func:`write_routes` replaces
+            (None: the routes are part of the bootstrap and never change).
     """
 
     replicas: tuple[Replica, ...]
@@ -107,6 +124,8 @@ class Gateway:
     max_requests: int | None = None
     retries: int = 2
     dns_refresh: float | None = None
+    release: int | None = None
+    routes_dir: str | None = None
 
     def check(self) -> None:
         """Raises :class:`GatewayError` naming the first problem."""
@@ -132,6 +151,8 @@ class Gateway:
             raise GatewayError(f"retries must be 0-5, got {self.retries}")
         if self.dns_refresh is not None and not self.dns_refresh > 0:
             raise GatewayError(f"dns_refresh must be > 0 seconds, got {self.dns_refresh}")
+        if self.release is not None and not 0 < self.release < 2**63:
+            raise GatewayError(f"release must be a positive version number, got {self.release}")
 
     def requests_in_flight(self) -> int:
         return self.max_requests or requests_within_objective(None) * len(self.replicas)
@@ -250,6 +271,87 @@ def _refuse(status: int, text: str) -> dict:
                 "@type": _TYPES + "extensions.filters.http.buffer.v3.BufferPerRoute", "disabled": True}}}
 
 
+LUA_FILTER = "envoy.filters.http.lua"
+
+# Adds ``model_version`` (field 2 of Triton's ModelInferRequest) to a gRPC request for the ranker
+# that names no version: the release comes from the route's metadata. The message's top-level
+# fields are read only up to the first one past 2 (protobuf writers emit fields in number order);
+# a compressed message is refused before this filter and anything it cannot read passes unchanged.
+PIN_VERSION_LUA = """
+local RANKER = "%(ranker)s"
+local function varint(s, pos)
+  local value, scale = 0, 1
+  while true do
+    local b = s:byte(pos)
+    if b == nil then return nil end
+    value = value + (b %% 128) * scale
+    pos = pos + 1
+    if b < 128 then return value, pos end
+    scale = scale * 128
+  end
+end
+local function encode(n)
+  local out = {}
+  while n >= 128 do
+    out[#out + 1] = string.char(n %% 128 + 128)
+    n = math.floor(n / 128)
+  end
+  out[#out + 1] = string.char(n)
+  return table.concat(out)
+end
+function envoy_on_request(handle)
+  local release = handle:metadata():get("release")
+  if release == nil then return end
+  local body = handle:body()
+  if body == nil then return end
+  local size = body:length()
+  if size < 5 then return end
+  local frame = body:getBytes(0, size)
+  local flag, b1, b2, b3, b4 = frame:byte(1, 5)
+  if flag ~= 0 or ((b1 * 256 + b2) * 256 + b3) * 256 + b4 ~= size - 5 then return end
+  local pos, name = 6, nil
+  while pos <= size do
+    local tag, n
+    tag, pos = varint(frame, pos)
+    if tag == nil or tag %% 8 ~= 2 or tag >= 24 then break end
+    n, pos = varint(frame, pos)
+    if n == nil then return end
+    if tag == 10 then name = frame:sub(pos, pos + n - 1) end
+    if tag == 18 and n > 0 then return end
+    pos = pos + n
+  end
+  if name ~= RANKER then return end
+  local message = frame:sub(6) .. string.char(18) .. encode(#release) .. release
+  local m = #message
+  body:setBytes(string.char(0, math.floor(m / 16777216) %% 256, math.floor(m / 65536) %% 256,
+                            math.floor(m / 256) %% 256, m %% 256) .. message)
+  if handle:headers():get("content-length") ~= nil then
+    handle:headers():replace("content-length", tostring(m + 5))
+  end
+end
+""" % {"ranker": schema.Model.RANKER.value}
+
+
+def _has_lua(gateway: Gateway) -> bool:
+    """Whether the gRPC listener carries the pinning filter (routes that change, or a pinned release)."""
+    return gateway.release is not None or gateway.routes_dir is not None
+
+
+def _lua_off(route: dict) -> dict:
+    return {**route, "typed_per_filter_config": {LUA_FILTER: {
+        "@type": _TYPES + "extensions.filters.http.lua.v3.LuaPerRoute", "disabled": True}}}
+
+
+def _pinned(route: dict, gateway: Gateway, grpc: bool) -> dict:
+    """``route`` (a forwarded one) sending unversioned ranker requests to ``gateway.release``."""
+    if gateway.release is None:
+        return _lua_off(route) if grpc and _has_lua(gateway) else route
+    if grpc:
+        return {**route, "metadata": {"filter_metadata": {LUA_FILTER: {"release": str(gateway.release)}}}}
+    return {**route, "route": {**route["route"],
+                               "prefix_rewrite": f"/v2/models/{schema.Model.RANKER.value}/versions/{gateway.release}/infer"}}
+
+
 def _http_routes(gateway: Gateway) -> list[dict]:
     return [
         # refused on its headers, before a byte of the body is read: a client that waits for
@@ -265,6 +367,8 @@ def _http_routes(gateway: Gateway) -> list[dict]:
           for path in HTTP_CLIENT_PATHS),
         {"match": {"safe_regex": {"regex": HTTP_STATS_PATHS}},
          "route": _forward("replicas_http_stats", gateway, grpc=False)},
+        *([_pinned({"match": {"path": schema.RANKER_INFER_PATH}, "route": _forward("replicas_http", gateway, False)},
+                   gateway, grpc=False)] if gateway.release is not None else []),
         {"match": {"safe_regex": {"regex": HTTP_MODEL_PATHS}},
          "route": _forward("replicas_http", gateway, grpc=False)},
         {"match": {"prefix": "/"}, **_refuse(403, REFUSED_TEXT)},
@@ -278,12 +382,18 @@ def _grpc_routes(gateway: Gateway) -> list[dict]:
         {"match": {"prefix": "/", "headers": [{"name": "grpc-encoding", "invert_match": True,
                                                "string_match": {"exact": "identity"}}]},
          **_refuse(404, "refused at the gateway: send gRPC messages uncompressed\n")},
-        *({"match": {"path": path, "grpc": {}},
-           "route": _forward("replicas_grpc_stats" if path.endswith(GRPC_STATS_METHOD) else "replicas_grpc",
-                             gateway, grpc=True)}
-          for path in paths),
+        *(_grpc_route(path, gateway) for path in paths),
         {"match": {"prefix": "/"}, **_refuse(403, REFUSED_TEXT)},
     ]
+
+
+def _grpc_route(path: str, gateway: Gateway) -> dict:
+    route = {"match": {"path": path, "grpc": {}},
+             "route": _forward("replicas_grpc_stats" if path.endswith(GRPC_STATS_METHOD) else "replicas_grpc",
+                               gateway, grpc=True)}
+    if path.endswith("/ModelInfer"):
+        return _pinned(route, gateway, grpc=True)
+    return _lua_off(route) if _has_lua(gateway) else route
 
 
 def _switch(key: str, on: bool) -> dict:
@@ -304,8 +414,19 @@ def _connection_manager(name: str, gateway: Gateway, grpc: bool) -> dict:
     filters.append({"name": "envoy.filters.http.buffer", "typed_config": {
         "@type": _TYPES + "extensions.filters.http.buffer.v3.Buffer",
         "max_request_bytes": gateway.max_request_bytes}})
+    if grpc and _has_lua(gateway):
+        filters.append({"name": LUA_FILTER, "typed_config": {
+            "@type": _TYPES + "extensions.filters.http.lua.v3.Lua",
+            "default_source_code": {"inline_string": PIN_VERSION_LUA}}})
     filters.append({"name": "envoy.filters.http.router", "typed_config": {
         "@type": _TYPES + "extensions.filters.http.router.v3.Router"}})
+    if gateway.routes_dir is not None:
+        routes = {"rds": {"route_config_name": name, "config_source": {
+            "resource_api_version": "V3",
+            "path_config_source": {"path": str(_routes_file(gateway.routes_dir, name)),
+                                   "watched_directory": {"path": str(gateway.routes_dir)}}}}}
+    else:
+        routes = {"route_config": route_config(name, gateway, grpc)}
     return {
         "@type": _TYPES + "extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": name,
@@ -316,11 +437,47 @@ def _connection_manager(name: str, gateway: Gateway, grpc: bool) -> dict:
         "path_with_escaped_slashes_action": "REJECT_REQUEST",
         "request_headers_timeout": "10s",
         "common_http_protocol_options": {"idle_timeout": "300s", "headers_with_underscores_action": "REJECT_REQUEST"},
-        "route_config": {"name": name, "virtual_hosts": [{
-            "name": name, "domains": ["*"],
-            "routes": _grpc_routes(gateway) if grpc else _http_routes(gateway)}]},
+        **routes,
         "http_filters": filters,
     }
+
+
+def route_config(name: str, gateway: Gateway, grpc: bool) -> dict:
+    """The routes of the listener ``name`` (``http`` or ``grpc``)."""
+    host = {"name": name, "domains": ["*"], "routes": _grpc_routes(gateway) if grpc else _http_routes(gateway)}
+    if gateway.release is not None:
+        host["request_headers_to_add"] = [{"header": {"key": RELEASE_HEADER, "value": str(gateway.release)},
+                                           "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
+    return {"name": name, "virtual_hosts": [host]}
+
+
+def _routes_file(directory: str | Path, name: str) -> Path:
+    return Path(directory) / f"routes-{name}.json"
+
+
+def routes_version(release: int | None) -> str:
+    """The ``version_info`` a routes file pinned to ``release`` carries (Envoy reports it once applied)."""
+    return f"release-{release}" if release is not None else "unpinned"
+
+
+def write_routes(gateway: Gateway) -> list[Path]:
+    """Write both listeners' routes of ``gateway`` (its ``release``) into ``gateway.routes_dir``,
+    each file replaced by a rename: Envoy reads the new file whole and every request it takes after
+    that uses the new routes."""
+    if gateway.routes_dir is None:
+        raise GatewayError("this gateway's routes are part of its bootstrap: no routes_dir to write")
+    gateway.check()
+    directory = Path(gateway.routes_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, grpc in (("http", False), ("grpc", True)):
+        target = _routes_file(directory, name)
+        tmp = directory / f".{target.name}.tmp"
+        tmp.write_text(json.dumps({"version_info": routes_version(gateway.release), "resources": [
+            {"@type": _TYPES + "config.route.v3.RouteConfiguration", **route_config(name, gateway, grpc)}]}))
+        os.replace(tmp, target)
+        written.append(target)
+    return written
 
 
 def _listener(name: str, port: int, gateway: Gateway, grpc: bool) -> dict:
@@ -334,6 +491,7 @@ def envoy_config(gateway: Gateway) -> dict:
     """The Envoy bootstrap of ``gateway`` (see the module docstring); raises :class:`GatewayError`."""
     gateway.check()
     return {
+        "node": {"id": "gateway", "cluster": "ensemble-gateway"},  # file-based route discovery needs both
         "admin": {"address": _address("127.0.0.1", gateway.admin_port)},
         "static_resources": {
             "listeners": [_listener("http", gateway.http_port, gateway, grpc=False),

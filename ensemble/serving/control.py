@@ -27,6 +27,9 @@ from ensemble.schema import Model
 
 ADMIN_HEADER = "ensemble-admin-key"
 ADMIN_KEY_ENV = "ENSEMBLE_ADMIN_KEY"
+# The release a fleet's gateway sends a request to (ensemble.fleet.gateway sets it); tritonserver passes
+# it to the models as a request parameter of this name.
+RELEASE_HEADER = "ensemble-release"
 
 
 class ControlError(RuntimeError):
@@ -81,9 +84,12 @@ class Control:
 
     def serving_release(self) -> int | None:
         """The ranker version Triton reports READY (the newest, if several are)."""
-        ready = [int(m["version"]) for m in self._request("/v2/repository/index", {})
-                 if m.get("name") == self.model and m.get("state") == "READY" and m.get("version")]
-        return max(ready, default=None)
+        return max(self.ready_versions(), default=None)
+
+    def ready_versions(self) -> list[int]:
+        """Every ranker version Triton reports READY, oldest first (two during a fleet's release)."""
+        return sorted(int(m["version"]) for m in self._request("/v2/repository/index", {})
+                      if m.get("name") == self.model and m.get("state") == "READY" and m.get("version"))
 
     def scored(self) -> int:
         """Requests the ranker has answered successfully so far (Triton's statistics, all versions)."""
@@ -127,18 +133,20 @@ class Control:
         finally:
             client.close()
 
-    def load_release(self, release: int, timeout: float = 300.0) -> None:
-        """Serve version ``release`` (and only it) of the ranker."""
+    def load_release(self, release: int | list[int], timeout: float = 300.0) -> None:
+        """Serve version ``release`` (and only it) of the ranker, or every version of a list."""
         config = self.config()
-        config["version_policy"] = {"specific": {"versions": [int(release)]}}
+        config["version_policy"] = {"specific": {"versions": sorted({int(v) for v in (
+            release if isinstance(release, list) else [release])})}}
         self.load(config, timeout)
 
     def infer(self, dense, categorical, outputs: tuple[str, ...] = tuple(t.name for t in schema.RANKER_OUTPUTS),
-              timeout: float = 60.0) -> dict:
+              timeout: float = 60.0, version: int | None = None) -> dict:
         """Score rows through the ranker's v2 JSON endpoint: output name -> [B] float array.
 
         For checks (deploy's served == in-process); the clients (``clients.triton``) are the fast path.
-        A request the ranker predicts would miss its deadline is refused with 503: retried up to ``BUSY_RETRIES``
+        ``version``: that ranker version (None: the server's choice). A request the ranker predicts
+        would miss its deadline is refused with 503: retried up to ``BUSY_RETRIES``
         times with growing pauses (about 8 s in all), as the clients do.
         """
         import numpy as np
@@ -146,7 +154,9 @@ class Control:
         body = schema.v2_json_request(dense, categorical, outputs)
         for attempt in range(BUSY_RETRIES + 1):
             try:
-                reply = self._request(schema.RANKER_INFER_PATH, body, timeout)
+                path = schema.RANKER_INFER_PATH if version is None else \
+                    f"/v2/models/{self.model}/versions/{version}/infer"
+                reply = self._request(path, body, timeout)
                 break
             except ControlError as exc:
                 if exc.status != BUSY_STATUS or attempt == BUSY_RETRIES:

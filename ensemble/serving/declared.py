@@ -6,6 +6,10 @@ supervisor, another replica) loads that release instead of the newest exported o
 file (nothing deployed yet), or when it names a release that is no longer in the repository (export
 keeps the newest ``--keep`` versions), a server serves the newest release, as before any deploy.
 Exporting never changes what is declared: a new release serves only once it is deployed.
+
+During a release across a fleet (:mod:`ensemble.fleet.release`) the file also lists the versions
+every replica must hold (the serving release and the one being switched to), so a replica that
+starts in the middle of the switch can answer for either.
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ def path(repository: str | Path) -> Path:
     return Path(repository) / Model.RANKER.value / FILE_NAME
 
 
-def write(repository: str | Path, release: int, by: str) -> Path:
-    """Declare ``release`` (atomically: a reader sees the old file or the new one)."""
+def write(repository: str | Path, release: int, by: str, versions: list[int] | None = None) -> Path:
+    """Declare ``release`` and the ``versions`` a server loads (default: that release alone),
+    atomically: a reader sees the old file or the new one."""
     target = path(repository)
     tmp = target.with_name(f".{FILE_NAME}.{os.getpid()}")
-    tmp.write_text(json.dumps({"release": int(release), "by": by,
+    loaded = sorted({int(v) for v in versions or ()} | {int(release)})
+    tmp.write_text(json.dumps({"release": int(release), "versions": loaded, "by": by,
                                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
     os.replace(tmp, target)
     return target
@@ -41,3 +47,17 @@ def read(repository: str | Path) -> int | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return release if (Path(repository) / Model.RANKER.value / str(release)).is_dir() else None
+
+
+def versions(repository: str | Path) -> list[int] | None:
+    """The versions a server on ``repository`` loads: the declared release and any other the
+    declaration lists that the repository still holds; None when nothing valid is declared."""
+    release = read(repository)
+    if release is None:
+        return None
+    try:
+        listed = [int(v) for v in json.loads(path(repository).read_text()).get("versions", [])]
+    except (OSError, ValueError, TypeError, AttributeError):
+        listed = []
+    folder = Path(repository) / Model.RANKER.value
+    return sorted({release} | {v for v in listed if (folder / str(v)).is_dir()})

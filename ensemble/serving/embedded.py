@@ -7,8 +7,9 @@ order yielded; the call itself is the python backend's (:class:`ensemble.serving
 admission, validation, one batch, errors per request).
 
 The same backend serves the ``rank`` model in the native layout (:class:`RankModel`): ranking
-requests scored by the pipeline of the ranker version loaded last in this process, so a ranking
-request costs what its rows cost, with no second process or inference hop.
+requests scored by the pipeline of a ranker version loaded in this process (the release a fleet's
+gateway named in the request, else the one loaded last), so a ranking request costs what its rows
+cost, with no second process or inference hop.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class RankerModel:
     (the served config's inputs, checked against the ranker's)."""
 
     def __init__(self, config_json: str, repository: str, version: int):
+        self.version = int(version)
         config = json.loads(config_json)
         params = runtime.model_parameters(config_json)
         runner = runtime.load_fused(Path(repository) / str(version), int(params.get("threads", "1")))
@@ -66,7 +68,7 @@ class RankerModel:
         self.ranker.runner.fn.close()
 
     def execute(self, requests: Sequence[tuple], exec_start: float) -> Iterator[tuple[int, tuple]]:
-        """Answers for ``requests`` (each ``(inputs, timeout_us, bulk, requested_outputs)``, inputs in
+        """Answers for ``requests`` (each ``(inputs, timeout_us, bulk, requested_outputs, release)``, inputs in
         ``input_names`` order as ``(datatype, shape, buffer)`` or None), as (index, answer) with an
         answer ``("ok", ((name, float32 array), ...))`` or ``("error", code, message)``."""
         call = [calls.CallRequest(lambda given=r[0]: self._inputs(given), _admitted(r), tuple(r[3])) for r in requests]
@@ -116,10 +118,18 @@ def _admitted(request: tuple) -> admission.Request:
     return admission.Request(rows, request[1] * 1e-6, bool(request[2]))
 
 
+def _ranker_of(release: str | None) -> "RankerModel | None":
+    """The loaded ranker version ``release`` names (None: the one loaded last)."""
+    if release is None:
+        return _LOADED[-1] if _LOADED else None
+    return next((m for m in reversed(_LOADED) if str(m.version) == release.strip()), None)
+
+
 class RankModel:
     """The ``rank`` model in Triton's process: one context and N candidates per request, scored by
-    the pipeline of the ranker loaded last (:data:`_LOADED`); the ranker's admission policy does
-    not see these requests."""
+    the pipeline of the ranker version the request's ``ensemble-release`` parameter names (a fleet's
+    gateway sets it), else of the one loaded last (:data:`_LOADED`); the ranker's admission policy
+    does not see these requests."""
 
     def __init__(self, config_json: str):
         config = json.loads(config_json)
@@ -137,11 +147,13 @@ class RankModel:
             try:
                 given = dict(zip(self.input_names, request[0]))
                 arrays = {name: self._array(name, value) for name, value in given.items() if value is not None}
-                if not _LOADED:
-                    yield i, ("error", calls.UNAVAILABLE, "the ranker is not loaded: nothing to rank with")
+                ranker = _ranker_of(request[4] if len(request) > 4 else None)
+                if ranker is None:
+                    yield i, ("error", calls.UNAVAILABLE, "the ranker is not loaded: nothing to rank with"
+                              if not _LOADED else f"release {request[4]} of the ranker is not loaded here")
                     continue
                 k = arrays.get(schema.TOP_K.name)
-                order, scores = _LOADED[-1].ranker.runner.fn.rank(
+                order, scores = ranker.ranker.runner.fn.rank(
                     arrays.get(schema.CONTEXT_DENSE.name), arrays.get(schema.CONTEXT_CATEGORICAL.name),
                     arrays.get(schema.CANDIDATE_DENSE.name), arrays.get(schema.CANDIDATE_CATEGORICAL.name),
                     int(k.reshape(-1)[0]) if k is not None and k.size else None)

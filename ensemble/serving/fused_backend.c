@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "triton_api.h"
@@ -261,8 +262,12 @@ static PyObject *input_object(TRITONBACKEND_Request *request, const char *name, 
     return Py_BuildValue("(iNN)", (int)datatype, shape_tuple, data);
 }
 
-static int request_bulk(TRITONBACKEND_Request *request) {
+/* The request's "bulk" flag and its "ensemble-release" parameter (the release a fleet's gateway routed
+ * it to, forwarded from its header by tritonserver; NULL when absent), valid during the request. */
+static int request_parameters(TRITONBACKEND_Request *request, const char **release) {
     uint32_t count = 0;
+    int bulk = 0;
+    *release = NULL;
     TRITONSERVER_Error *err = TRITONBACKEND_RequestParameterCount(request, &count);
     if (err) {
         TRITONSERVER_ErrorDelete(err);
@@ -277,12 +282,13 @@ static int request_bulk(TRITONBACKEND_Request *request) {
             TRITONSERVER_ErrorDelete(err);
             continue;
         }
-        if (strcmp(key, "bulk") == 0 && type == TS_PARAMETER_BOOL) return *(const bool *)value ? 1 : 0;
+        if (strcmp(key, "bulk") == 0 && type == TS_PARAMETER_BOOL) bulk = *(const bool *)value ? 1 : 0;
+        if (strcasecmp(key, "ensemble-release") == 0 && type == TS_PARAMETER_STRING) *release = (const char *)value;
     }
-    return 0;
+    return bulk;
 }
 
-/* (inputs, timeout_us, bulk, requested_outputs) for one request. */
+/* (inputs, timeout_us, bulk, requested_outputs, release or None) for one request. */
 static PyObject *request_object(ModelState *state, TRITONBACKEND_Request *request, PyObject *views) {
     PyObject *inputs = PyTuple_New(state->n_inputs);
     for (int i = 0; i < state->n_inputs; i++) {
@@ -306,8 +312,15 @@ static PyObject *request_object(ModelState *state, TRITONBACKEND_Request *reques
         if (err) TRITONSERVER_ErrorDelete(err);
         PyTuple_SET_ITEM(outputs, i, PyUnicode_FromString(name));
     }
-    return Py_BuildValue("(NKON)", inputs, (unsigned long long)timeout_us,
-                         request_bulk(request) ? Py_True : Py_False, outputs);
+    const char *release = NULL;
+    int bulk = request_parameters(request, &release);
+    PyObject *release_object = release ? PyUnicode_FromString(release) : NULL;
+    if (release_object == NULL) {
+        PyErr_Clear(); /* absent, or not UTF-8: no release named */
+        release_object = Py_NewRef(Py_None);
+    }
+    return Py_BuildValue("(NKONN)", inputs, (unsigned long long)timeout_us, bulk ? Py_True : Py_False, outputs,
+                         release_object);
 }
 
 /* Send one answer: ("error", code, message) or ("ok", ((name, array), ...)). False when the

@@ -5,8 +5,9 @@ the candidates (:mod:`ensemble.serving.ranking`), has the served ``ranker`` scor
 request (several when N is above its max_batch_size) through Triton's in-process inference calls,
 and answers ``scores`` (every candidate's, in the order sent) and ``order`` (indices best first, the
 first ``top_k`` when given). The ranker scores them under its own admission policy with this
-request's timeout, so a ranking request is refused exactly when its rows would be. The model
-imports numpy only: the frameworks live in the ranker.
+request's timeout, so a ranking request is refused exactly when its rows would be. A request that
+names a release in its ``ensemble-release`` parameter (a fleet's gateway sets it) is scored by that
+version of the ranker. The model imports numpy only: the frameworks live in the ranker.
 """
 
 import json
@@ -50,7 +51,7 @@ class TritonPythonModel:
 
     def _score(self, request, dense, categorical):
         call = pb_utils.InferenceRequest(
-            model_name=schema.Model.RANKER.value, requested_output_names=[schema.SCORE.name],
+            model_name=schema.Model.RANKER.value, model_version=_release(request), requested_output_names=[schema.SCORE.name],
             inputs=[pb_utils.Tensor(schema.DENSE.name, np.ascontiguousarray(dense, np.float32)),
                     pb_utils.Tensor(schema.CATEGORICAL.name, np.ascontiguousarray(categorical, object))],
             timeout=request.timeout())
@@ -66,6 +67,15 @@ class _RankerError(Exception):
     def __init__(self, message, code):
         super().__init__(message)
         self.message, self.code = message, code
+
+
+def _release(request) -> int:
+    """The ranker version the request's ``ensemble-release`` parameter names; -1 (Triton's choice) without one."""
+    try:
+        value = json.loads(request.parameters() or "{}").get("ensemble-release")
+        return int(value) if value is not None else -1
+    except (ValueError, TypeError, AttributeError):
+        return -1
 
 
 def _optional(request, name):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ensemble.repository.configs import LATENCY_OBJECTIVE_PARAMETER, config_file, config_name
 from ensemble.serving import lifecycle, processes
-from ensemble.serving.control import ADMIN_HEADER, Control, ControlError
+from ensemble.serving.control import ADMIN_HEADER, RELEASE_HEADER, Control, ControlError
 from ensemble.models.registry import Layout
 from ensemble import schema
 from ensemble.schema import Model
@@ -194,6 +194,8 @@ class TritonServer:
         if (Path(o.repository) / schema.RANK_MODEL / config_file(Layout(o.layout))).is_file():
             cmd.append(f"--load-model={schema.RANK_MODEL}")  # ranking requests (ensemble/serving/rank_model.py)
         cmd += door_options(binary, self.environment(binary))
+        # the release a fleet's gateway routes a request to reaches the models as a request parameter
+        cmd += [f"--http-header-forward-pattern=^{RELEASE_HEADER}$", f"--grpc-header-forward-pattern=^{RELEASE_HEADER}$"]
         if o.admin_key:
             cmd += [f"--http-restricted-api=model-repository:{ADMIN_HEADER}={o.admin_key}",
                     f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={o.admin_key}"]
@@ -269,6 +271,13 @@ class TritonServer:
             return None
         return declared.read(self.options.repository)
 
+    def declared_versions(self) -> list[int] | None:
+        """The ranker versions this server loads: the declared release, and during a release across a
+        fleet the other one being switched to or from (None: the newest)."""
+        from ensemble.serving import declared
+
+        return declared.versions(self.options.repository) if self.declared_release() is not None else None
+
     def _ranker_override(self) -> bool:
         return self.options.latency_objective_ms is not None or self.declared_release() is not None
 
@@ -286,9 +295,9 @@ class TritonServer:
         if o.latency_objective_ms is not None:
             config.setdefault("parameters", {})[LATENCY_OBJECTIVE_PARAMETER] = {
                 "string_value": f"{o.latency_objective_ms:g}"}
-        release = self.declared_release()
-        if release is not None:
-            config["version_policy"] = {"specific": {"versions": [release]}}
+        versions = self.declared_versions()
+        if versions:
+            config["version_policy"] = {"specific": {"versions": versions}}
         try:
             Control.of(self.http_url, key=o.admin_key or "", grpc=self.grpc_url).load(config)
         except ControlError as exc:

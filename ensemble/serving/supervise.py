@@ -106,7 +106,7 @@ class Supervisor:
         self._failures = 0
         self._body: bytes | None = None  # sized for the served dataset at the first probe
         self.control = Control.of(server.http_url, key=server.options.admin_key or "", grpc=server.grpc_url)
-        self.release: int | None = None  # the release last seen serving: restored after a restart
+        self.versions: list[int] = []  # the ranker versions last seen serving: restored after a restart
         self._config: dict | None = None
         self._rank_request: bytes | None = None  # the rank model's probe, sized at its first use
         self._rank_failures, self._rank_scored = 0, None
@@ -150,12 +150,12 @@ class Supervisor:
             pass
         return None if self._config is None else json.loads(json.dumps(self._config))
 
-    def reload_ranker(self, release: int | None = None, unload_first: bool = False) -> None:
+    def reload_ranker(self, release: int | list[int] | None = None, unload_first: bool = False) -> None:
         """Load the ranker again with its served config (pinned to ``release`` when given) and a
         new generation number (Triton skips a load whose config is unchanged).
 
         Args:
-            release: serve this version only.
+            release: serve this version only (a list: these versions).
             unload_first: unload it before loading (a heal: readiness then says not-ready until
                 the new instance serves). Without it Triton swaps instances with no gap (a healthy
                 server restoring a release).
@@ -167,7 +167,7 @@ class Supervisor:
         if config is not None:
             config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": str(self.heals)}
             if release is not None:
-                config["version_policy"] = {"specific": {"versions": [release]}}
+                config["version_policy"] = {"specific": {"versions": release if isinstance(release, list) else [release]}}
         if unload_first:
             self.control.unload(self.policy.load_timeout)
         self.control.load(config, self.policy.load_timeout)
@@ -320,13 +320,13 @@ class Supervisor:
         time.sleep(pause)
         self.server.start()
         self.log("tritonserver ready again")
-        if self.release is not None:
+        if self.versions and self.server.declared_versions() is None:  # else start() loaded what is declared
             try:
-                if self.serving_release() != self.release:
-                    self.reload_ranker(self.release)  # a deployed or rolled-back release, not just the newest
-                    self.log(f"release {self.release} restored")
+                if self.control.ready_versions() != self.versions:
+                    self.reload_ranker(list(self.versions))  # a deployed or rolled-back release, not just the newest
+                    self.log(f"release(s) {self.versions} restored")
             except ControlError as exc:
-                self.log(f"could not restore release {self.release}: {exc}")
+                self.log(f"could not restore release(s) {self.versions}: {exc}")
 
     def check(self) -> None:
         """One supervision step: restart a dead server, heal a ranker that stopped answering."""
@@ -345,10 +345,10 @@ class Supervisor:
             self._failures, self._scored = 0, None
             self._check_rank()
             try:
-                release = self.serving_release()
-                if release != self.release or self._config is None:
+                versions = self.control.ready_versions()
+                if versions != self.versions or self._config is None:
                     self._config = self.control.config()
-                self.release = release
+                self.versions = versions
             except ControlError:
                 pass
             return

@@ -39,3 +39,15 @@ def test_the_declare_command_shows_sets_and_clears(tmp_path, capsys):
     assert cli.main(["declare", *repo, "--release", "9"]) == 2 and "no release 9" in capsys.readouterr().err
     assert declared.read(tmp_path) == 3  # a refused release changes nothing
     assert cli.main(["declare", *repo, "--clear"]) == 0 and declared.read(tmp_path) is None
+
+
+def test_a_release_in_progress_declares_both_versions(tmp_path):
+    for version in (3, 4):
+        (tmp_path / "ranker" / str(version)).mkdir(parents=True)
+    assert declared.versions(tmp_path) is None
+    declared.write(tmp_path, 3, "deploy", versions=[3, 4])
+    assert declared.read(tmp_path) == 3 and declared.versions(tmp_path) == [3, 4]
+    declared.write(tmp_path, 4, "deploy", versions=[4, 5])  # 5 is not in the repository: not loaded
+    assert declared.versions(tmp_path) == [4]
+    declared.write(tmp_path, 4, "deploy")
+    assert declared.versions(tmp_path) == [4]

@@ -23,6 +23,7 @@ def _gateways() -> dict[str, gw.Gateway]:
             "two replicas": TWO,
             "three replicas, all interfaces, own limits": gw.Gateway(three, host="0.0.0.0", max_request_bytes=4096,
                                                                      max_requests=10, retries=0),
+            "pinned to a release": replace(TWO, release=7),
             "fleet plan": plan(FleetOptions(ServerOptions(Path("repo"), http_port=18500, grpc_port=18501,
                                                           metrics_port=18502, latency_objective_ms=10.0),
                                             replicas=4, replica_ports=18600, admin_port=18599))[1]}
@@ -145,3 +146,49 @@ def test_serve_refuses_bad_fleet_flags_before_starting_anything(capsys, argv, me
         code = exc.code
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_pinned_gateway_names_the_release_in_every_ranker_request():
+    config = gw.envoy_config(replace(TWO, release=7))
+    http = _routes(config, "http")
+    pinned = [r for r in http if r["match"].get("path") == "/v2/models/ranker/infer"]
+    assert pinned and pinned[0]["route"]["prefix_rewrite"] == "/v2/models/ranker/versions/7/infer"
+    versioned = next(r for r in http if "safe_regex" in r["match"] and "models" in r["match"]["safe_regex"]["regex"]
+                     and "stats" not in r["match"]["safe_regex"]["regex"])
+    assert "prefix_rewrite" not in versioned["route"]  # a request naming its version keeps it
+    grpc = _routes(config, "grpc")
+    infer = next(r for r in grpc if r["match"].get("path", "").endswith("/ModelInfer"))
+    assert infer["metadata"]["filter_metadata"][gw.LUA_FILTER] == {"release": "7"}
+    manager = {item["name"]: item["filter_chains"][0]["filters"][0]["typed_config"]
+               for item in config["static_resources"]["listeners"]}
+    for name in ("http", "grpc"):
+        header = manager[name]["route_config"]["virtual_hosts"][0]["request_headers_to_add"][0]["header"]
+        assert header == {"key": "ensemble-release", "value": "7"}
+    assert [f["name"] for f in manager["grpc"]["http_filters"]][-2:] == [gw.LUA_FILTER, "envoy.filters.http.router"]
+    assert gw.LUA_FILTER not in [f["name"] for f in manager["http"]["http_filters"]]
+    unpinned = gw.envoy_config(TWO)
+    assert "/v2/models/ranker/infer" not in [r["match"].get("path") for r in _routes(unpinned, "http")]
+
+
+def test_routes_from_files_switch_by_rename(tmp_path):
+    gateway = replace(TWO, release=3, routes_dir=str(tmp_path))
+    with pytest.raises(gw.GatewayError, match="bootstrap"):
+        gw.write_routes(TWO)
+    written = gw.write_routes(gateway)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["routes-grpc.json", "routes-http.json"] == \
+        sorted(p.name for p in written)  # no temporary file left beside them
+    import json
+
+    http = json.loads((tmp_path / "routes-http.json").read_text())
+    assert http["version_info"] == gw.routes_version(3) and http["resources"][0]["name"] == "http"
+    manager = gw.envoy_config(gateway)["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    rds = manager["typed_config"]["rds"]
+    assert rds["config_source"]["path_config_source"]["path"] == str(tmp_path / "routes-http.json")
+    validate(gw.envoy_config(gateway))  # Envoy reads the files
+    gw.write_routes(replace(gateway, release=4))
+    assert json.loads((tmp_path / "routes-grpc.json").read_text())["version_info"] == gw.routes_version(4)
+    # between releases nothing is pinned and the Lua filter is off on every gRPC route (no cost)
+    unpinned = gw.route_config("grpc", replace(gateway, release=None), grpc=True)
+    forwarded = [r for r in unpinned["virtual_hosts"][0]["routes"] if "route" in r]
+    assert forwarded and all(r["typed_per_filter_config"][gw.LUA_FILTER]["disabled"] for r in forwarded)
+    assert "request_headers_to_add" not in unpinned["virtual_hosts"][0]
