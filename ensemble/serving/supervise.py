@@ -16,7 +16,12 @@ Two faults seen here, and what the supervisor does about them:
   the clients retry. Nothing is lost by it: the broken instance could only answer errors.
   A probe refused or timed out while the ranker keeps scoring other requests (Triton's success
   count grows) is overload, not a fault: the ranker refuses what would miss its deadline, and a reload
-  would only take the ranker away from the requests it does serve.
+  would only take the ranker away from the requests it does serve. A probe *refused by the ranker's
+  admission* (503 ``refused: ...``: its code ran and answered) counts as a failure only once no
+  request at all has been scored for ``refusing_stall`` seconds: a server starved of CPU (its HTTP
+  front end parsing a flood of large requests) can go half a second without finishing a call while
+  it refuses the rest, and healing it, in the native layout a restart of the whole server, would
+  turn refusals into connection errors.
 - **A backend process is stopped** (SIGSTOP, a debugger or profiler holding it: state ``T``/``t`` in
   ``/proc``). Each step looks at the backend processes' states before probing (and again after
   a failed probe); one still stopped ``stop_confirm`` seconds later is ended and healed as above
@@ -83,6 +88,7 @@ class SupervisorPolicy:
     backoff: float = 1.0
     max_backoff: float = 30.0
     stop_confirm: float = 0.2  # a backend process stopped this long is stalled, not a profiler's sample
+    refusing_stall: float = 5.0  # seconds of refused probes with nothing scored before they count as failures
 
 
 class GaveUp(ServerError):
@@ -111,6 +117,7 @@ class Supervisor:
         self._rank_request: bytes | None = None  # the rank model's probe, sized at its first use
         self._rank_failures, self._rank_scored = 0, None
         self._scored: int | None = None  # successful requests at the last failed probe
+        self._refusing_since: float | None = None  # first refused probe since a request was last scored
 
     def probe(self) -> str | None:
         """None when a 1-row request is scored, else why not."""
@@ -137,9 +144,6 @@ class Supervisor:
             return exc.code, exc.read()[:300].decode(errors="replace")
         except (urllib.error.URLError, OSError) as exc:
             return 0, f"{type(exc).__name__}: {exc}"
-
-    def serving_release(self) -> int | None:
-        return self.control.serving_release()
 
     def served_config(self) -> dict | None:
         """The ranker's served config; the last one seen when it is not loaded (a heal whose load
@@ -342,7 +346,7 @@ class Supervisor:
             return
         problem = self.probe()
         if problem is None:
-            self._failures, self._scored = 0, None
+            self._failures, self._scored, self._refusing_since = 0, None, None
             self._check_rank()
             try:
                 versions = self.control.ready_versions()
@@ -358,8 +362,13 @@ class Supervisor:
             return
         broken = BROKEN_STUB in problem
         if not broken and self._progressing():
-            self._failures = 0  # refused or slow, yet scoring others' requests: overloaded, not broken
+            self._failures, self._refusing_since = 0, None  # refused or slow, yet scoring others' requests: overloaded
             return
+        if not broken and schema.OVERLOAD_REFUSAL in problem:  # the ranker's admission answered: its code runs
+            now = self.clock()
+            self._refusing_since = now if self._refusing_since is None else self._refusing_since
+            if now - self._refusing_since < self.policy.refusing_stall:
+                return
         self._failures += 1
         if (self._failures < self.policy.failures_to_heal and not broken) or not self.server.alive():
             return

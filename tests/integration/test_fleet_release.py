@@ -167,6 +167,31 @@ def test_a_replica_that_cannot_load_the_release_aborts_it_and_nothing_changes(fl
     assert declared.read(fleet.repository) == serving and declared.versions(fleet.repository) == [serving]
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_ranking_request_is_scored_by_the_release_its_header_names(fleet, protocol):
+    """The gateway's ``ensemble-release`` header reaches the rank model (tritonserver forwards it as
+    a request parameter): sent straight to a replica, a loaded release ranks, another is refused."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    record = fleet.record()
+    replica = record.gateway.replicas[0]
+    module = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(f"{replica.host}:{replica.http_port if protocol == 'http' else replica.grpc_port}")
+    dense, cats = fresh_rows(6, seed=45)
+    inputs = [module.InferInput(schema.CANDIDATE_DENSE.name, list(dense.shape), "FP32"),
+              module.InferInput(schema.CANDIDATE_CATEGORICAL.name, list(cats.shape), "BYTES")]
+    inputs[0].set_data_from_numpy(dense.astype(np.float32))
+    inputs[1].set_data_from_numpy(cats.astype(object))
+    ranked = client.infer(schema.RANK_MODEL, inputs, headers={"ensemble-release": str(record.release)})
+    assert sorted(ranked.as_numpy(schema.ORDER.name).reshape(-1)) == list(range(len(dense)))
+    with pytest.raises(InferenceServerException, match="release 999 of the ranker is not loaded"):
+        client.infer(schema.RANK_MODEL, inputs, headers={"ensemble-release": "999"})
+    client.close()
+
+
 def test_a_replica_killed_after_a_release_comes_back_serving_it(fleet):
     assert cli.main(["deploy", "--url", fleet.http, "--release", str(fleet.new)]) == 0
     record = fleet.record()

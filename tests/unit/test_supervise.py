@@ -102,7 +102,6 @@ def test_a_stop_shorter_than_stop_confirm_is_left_alone(tmp_path, monkeypatch):
     monkeypatch.setattr(processes, "stat_fields", lambda pid: [next(states, "S")])
     monkeypatch.setattr(supervisor, "probe", lambda: None)
     monkeypatch.setattr(supervisor, "_check_rank", lambda: None)
-    monkeypatch.setattr(supervisor, "serving_release", lambda: 1)
     supervisor._config = {}
     try:
         supervisor.check()
@@ -117,7 +116,6 @@ def test_a_stopped_rank_process_is_healed_and_the_ranker_left_alone(tmp_path, mo
     monkeypatch.setattr(supervisor, "probe", lambda: None)
     monkeypatch.setattr(supervisor, "probe_rank", lambda: pytest.fail("probed a stopped rank model"))
     monkeypatch.setattr(supervisor, "heal_rank", healed.append)
-    monkeypatch.setattr(supervisor, "serving_release", lambda: 1)
     supervisor._config = {}
     try:
         _stop(stubs.procs["rank"].pid)
@@ -136,7 +134,6 @@ def test_a_rank_answer_naming_the_rankers_process_heals_the_ranker_not_rank(tmp_
     monkeypatch.setattr(supervisor, "probe_rank",
                         lambda: '{"error":"ranker: Stub process \'ranker_0_0\' is not healthy."}')
     monkeypatch.setattr(supervisor, "heal_rank", lambda problem: pytest.fail("healed rank for the ranker's fault"))
-    monkeypatch.setattr(supervisor, "serving_release", lambda: 1)
     supervisor._config = {}
     try:
         supervisor.check()
@@ -144,3 +141,35 @@ def test_a_rank_answer_naming_the_rankers_process_heals_the_ranker_not_rank(tmp_
         assert reloads == [True], lines
     finally:
         stubs.close()
+
+
+@pytest.mark.parametrize("layout", [Layout.NATIVE, Layout.FUSED])
+def test_refusals_heal_only_after_nothing_was_scored_for_the_stall_window(tmp_path, monkeypatch, layout):
+    """Probes refused by the ranker's admission while nothing is scored: overload on a starved server
+    for up to ``refusing_stall`` seconds, a wedged ranker after it (the native layout restarts the server)."""
+    server = TritonServer(ServerOptions(tmp_path, log_file=tmp_path / "log", layout=layout))
+    monkeypatch.setattr(server, "alive", lambda: True)
+    now = [0.0]
+    acted: list[str] = []
+    supervisor = Supervisor(server, SupervisorPolicy(refusing_stall=5.0), log=lambda _: None, clock=lambda: now[0])
+    monkeypatch.setattr(supervisor, "probe", lambda: 'HTTP 503: {"error":"refused: the ranker is at capacity"}')
+    monkeypatch.setattr(supervisor, "_progressing", lambda: False)
+    monkeypatch.setattr(supervisor, "_stopped_ranker_stubs", lambda: {})
+    monkeypatch.setattr(supervisor, "restart", lambda: acted.append("restart"))
+    monkeypatch.setattr(supervisor, "_heal", lambda problem, models=None: acted.append("heal"))
+    for t in (0.0, 1.0, 2.0, 3.0, 4.0, 4.9):
+        now[0] = t
+        supervisor.check()
+    assert acted == []
+    for t in (5.0, 6.0):
+        now[0] = t
+        supervisor.check()
+    assert acted == ["restart" if layout is Layout.NATIVE else "heal"]
+    # a probe that is not a refusal (no answer) keeps the two-strike rule
+    acted.clear()
+    supervisor._failures, supervisor._refusing_since = 0, None
+    monkeypatch.setattr(supervisor, "probe", lambda: "TimeoutError: timed out")
+    for t in (10.0, 11.0):
+        now[0] = t
+        supervisor.check()
+    assert len(acted) == 1
