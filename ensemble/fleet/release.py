@@ -40,7 +40,7 @@ from typing import Callable
 from ensemble.fleet.gateway import Gateway, Replica, routes_version, write_routes
 from ensemble.serving import declared
 from ensemble.serving.control import Control, ControlError
-from ensemble.serving.deploy import PARITY_ATOL, DeployError, _fresh_rows, available_releases, check_release
+from ensemble.serving.deploy import PARITY_ATOL, DeployError, available_releases, check_release, fresh_rows
 
 RUN_DIR_ENV = "ENSEMBLE_RUN_DIR"
 RETIRE_AFTER = 2.0  # seconds between the switch and unloading the old release
@@ -206,7 +206,7 @@ def switch(fleet: FleetRecord, release: int, holdout: str | Path | None = None, 
         fleet = _route(fleet, serving)
         _declare(fleet.repository, serving, by, both, log)
         log(f"loading release {release} beside {serving} on {len(controls)} replicas")
-        dense, cats = _fresh_rows(seed=7)
+        dense, cats = fresh_rows(pipeline.widths, seed=7)
         local = pipeline.score(dense, cats)
 
         def load_and_check(i: int, control: Control) -> None:
@@ -230,7 +230,14 @@ def switch(fleet: FleetRecord, release: int, holdout: str | Path | None = None, 
                                                                f"{release} from: " + "; ".join(back) + " (the "
                                                                f"gateway keeps every request on {serving})"))
         log(f"release {release} ready on every replica; switching the gateway")
-        fleet = _route(fleet, release, release)
+        try:
+            fleet = _route(fleet, release, release)
+        except (DeployError, OSError) as exc:  # the gateway did not take the new routes: back to S everywhere
+            _route(fleet, serving)
+            _each(controls, lambda i, c: c.load_release(serving))
+            _declare(fleet.repository, serving, by, None, log)
+            raise DeployError(f"release {release}: the gateway's switch failed ({exc}); every request stays on "
+                              f"release {serving}") from exc
         _declare(fleet.repository, release, by, both, log)
         log(f"the gateway routes every request to release {release}; retiring {serving} in {RETIRE_AFTER:g}s")
         time.sleep(RETIRE_AFTER)

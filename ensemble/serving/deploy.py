@@ -57,9 +57,19 @@ def recorded_auc(repository: str | Path, release: int) -> float | None:
     return info.get("test", {}).get("blend", {}).get("auc")
 
 
-def _fresh_rows(n: int = 256, seed: int = 20261122) -> tuple[np.ndarray, np.ndarray]:
-    frame = criteo.synthesize(criteo.SynthConfig(rows=n, scale=0.01, seed=seed)).frame
-    return transforms.dense_array(frame), transforms.encode_categorical(frame)
+def fresh_rows(widths: schema.Widths = schema.CRITEO_WIDTHS, n: int = 256,
+               seed: int = 20261122) -> tuple[np.ndarray, np.ndarray]:
+    """Rows no release was trained on, of a dataset's ``widths``: synthetic Criteo rows for Criteo,
+    else random values (unseen categories, missing values included) for another dataset."""
+    if widths == schema.CRITEO_WIDTHS:
+        frame = criteo.synthesize(criteo.SynthConfig(rows=n, scale=0.01, seed=seed)).frame
+        return transforms.dense_array(frame), transforms.encode_categorical(frame)
+    rng = np.random.default_rng(seed)
+    dense = rng.normal(0, 10, (n, widths.dense)).astype(np.float32)
+    dense[rng.random(dense.shape) < 0.1] = np.nan
+    categorical = np.array([[f"fresh-{v:x}".encode() for v in row] for row in rng.integers(0, 2**20, (n, widths.categorical))],
+                           dtype=object)
+    return dense, categorical
 
 
 def _holdout_aucs(holdout: str | Path, *pipelines: Pipeline) -> list[float]:
@@ -88,7 +98,7 @@ def check_release(repository: str | Path, release: int, serving: int | None,
         pipeline = Pipeline.from_repository(repository, threads=1, release=release)
     except Exception as exc:  # noqa: BLE001 - any load failure refuses the release
         raise DeployError(f"release {release} refused: it does not load: {type(exc).__name__}: {exc}") from exc
-    scores = pipeline.score(*_fresh_rows())
+    scores = pipeline.score(*fresh_rows(pipeline.widths))
     bad = [name for name, value in scores.items() if not (np.isfinite(value).all() and (0 <= value).all()
                                                           and (value <= 1).all())]
     if bad:
@@ -112,7 +122,7 @@ def check_release(repository: str | Path, release: int, serving: int | None,
 
 
 def _served_parity(url: str, pipeline: Pipeline) -> float:
-    dense, cats = _fresh_rows(seed=7)
+    dense, cats = fresh_rows(pipeline.widths, seed=7)
     served = Control.of(url).infer(dense, cats)
     local = pipeline.score(dense, cats)
     return max(float(np.max(np.abs(served[k] - local[k].ravel()))) for k in served)

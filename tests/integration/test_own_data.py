@@ -181,3 +181,20 @@ def test_score_files_of_the_dataset_through_the_server(shop, tmp_path):
     want = pipeline.score(transforms.dense_array(test, spec.continuous),
                           transforms.encode_categorical(test, spec.categorical))[schema.SCORE.name].ravel()
     assert np.max(np.abs(scored["score"].to_numpy() - want)) <= 1e-5
+
+
+def test_a_release_of_the_dataset_deploys_and_rolls_back_live(shop):
+    """deploy's checks score fresh rows of the release's own widths (not Criteo's)."""
+    from ensemble import cli
+    from ensemble.serving.control import Control
+
+    root, _, server = shop
+    control = Control.of(server.http_url)
+    first = control.serving_release()
+    done = _ensemble("export", "--workdir", str(root / "work"), "--repository", str(root / "repository"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    urls = ["--url", server.http_url, "--grpc-url", server.grpc_url, "--repository", str(root / "repository")]
+    assert cli.main(["deploy", *urls]) == 0
+    assert control.serving_release() > first
+    assert cli.main(["rollback", *urls]) == 0
+    assert control.serving_release() == first
