@@ -222,11 +222,13 @@ class Admission:
         self.cost = cost or CostModel()
         self.hand_off = hand_off or HandOff()
         self._last: tuple[float, float, int] | None = None  # (start, end, requests) of the previous call
+        self._idle = True  # the current call started on an idle instance (not back to back)
 
     def waited(self, now: float, requests: int) -> float:
         """How long the requests of a call starting ``now`` can have waited: since the previous call
         started when it ran back to back with this one, else only the hand-off. It also records the
         back-to-back gap for the hand-off fit."""
+        self._idle = True
         if self._last is None:
             return self.hand_off.per_request * requests
         start, end, before = self._last
@@ -234,6 +236,7 @@ class Admission:
         if requests > 1:  # requests queued while the previous call ran: most likely a back-to-back gap
             self.hand_off.observe(min(gap, 2 * busy), before + requests)  # (bounded: it may hold idle time)
         if gap <= busy:
+            self._idle = False
             return now - start
         return self.hand_off.per_request * requests
 
@@ -255,6 +258,8 @@ class Admission:
         tail = self.cost.tail
         priced = [(self.is_bulk(r), *self.deadline(r), tail * self.cost.marginal(r.rows)) for r in requests]
         plan = self._greedy(priced, waited, hand_off, cap=math.inf)
+        if not plan.taken and self._idle:
+            self._take_one_at_prior(plan, requests, priced, waited, hand_off)
         # Keep the refusals prompt: wait (half the window on average) + call <= deadline / 2. The
         # first request that meets its own deadline is taken even when it alone exceeds that (the
         # ranker always makes progress): with no bound then, such a call took everything its
@@ -264,6 +269,20 @@ class Admission:
             cap = min(priced[i][1] for i in plan.crowded) / 2 - waited / 2 - hand_off
             plan = self._greedy(priced, waited, hand_off, cap=cap)
         return plan
+
+    def _take_one_at_prior(self, plan: Plan, requests: Sequence[Request], priced: list, waited: float,
+                           hand_off: float) -> None:
+        """A call on an idle instance that would take nothing takes its first request that meets its
+        deadline at the prior's price (calibrated at load). The fit learns only from scored calls: one
+        inflated by a starved stretch (calls slowed by a front end parsing a flood) would otherwise
+        refuse every later request, on an idle server too, and never see a call to correct it."""
+        for i, (bulk, deadline, _, _) in enumerate(priced):
+            if not bulk and self.cost.prior.alone(requests[i].rows) <= deadline - waited - hand_off:
+                plan.refused.pop(i, None)
+                if i in plan.crowded:
+                    plan.crowded.remove(i)
+                plan.first.append(i)
+                return
 
     def _greedy(self, priced: list[tuple[bool, float, str, float]], waited: float, hand_off: float,
                 cap: float) -> Plan:

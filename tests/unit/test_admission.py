@@ -206,3 +206,19 @@ def test_the_cost_model_tracks_how_far_slow_calls_run_past_its_prediction():
         model.observe(64, 2, ratio * (TRUE.fixed + 64 * TRUE.per_row + 2 * TRUE.per_request))
     # the fit follows the mean (1.25x); the tail ratio is the 90th percentile over it: 1.45 / 1.25
     assert model.tail == pytest.approx(1.45 / 1.25, abs=0.06)
+
+
+def test_an_idle_call_takes_a_request_the_prior_prices_within_its_deadline_after_a_starved_stretch():
+    """A fit inflated by slow calls (a starved server) must not refuse every later request forever:
+    nothing refused is observed, so only a scored call can correct it."""
+    from ensemble.serving.admission import Admission, Request
+
+    admission = Admission(0.02)
+    for k in range(200):  # a starved stretch: 1-row calls took 40 ms
+        admission.finished(k * 0.05, k * 0.05 + 0.04, 1, 1, 1)
+    assert admission.cost.predict(1, 1) > 0.02
+    busy = admission.plan([Request(1), Request(1)], now=9.9901)  # back to back with the last call: no exception
+    assert not busy.taken
+    idle = admission.plan([Request(1), Request(1)], now=60.0)  # an idle instance: the first is taken
+    assert idle.first == [0] and list(idle.refused) == [1]
+    assert not admission.plan([Request(1, timeout_s=1e-4)], now=120.0).taken  # one that cannot make it stays refused
