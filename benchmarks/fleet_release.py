@@ -36,24 +36,14 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 
+from benchmarks.gateway_overhead import one_row_inputs
 from ensemble import schema
 from ensemble.machine import summary
 from ensemble.serving.server import free_port
 
 RECOVERY_TARGET_S = 10.0
 SHARE_TOLERANCE = 0.15
-
-
-def _one_row(module, seed: int) -> list:
-    rng = np.random.default_rng(seed)
-    dense = module.InferInput(schema.DENSE.name, [1, schema.N_DENSE], "FP32")
-    dense.set_data_from_numpy(rng.integers(0, 100, (1, schema.N_DENSE)).astype(np.float32))
-    categorical = module.InferInput(schema.CATEGORICAL.name, [1, schema.N_CATEGORICAL], "BYTES")
-    categorical.set_data_from_numpy(np.array([[f"{v:08x}".encode() for v in rng.integers(0, 2**32, schema.N_CATEGORICAL)]],
-                                             dtype=object))
-    return [dense, categorical]
 
 
 class Client(threading.Thread):
@@ -71,7 +61,7 @@ class Client(threading.Thread):
 
         module = httpclient if self.protocol == "http" else grpcclient
         client = module.InferenceServerClient(self.address)
-        inputs = _one_row(module, self.index)
+        inputs = one_row_inputs(module, self.index)
         while not self.stop.is_set():
             try:
                 reply = client.infer(schema.Model.RANKER.value, inputs)

@@ -39,9 +39,9 @@ def _percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def _one_row_inputs(module) -> list:
+def one_row_inputs(module, seed: int = 5) -> list:
     """One seeded row (values the demo model may or may not have seen: the cost is the same)."""
-    rng = np.random.default_rng(5)
+    rng = np.random.default_rng(seed)
     dense = module.InferInput(schema.DENSE.name, [1, schema.N_DENSE], "FP32")
     dense.set_data_from_numpy(rng.integers(0, 100, (1, schema.N_DENSE)).astype(np.float32))
     categorical = module.InferInput(schema.CATEGORICAL.name, [1, schema.N_CATEGORICAL], "BYTES")
@@ -56,7 +56,7 @@ def _measure(protocol: str, addresses: dict[str, str], requests: int, blocks: in
     import tritonclient.http as httpclient
 
     module = httpclient if protocol == "http" else grpcclient
-    inputs = _one_row_inputs(module)
+    inputs = one_row_inputs(module)
     outputs = [module.InferRequestedOutput(schema.SCORE.name)]
     clients = {path: module.InferenceServerClient(address) for path, address in addresses.items()}
     samples: dict[str, list[float]] = {path: [] for path in clients}
