@@ -37,6 +37,9 @@ class Priority(enum.IntEnum):
     BATCH = 2  # batch scoring: large requests that may wait for seconds
 
 
+_NUMPY_TYPES = {"TYPE_FP32": "float32", "TYPE_INT32": "int32", "TYPE_INT64": "int64", "TYPE_STRING": "object"}
+
+
 class DType(str, enum.Enum):
     """Triton data types used here, with their numpy counterparts."""
 
@@ -47,7 +50,7 @@ class DType(str, enum.Enum):
 
     @property
     def numpy(self) -> str:
-        return {"TYPE_FP32": "float32", "TYPE_INT32": "int32", "TYPE_INT64": "int64", "TYPE_STRING": "object"}[self.value]
+        return _NUMPY_TYPES[self.value]
 
     @property
     def wire(self) -> str:

@@ -12,6 +12,7 @@ frequent first.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,15 +228,20 @@ class LeanTransform:
         return self.transform_dense(dense), self.transform_categorical(categorical)
 
     def transform_dense(self, dense: np.ndarray) -> np.ndarray:
-        x = np.array(dense, dtype=np.float32, copy=True)
-        x[~np.isfinite(x)] = self.fill_value  # inf is treated as missing, like NaN
-        np.maximum(x, np.float32(self.clip_min), out=x)
-        # Bit for bit what NVTabular computes: LogOp in float32, then Normalize on float32 values
-        # with scalar statistics, which numpy 1.x evaluates in float32. Being one ulp off would
-        # move values that sit exactly on a tree split threshold to the other branch.
-        logged = np.log(x + np.float32(1))
-        safe_std = np.where(self.stds > 0, self.stds, np.float32(1))
-        return (logged - self.means) / safe_std
+        # inf is treated as missing, like NaN; then the clip and the +1 of log(x + 1), in one pass.
+        x = native.dense_prepare(dense, self.fill_value, self.clip_min)
+        # Bit for bit what NVTabular computes: LogOp in float32 (numpy's float32 log, so not in
+        # C), then Normalize on float32 values with scalar statistics, which numpy 1.x evaluates
+        # in float32. Being one ulp off would move values that sit exactly on a tree split
+        # threshold to the other branch.
+        np.log(x, out=x)
+        np.subtract(x, self.means, out=x)
+        np.divide(x, self._safe_stds, out=x)
+        return x
+
+    @functools.cached_property
+    def _safe_stds(self) -> np.ndarray:
+        return np.where(self.stds > 0, self.stds, np.float32(1)).astype(np.float32)
 
     def transform_categorical(self, categorical: np.ndarray) -> np.ndarray:
         categorical = np.asarray(categorical, dtype=object)
@@ -251,6 +257,30 @@ class LeanTransform:
         # when it was built (ensemble.serving.native): no per-column or per-value Python overhead.
         ids = native.lookup(categorical.reshape(-1).tolist(), self.lookups, OOV_ID)
         return ids.reshape(batch, len(self.lookups))
+
+    @property
+    def reads_wire(self) -> bool:
+        """Whether :meth:`ids_from_wire` applies: no column needs Python per value first (hashed or
+        multi-hot columns do)."""
+        return not self.hash_buckets and not self.max_items
+
+    def ids_from_wire(self, buffer, rows: int) -> np.ndarray:
+        """What :meth:`transform_categorical` gives for the strings of a Triton BYTES wire buffer
+        (``rows`` x columns values, row-major), looked up in place: [rows x columns] int64.
+
+        Raises:
+            ValueError: a truncated buffer, or not ``rows`` x columns values.
+        """
+        if not self.reads_wire:
+            raise ValueError("hashed or multi-hot columns are transformed from strings (transform_categorical)")
+        ids = np.empty((rows, len(self.lookups)), dtype=np.int64)
+        self._vocabulary.lookup_wire(buffer, OOV_ID, ids.reshape(-1))
+        return ids
+
+    @functools.cached_property
+    def _vocabulary(self):
+        """The lookups as :class:`ensemble.serving.native.Vocabulary` (built on first use)."""
+        return native.Vocabulary(tuple(self.lookups))
 
     def _slots(self, categorical: np.ndarray) -> np.ndarray:
         parts = []

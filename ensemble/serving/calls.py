@@ -71,9 +71,9 @@ class Ranker:
         self.rows = 0  # rows scored by the last call
 
     def _score_missing(self, rows: int) -> None:
-        dense, categorical = self.runner.step.inputs
-        self.runner.run({dense.name: np.full((rows, *dense.dims), np.nan, np.float32),
-                         categorical.name: np.full((rows, *categorical.dims), b"", dtype=object)})
+        missing = {"float32": np.nan, "object": b"", "int64": 0}  # int64: ids (0, a reserved one): a cost sample
+        self.runner.run({t.name: np.full((rows, *t.dims), missing[t.dtype.numpy], t.dtype.numpy)
+                         for t in self.runner.step.inputs})
 
     def call(self, requests: Sequence[CallRequest]) -> Iterator[tuple[int, Answer] | None]:
         """(index, answer) for every request, and :data:`FLUSH` before bulk answers that follow
@@ -109,11 +109,14 @@ class Ranker:
         if not members:
             return 0
         try:
-            merged = {n: np.concatenate([b[n] for b in batch]) for n in batch[0]}
-            outputs = self.runner.run(merged)
-            bounds = np.cumsum([0, *sizes])
-            answers = [(i, _answer({n: o[bounds[k]:bounds[k + 1]] for n, o in outputs.items()}, requests[i].wanted))
-                       for k, i in enumerate(members)]
+            if len(members) == 1:  # one request (every call at light load): no merging or slicing
+                answers = [(members[0], _answer(self.runner.run(batch[0]), requests[members[0]].wanted))]
+            else:
+                merged = {n: np.concatenate([b[n] for b in batch]) for n in batch[0]}
+                outputs = self.runner.run(merged)
+                bounds = np.cumsum([0, *sizes])
+                answers = [(i, _answer({n: o[bounds[k]:bounds[k + 1]] for n, o in outputs.items()}, requests[i].wanted))
+                           for k, i in enumerate(members)]
         except Exception:  # noqa: BLE001 - isolate the failing request(s)
             answers = [(i, self._score_alone(batch[k], requests[i].wanted)) for k, i in enumerate(members)]
         yield from answers

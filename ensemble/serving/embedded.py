@@ -51,7 +51,11 @@ class RankerModel:
         runner = runtime.load_fused(Path(repository) / str(version), int(params.get("threads", "1")))
         _check_config(config, runner.step)
         objective = params.get("latency_objective_ms")
-        self.ranker = calls.Ranker(runner, float(objective) if objective else None)
+        # Categorical strings go from Triton's buffer to ids in C when the release allows it.
+        self.pipeline: runtime.Pipeline = runner.fn
+        self._wire = runtime.wire_runner(runner)
+        self._transform = self.pipeline.reads_wire if self._wire is not None else None
+        self.ranker = calls.Ranker(self._wire or runner, float(objective) if objective else None)
         self.step = runner.step
         self.input_names = tuple(t["name"] for t in config["input"])
         _LOADED.append(self)
@@ -65,7 +69,7 @@ class RankerModel:
         """Called when Triton unloads this version: the process (Triton's) lives on."""
         if self in _LOADED:
             _LOADED.remove(self)
-        self.ranker.runner.fn.close()
+        self.pipeline.close()
 
     def execute(self, requests: Sequence[tuple], exec_start: float) -> Iterator[tuple[int, tuple]]:
         """Answers for ``requests`` (each ``(inputs, timeout_us, bulk, requested_outputs, release)``, inputs in
@@ -90,6 +94,14 @@ class RankerModel:
             dtype = _NAMES.get(code)
             if dtype is not tensor.dtype:
                 raise runtime.BadInput(f"input '{tensor.name}' has Triton type {code}, expected {tensor.dtype.value}")
+            if dtype is schema.DType.STRING and self._transform is not None:
+                if len(shape) != 2:
+                    raise runtime.BadInput(f"input '{tensor.name}' has shape {list(shape)}, "
+                                           f"expected [batch, {', '.join(map(str, tensor.dims))}]")
+                if shape[1] != tensor.dims[0]:  # checked here: the ids are laid out by the served width
+                    raise runtime.BadInput(f"input '{tensor.name}' has shape {list(shape)}, expected [batch, {tensor.dims[0]}]")
+                inputs[tensor.name] = self._transform.ids_from_wire(buffer, shape[0])
+                continue
             if dtype is schema.DType.STRING:
                 array = runtime.deserialize_bytes(buffer)
             else:
@@ -153,7 +165,7 @@ class RankModel:
                               if not _LOADED else f"release {request[4]} of the ranker is not loaded here")
                     continue
                 k = arrays.get(schema.TOP_K.name)
-                order, scores = ranker.ranker.runner.fn.rank(
+                order, scores = ranker.pipeline.rank(
                     arrays.get(schema.CONTEXT_DENSE.name), arrays.get(schema.CONTEXT_CATEGORICAL.name),
                     arrays.get(schema.CANDIDATE_DENSE.name), arrays.get(schema.CANDIDATE_CATEGORICAL.name),
                     int(k.reshape(-1)[0]) if k is not None and k.size else None)

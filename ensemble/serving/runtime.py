@@ -7,6 +7,7 @@ reference pipeline run the same code on the same artifacts.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -62,9 +63,16 @@ class StepRunner:
         return sizes.pop()
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        result = self.fn(*(inputs[t.name] for t in self.step.inputs))
+        input_names, outputs_typed = self._plan
+        result = self.fn(*(inputs[name] for name in input_names))
         outputs = result if isinstance(result, tuple) else (result,)
-        return {t.name: np.asarray(o, dtype=t.dtype.numpy) for t, o in zip(self.step.outputs, outputs)}
+        return {name: np.asarray(o, dtype=dtype) for (name, dtype), o in zip(outputs_typed, outputs)}
+
+    @functools.cached_property
+    def _plan(self) -> tuple[tuple[str, ...], tuple[tuple[str, np.dtype], ...]]:
+        """Input names and (output name, numpy dtype) pairs, looked up once: this runs per request."""
+        return (tuple(t.name for t in self.step.inputs),
+                tuple((t.name, np.dtype(t.dtype.numpy)) for t in self.step.outputs))
 
 
 def workflow_widths(features_version_dir: str | Path) -> schema.Widths:
@@ -215,8 +223,30 @@ class Pipeline:
         """
         tensors: dict[str, np.ndarray] = {schema.DENSE.name: np.asarray(dense, np.float32),
                                           schema.CATEGORICAL.name: np.asarray(categorical, object)}
-        parallel = self._parallel and len(tensors[schema.DENSE.name]) >= self.PARALLEL_MIN_ROWS
-        for level in self._levels:
+        return self._run(tensors, self._levels)
+
+    @functools.cached_property
+    def reads_wire(self):
+        """The features step's transform when it can take a request's categorical strings as Triton's
+        BYTES wire buffer (:meth:`ensemble.features.transforms.LeanTransform.ids_from_wire`) and
+        the chain after it reads only its two outputs, else None."""
+        features = self.steps.get(Model.FEATURES)
+        transform = getattr(features, "fn", None)
+        if (not getattr(transform, "reads_wire", False) or len(self._levels[0]) != 1 or self._levels[0][0] is not features
+                or [t.name for t in features.step.outputs] != [schema.DENSE_FEATURES.name, schema.CATEGORY_IDS.name]):
+            return None
+        return transform
+
+    def score_ids(self, dense: np.ndarray, category_ids: np.ndarray) -> dict[str, np.ndarray]:
+        """:meth:`score` for rows whose categorical values were already looked up (:attr:`reads_wire`'s
+        ``ids_from_wire``): the same outputs for the same rows."""
+        transform = self.reads_wire
+        tensors = {schema.DENSE_FEATURES.name: transform.transform_dense(dense), schema.CATEGORY_IDS.name: category_ids}
+        return self._run(tensors, self._levels[1:])
+
+    def _run(self, tensors: dict[str, np.ndarray], levels: list[list[StepRunner]]) -> dict[str, np.ndarray]:
+        parallel = self._parallel and len(next(iter(tensors.values()))) >= self.PARALLEL_MIN_ROWS
+        for level in levels:
             if parallel and len(level) > 1:
                 if self._pool is None:
                     from concurrent.futures import ThreadPoolExecutor
@@ -252,6 +282,23 @@ def load_fused(version_dir: str | Path, threads: int = 1) -> StepRunner:
     pipeline = Pipeline.from_repository(version_dir.parent.parent, threads, release=int(version_dir.name))
     pipeline.warm_up()
     return StepRunner(schema.sized(schema.FUSED_STEP, pipeline.widths), pipeline)
+
+
+def wire_runner(fused: StepRunner) -> StepRunner | None:
+    """The fused ranker taking its categorical input as int64 ids, looked up in place from Triton's
+    BYTES wire buffer (``fused.fn.reads_wire.ids_from_wire``), for a backend that has the buffer;
+    None when this release's features need Python per value (hashed or multi-hot columns). Same
+    outputs for the same rows as ``fused``, without a bytes object per value."""
+    pipeline = fused.fn
+    if not isinstance(pipeline, Pipeline) or pipeline.reads_wire is None:
+        return None
+    dense, categorical = fused.step.inputs
+    ids = schema.Tensor(categorical.name, schema.DType.INT64, categorical.dims)
+    def scores(dense_rows: np.ndarray, category_ids: np.ndarray) -> tuple[np.ndarray, ...]:
+        outputs = pipeline.score_ids(dense_rows, category_ids)
+        return tuple(outputs[t.name] for t in schema.RANKER_OUTPUTS)
+
+    return StepRunner(schema.Step(fused.step.model, (dense, ids), fused.step.outputs), scores)
 
 
 def deserialize_bytes(buffer) -> np.ndarray:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from clients.wire import serialize_bytes
+from ensemble import schema
 from ensemble.serving import runtime
 from ensemble.schema import Model
 
@@ -62,3 +63,34 @@ def test_fused_step_scores_like_the_pipeline(trained, pipeline):
     assert set(got) == set(want)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6)
+
+
+def test_wire_runner_scores_the_wire_buffer_like_the_fused_step(trained, pipeline):
+    from ensemble.serving import native
+    from tests.helpers import fresh_rows
+
+    fused = runtime.load_fused(runtime.latest_version(trained.repository / Model.RANKER.value))
+    wire = runtime.wire_runner(fused)
+    assert wire is not None and [t.dtype for t in wire.step.inputs] == [schema.DType.FP32, schema.DType.INT64]
+    dense, cats = fresh_rows(300, seed=22)  # with missing values and unseen categories
+    transform = fused.fn.reads_wire
+    ids = transform.ids_from_wire(native.join_wire(list(cats.reshape(-1))), len(cats))
+    assert np.array_equal(ids, transform.transform_categorical(cats))
+    got = wire.run({"dense": dense, "categorical": ids})
+    want = fused.run({"dense": dense, "categorical": cats})
+    for name in want:
+        assert np.array_equal(got[name], want[name]), name
+
+
+def test_no_wire_runner_when_a_column_is_hashed(trained):
+    import dataclasses
+
+    fused = runtime.load_fused(runtime.latest_version(trained.repository / Model.RANKER.value))
+    features = fused.fn.steps[Model.FEATURES]
+    hashed = dataclasses.replace(features.fn, hash_buckets=(0,) * (len(features.fn.lookups) - 1) + (16,))
+    steps = {**fused.fn.steps, Model.FEATURES: runtime.StepRunner(features.step, hashed)}
+    pipeline = runtime.Pipeline(steps, widths=fused.fn.widths)
+    assert pipeline.reads_wire is None
+    assert runtime.wire_runner(runtime.StepRunner(fused.step, pipeline)) is None
+    with pytest.raises(ValueError, match="hashed or multi-hot"):
+        hashed.ids_from_wire(b"", 0)
