@@ -95,10 +95,7 @@ class RankerModel:
             if dtype is not tensor.dtype:
                 raise runtime.BadInput(f"input '{tensor.name}' has Triton type {code}, expected {tensor.dtype.value}")
             if dtype is schema.DType.STRING and self._transform is not None:
-                if len(shape) != 2:
-                    raise runtime.BadInput(f"input '{tensor.name}' has shape {list(shape)}, "
-                                           f"expected [batch, {', '.join(map(str, tensor.dims))}]")
-                if shape[1] != tensor.dims[0]:  # checked here: the ids are laid out by the served width
+                if len(shape) != 2 or shape[1] != tensor.dims[0]:  # the ids are laid out by the served width
                     raise runtime.BadInput(f"input '{tensor.name}' has shape {list(shape)}, expected [batch, {tensor.dims[0]}]")
                 inputs[tensor.name] = self._transform.ids_from_wire(buffer, shape[0])
                 continue

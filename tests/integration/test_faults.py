@@ -110,9 +110,10 @@ def _wait_broken(supervisor: Supervisor, bound: float = 10.0) -> None:
 STALLS = {"stall-backend": 3.0, "short-stall-backend": 2.0}
 # Triton 2.51's python backend, when the stub it waits on was ended while holding the shared-memory
 # pool's lock: its next execute finds the lock's owner dead and throws from
-# TRITONBACKEND_ModelInstanceExecute, and tritonserver aborts (seen in 1 clean-clone run of ~7, the
-# stub ended by the supervisor 0.2 s after its SIGSTOP). A kill at any instant can land there; the
-# supervisor then restarts the server, and no request fails (asserted below).
+# TRITONBACKEND_ModelInstanceExecute, and tritonserver aborts before any heal (seen in clean-clone
+# runs: once the stub ended by the supervisor 0.2 s after its SIGSTOP, once the stub SIGKILLed by this
+# test). A kill at any instant can land there; the supervisor then restarts the server instead of
+# healing the ranker, and no request fails (asserted below).
 TRITON_STUB_LOCK_ABORT = "terminate called after throwing an instance of 'boost::interprocess::lock_exception'"
 
 
@@ -137,10 +138,11 @@ def test_backend_fault_heals_under_load(supervised, fault):
     print(f"\n{fault}: answering again {recovery:.1f}s after the fault; not-ready for "
           f"{down[-1][0] - down[0][0] if down else 0:.1f}s; {load.sent} requests, "
           f"{load.failed} failed after retries; supervisor: {lines}")
-    assert supervisor.heals >= 1, lines
     if supervisor.restarts:  # tritonserver died: only Triton's own abort on the dead stub's lock is accepted
         log = Path(server.log_file).read_text(errors="replace")
         assert len(supervisor.restarts) == 1 and TRITON_STUB_LOCK_ABORT in log, (lines, server.log_tail())
+    else:  # tritonserver lived: the supervisor reloaded the ranker
+        assert supervisor.heals >= 1, lines
     assert _stub_pid(server) != pid
     assert load.failed == 0 and load.refused == 0, (load.refused, load.errors[:3])
     # readiness said not-ready while the ranker was down, and ready again after the heal
