@@ -25,12 +25,13 @@ def clashes(distributions=None) -> dict[str, list[str]]:
     """Installed file path -> the distributions whose RECORD lists it, where there are several."""
     owners: dict[str, set[str]] = defaultdict(set)
     for dist in metadata.distributions() if distributions is None else distributions:
+        name = dist.metadata["Name"]  # parsed from METADATA on every access: once per distribution
         for file in dist.files or ():
             path = str(file)
             # Metadata and byte code are per distribution; paths outside site-packages are scripts.
             if ".dist-info/" in path or path.endswith(".pyc") or path.startswith(".."):
                 continue
-            owners[path].add(dist.metadata["Name"])
+            owners[path].add(name)
     return {path: sorted(names) for path, names in owners.items() if len(names) > 1}
 
 

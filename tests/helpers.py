@@ -76,19 +76,22 @@ class Load:
         client = RankerClient(self.url, "http", timeout=5.0, retry=Retry(attempts=self.attempts, backoff=0.25,
                                                                                  max_sleep=2.0))
         i = k
-        while not self._stop.is_set():
-            row = i % len(self.dense)
-            try:
-                got = client.score(self.dense[row:row + 1], self.cats[row:row + 1])
-                assert got.shape == (1,) and np.isfinite(got).all()
-            except Exception as exc:  # noqa: BLE001 - counted and reported
-                if schema.OVERLOAD_REFUSAL in str(exc):
-                    self.refused += 1
-                else:
-                    self.failed += 1
-                    self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
-            self.sent += 1
-            i += 4
+        try:
+            while not self._stop.is_set():
+                row = i % len(self.dense)
+                try:
+                    got = client.score(self.dense[row:row + 1], self.cats[row:row + 1])
+                    assert got.shape == (1,) and np.isfinite(got).all()
+                except Exception as exc:  # noqa: BLE001 - counted and reported
+                    if schema.OVERLOAD_REFUSAL in str(exc):
+                        self.refused += 1
+                    else:
+                        self.failed += 1
+                        self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+                self.sent += 1
+                i += 4
+        finally:  # an open keep-alive connection holds tritonserver's shutdown for its exit timeout
+            client.close()
 
     def __enter__(self) -> "Load":
         for t in self._threads:

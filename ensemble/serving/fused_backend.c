@@ -10,11 +10,16 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "triton_api.h"
 
@@ -190,13 +195,125 @@ TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
     return NULL;
 }
 
+/* ----- statistics, reported off the answering thread -----
+ *
+ * Triton updates its latency summaries (the Prometheus quantile estimators behind the *_summary_us
+ * metrics) inside TRITONBACKEND_ModelInstanceReportStatistics, and every so often that update takes
+ * milliseconds. Made on the thread that answers, it holds up the next request (the served p99 of
+ * one-row requests). So each instance hands its answered requests' statistics, and their release, to
+ * a reporter thread of the lowest priority (SCHED_IDLE), which runs when the answering thread waits.
+ * When the reporter falls behind (a full queue: a saturated core), the answering thread reports
+ * itself, so the memory held by unreleased requests stays bounded. Statistics therefore trail the
+ * answers by as long as the reporter waits for a free core. A server allowed only one core (taskset)
+ * reports on the answering thread as before: there the reporter would compete for the same core,
+ * and measured with a closed loop on one core its tail was longer, not shorter. */
+
+#define REPORT_QUEUE 1024
+
+typedef struct {
+    TRITONBACKEND_Request *request; /* NULL: the call's batch statistics (rows) */
+    bool success;
+    uint64_t rows, exec_start, compute_start, compute_end, exec_end;
+} Report;
+
+typedef struct {
+    TRITONBACKEND_ModelInstance *instance;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    pthread_t thread;
+    bool running, stop;
+    size_t head, count;
+    Report queue[REPORT_QUEUE];
+} Reporter;
+
+static void report_now(TRITONBACKEND_ModelInstance *instance, const Report *report) {
+    TRITONSERVER_Error *err;
+    if (report->request == NULL) {
+        err = TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, report->rows, report->exec_start,
+                                                               report->compute_start, report->compute_end,
+                                                               report->exec_end);
+        if (err) TRITONSERVER_ErrorDelete(err);
+        return;
+    }
+    err = TRITONBACKEND_ModelInstanceReportStatistics(instance, report->request, report->success,
+                                                      report->exec_start, report->compute_start,
+                                                      report->compute_end, report->exec_end);
+    if (err) TRITONSERVER_ErrorDelete(err);
+    err = TRITONBACKEND_RequestRelease(report->request, TS_REQUEST_RELEASE_ALL);
+    if (err) TRITONSERVER_ErrorDelete(err);
+}
+
+static void *reporter_main(void *arg) {
+    Reporter *reporter = arg;
+    /* SCHED_IDLE: Linux preempts this thread for any ordinary one that wakes (a request's), where a
+     * low nice value alone still lets it finish its time slice first. Nice 19 if that is refused. */
+    struct sched_param lowest = {0};
+    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &lowest) != 0)
+        setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+    Report batch[64];
+    for (;;) {
+        pthread_mutex_lock(&reporter->lock);
+        while (reporter->count == 0 && !reporter->stop) pthread_cond_wait(&reporter->wake, &reporter->lock);
+        size_t n = 0;
+        while (n < 64 && reporter->count > 0) {
+            batch[n++] = reporter->queue[reporter->head];
+            reporter->head = (reporter->head + 1) % REPORT_QUEUE;
+            reporter->count--;
+        }
+        bool done = n == 0 && reporter->stop;
+        pthread_mutex_unlock(&reporter->lock);
+        if (done) return NULL;
+        for (size_t i = 0; i < n; i++) report_now(reporter->instance, &batch[i]);
+    }
+}
+
+/* Whether this thread may run on more than one core (checked per call: taskset can change it). */
+static bool another_core(void) {
+    cpu_set_t cores;
+    return sched_getaffinity(0, sizeof cores, &cores) == 0 && CPU_COUNT(&cores) > 1;
+}
+
+/* Hands a report to the reporter, or makes it here when there is none or its queue is full. */
+static void report(Reporter *reporter, TRITONBACKEND_ModelInstance *instance, const Report *item) {
+    if (reporter != NULL && reporter->running) {
+        pthread_mutex_lock(&reporter->lock);
+        if (reporter->count < REPORT_QUEUE) {
+            reporter->queue[(reporter->head + reporter->count) % REPORT_QUEUE] = *item;
+            if (reporter->count++ == 0) pthread_cond_signal(&reporter->wake);
+            pthread_mutex_unlock(&reporter->lock);
+            return;
+        }
+        pthread_mutex_unlock(&reporter->lock);
+    }
+    report_now(instance, item);
+}
+
 TRITONSERVER_Error *TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance *instance) {
-    (void)instance;
-    return NULL;
+    Reporter *reporter = calloc(1, sizeof *reporter);
+    if (reporter == NULL) return NULL; /* statistics are then reported on the answering thread */
+    reporter->instance = instance;
+    pthread_mutex_init(&reporter->lock, NULL);
+    pthread_cond_init(&reporter->wake, NULL);
+    reporter->running = pthread_create(&reporter->thread, NULL, reporter_main, reporter) == 0;
+    return TRITONBACKEND_ModelInstanceSetState(instance, reporter);
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance *instance) {
-    (void)instance;
+    void *raw = NULL;
+    TRITONSERVER_Error *err = TRITONBACKEND_ModelInstanceState(instance, &raw);
+    if (err) return err;
+    Reporter *reporter = raw;
+    if (reporter == NULL) return NULL;
+    if (reporter->running) { /* the reporter makes every queued report before it ends */
+        pthread_mutex_lock(&reporter->lock);
+        reporter->stop = true;
+        pthread_cond_signal(&reporter->wake);
+        pthread_mutex_unlock(&reporter->lock);
+        pthread_join(reporter->thread, NULL);
+    }
+    pthread_cond_destroy(&reporter->wake);
+    pthread_mutex_destroy(&reporter->lock);
+    free(reporter);
     return NULL;
 }
 
@@ -395,6 +512,10 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
     if (err == NULL) err = TRITONBACKEND_ModelState(model, &raw);
     if (err) return err; /* Triton answers every request with this error */
     ModelState *state = raw;
+    void *instance_raw = NULL;
+    err = TRITONBACKEND_ModelInstanceState(instance, &instance_raw);
+    if (err) TRITONSERVER_ErrorDelete(err); /* then reported here, on this thread */
+    Reporter *reporter = instance_raw != NULL && another_core() ? instance_raw : NULL;
 
     /* Keep this thread's Python state across calls: the state PyGILState_Ensure creates for a
      * thread Python did not start is destroyed by the matching Release, and a new one per call
@@ -468,16 +589,12 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
                 TRITONSERVER_ErrorDelete(why);
             }
         }
-        err = TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[r], succeeded[r], exec_start,
-                                                          compute_start, compute_end, exec_end);
-        if (err) TRITONSERVER_ErrorDelete(err);
-        err = TRITONBACKEND_RequestRelease(requests[r], TS_REQUEST_RELEASE_ALL);
-        if (err) TRITONSERVER_ErrorDelete(err);
+        Report item = {requests[r], succeeded[r], 0, exec_start, compute_start, compute_end, exec_end};
+        report(reporter, instance, &item);
     }
     if (rows) {
-        err = TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, rows, exec_start, compute_start,
-                                                               compute_end, exec_end);
-        if (err) TRITONSERVER_ErrorDelete(err);
+        Report item = {NULL, true, rows, exec_start, compute_start, compute_end, exec_end};
+        report(reporter, instance, &item);
     }
     free(answered);
     free(succeeded);

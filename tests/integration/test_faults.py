@@ -41,7 +41,9 @@ def supervised(trained, tmp_path, request):
     yield server, supervisor, lines
     stop.set()
     thread.join(60)
-    server.stop()
+    # These are not tests of shutdown: Triton would wait up to its 30 s exit timeout for
+    # a model version whose killed or stopped stub never finishes unloading.
+    server.stop(timeout=5.0)
 
 
 class Readiness:
@@ -172,6 +174,7 @@ def test_an_unloaded_ranker_is_not_ready_its_errors_are_retried_and_it_is_healed
         with pytest.raises(InferenceServerException) as err:
             unknown.infer(dense, cats)
         assert not is_transient(err.value), err.value  # a wrong model name is not retried
+        unknown.close()
         _wait_answering(supervisor, RECOVERY_BOUND_S)
         time.sleep(0.3)
     assert readiness.not_ready() and readiness.seen[-1][1:] == (200, 200), readiness.seen[-5:]
@@ -267,3 +270,4 @@ def test_a_broken_rank_model_is_healed_and_the_ranker_never_touched(supervised, 
     assert any("rank model reloaded" in line for line in lines), lines
     assert server.stub_pids()["ranker"] == ranker_pid and supervisor.heals == 0  # the ranker was left alone
     assert client.score(dense, cats).shape == (len(dense),)
+    client.close()

@@ -82,7 +82,8 @@ def test_runner_writes_a_complete_report(ensemble_server, trained, tmp_path):
                             targets=("triton-http", "triton-grpc", "inproc"), rows=(1,), users=(2,),
                             duration=3, warmup=1, urls={"triton-http": f"http://{server.http_url}",
                                                         "triton-grpc": f"grpc://{server.grpc_url}"},
-                            overload_seconds=0)  # the overload scenario: next test, fused layout only
+                            overload_seconds=0,  # the overload scenario: next test, fused layout only
+                            perf_analyzer=(2,))  # one point per protocol (the full sweep: loadtest docs)
     report = run(options)
     results = json.loads((tmp_path / "report" / "results.json").read_text())
     assert [s["target"] for s in results["scenarios"]] == ["triton-http", "triton-grpc", "inproc"]
@@ -97,6 +98,10 @@ def test_runner_writes_a_complete_report(ensemble_server, trained, tmp_path):
         assert (tmp_path / "report" / name).stat().st_size > 0
     assert "Headline" in report.read_text()
     assert results["overload"] is None and "## Overload" not in report.read_text()
+    swept = results["perf_analyzer"]
+    assert [(p["target"], p["concurrency"], p["error"]) for p in swept] == [("triton-http", 2, ""),
+                                                                            ("triton-grpc", 2, "")], swept
+    assert all(p["rows_per_s"] > 0 for p in swept), swept
 
 
 def test_runner_report_has_the_overload_scenario(server, trained, tmp_path):
@@ -104,7 +109,8 @@ def test_runner_report_has_the_overload_scenario(server, trained, tmp_path):
     wedged the per-model ensemble layout under open-loop overload, docs/reliability.md)."""
     options = RunnerOptions(repository=trained.repository, out=tmp_path / "report", targets=("triton-http",),
                             rows=(1,), users=(2,), duration=2, warmup=1,
-                            urls={"triton-http": f"http://{server.http_url}"}, overload_seconds=2)
+                            urls={"triton-http": f"http://{server.http_url}"}, overload_seconds=2,
+                            perf_analyzer=())  # the sweep: previous test
     report = run(options)
     overload = json.loads((tmp_path / "report" / "results.json").read_text())["overload"]
     assert overload["capacity_per_s"] > 0 and overload["runs"][0]["multiple"] == 2.0

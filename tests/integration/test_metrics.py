@@ -3,6 +3,7 @@ with samples for the served models, and the latency summaries carry the configur
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 from ensemble.models.registry import Layout
@@ -34,7 +35,18 @@ def test_every_dashboard_metric_is_exported(layout_server):
     client = RankerClient(layout_server.http_url, "http")
     for i in range(REQUESTS):
         client.score(dense[i * 5:(i + 1) * 5], categorical[i * 5:(i + 1) * 5])
+
+    def count(samples, metric):
+        return sum(v for labels, v in samples.get(metric, []) if labels.get("model") == Model.RANKER.value)
+
+    # Statistics follow the answers: the native backend reports them from a thread of its own, just
+    # after the answer is sent (fused_backend.c), so a scrape may briefly trail the last answer.
+    deadline = time.monotonic() + 10
     after = _scrape(layout_server)
+    while (count(after, "nv_inference_request_success") - count(before, "nv_inference_request_success") < REQUESTS
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
+        after = _scrape(layout_server)
 
     names = {n for n in dashboard_metric_names() if not n.startswith(GATEWAY_METRIC_PREFIX)}  # the gateway's: a fleet's
     assert len(names) >= 10
@@ -45,9 +57,6 @@ def test_every_dashboard_metric_is_exported(layout_server):
         expected_models |= {m.value for m in COMPOSING}
     for name in names - HOST_METRICS:
         assert expected_models <= _models(after[name]), f"{name}: no samples for {expected_models - _models(after[name])}"
-
-    def count(samples, metric):
-        return sum(v for labels, v in samples.get(metric, []) if labels.get("model") == Model.RANKER.value)
 
     # the summaries observe each request once, as the success counter counts it
     assert count(after, "nv_inference_request_success") - count(before, "nv_inference_request_success") == REQUESTS
