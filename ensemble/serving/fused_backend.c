@@ -209,6 +209,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
  * and measured with a closed loop on one core its tail was longer, not shorter. */
 
 #define REPORT_QUEUE 1024
+#define REPORT_BATCH 64 /* reports taken from the queue per lock */
 
 typedef struct {
     TRITONBACKEND_Request *request; /* NULL: the call's batch statistics (rows) */
@@ -250,12 +251,12 @@ static void *reporter_main(void *arg) {
     struct sched_param lowest = {0};
     if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &lowest) != 0)
         setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
-    Report batch[64];
+    Report batch[REPORT_BATCH];
     for (;;) {
         pthread_mutex_lock(&reporter->lock);
         while (reporter->count == 0 && !reporter->stop) pthread_cond_wait(&reporter->wake, &reporter->lock);
         size_t n = 0;
-        while (n < 64 && reporter->count > 0) {
+        while (n < REPORT_BATCH && reporter->count > 0) {
             batch[n++] = reporter->queue[reporter->head];
             reporter->head = (reporter->head + 1) % REPORT_QUEUE;
             reporter->count--;
