@@ -15,6 +15,7 @@ from typing import Iterable
 
 import numpy as np
 
+from clients.wire import WireStrings
 from ensemble import schema
 from ensemble.dataset import DatasetSpec
 
@@ -108,6 +109,8 @@ def to_tensors(rows, categorical: np.ndarray | None = None, spec: DatasetSpec = 
     Table with the spec's columns, Criteo TSV lines, or one TSV line as a string."""
     if categorical is not None:
         dense = np.asarray(rows, dtype=np.float32)
+        if isinstance(categorical, WireStrings):  # already serialized (batch scoring's TSV parser)
+            return dense, categorical
         cats = np.asarray(categorical, dtype=object)
         if cats.size and not isinstance(cats.flat[0], bytes):
             cats = np.vectorize(lambda v: v.encode() if isinstance(v, str) else (v or b""), otypes=[object])(cats)

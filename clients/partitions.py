@@ -27,9 +27,11 @@ import pandas as pd
 from clients.inputs import from_frame
 from clients.progress import INPUT_BYTES
 from clients.triton import Protocol, RankerClient, Retry, ScoringError
+from clients.wire import WireStrings
 from ensemble import schema
 from ensemble.data import criteo
 from ensemble.dataset import DatasetSpec
+from ensemble.serving import native
 
 FEATURE_COLUMNS = (*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS)
 
@@ -178,11 +180,52 @@ def read_partition(part: Partition, chunk_rows: int, report: LineReport | None =
             frame.attrs[INPUT_BYTES] = share * len(frame) // max(rows, 1)
             yield frame
         return
+    yield from _read_tsv(part, chunk_rows, report, wire=False)
+
+
+@dataclass
+class Chunk:
+    """A chunk of rows ready to send: ``frame`` has the pass-through columns (label, ids; the
+    feature columns too when pandas parsed it) and ``attrs["input_bytes"]``; ``dense`` and
+    ``categorical`` are the request tensors."""
+
+    frame: pd.DataFrame
+    dense: np.ndarray
+    categorical: np.ndarray | WireStrings
+
+
+def read_chunks(part: Partition, chunk_rows: int, report: LineReport | None = None,
+                spec: DatasetSpec = schema.CRITEO) -> Iterator[Chunk]:
+    """:func:`read_partition`'s chunks with their request tensors. Criteo TSV lines go from bytes
+    to the tensors in C (:func:`ensemble.serving.native.tsv_to_wire`: no DataFrame of features, no
+    bytes object per value); a block with a line outside that parser's grammar, and every other
+    input kind, is parsed as :func:`read_partition` does."""
+    frames = _read_tsv(part, chunk_rows, report, wire=True) if part.kind == "tsv" else \
+        read_partition(part, chunk_rows, report, spec)
+    for item in frames:
+        yield item if isinstance(item, Chunk) else Chunk(item, *from_frame(item, spec))
+
+
+def _wire_chunk(lines: list[bytes], with_label: bool, input_bytes: int) -> Chunk | None:
+    parsed = native.tsv_to_wire(b"".join(lines), len(lines), with_label, schema.N_DENSE, schema.N_CATEGORICAL)
+    if parsed is None:
+        return None
+    labels, dense, wire, row_ends = parsed
+    frame = pd.DataFrame({schema.LABEL: labels} if with_label else {}, index=pd.RangeIndex(len(lines)))
+    frame.attrs[INPUT_BYTES] = input_bytes
+    return Chunk(frame, dense, WireStrings(wire, row_ends, schema.N_CATEGORICAL))
+
+
+def _read_tsv(part: Partition, chunk_rows: int, report: LineReport | None, wire: bool
+              ) -> Iterator[pd.DataFrame | Chunk]:
     with_label, header = tsv_layout(part.path)
     fields = len(criteo.criteo_columns(with_label))
     position = max(part.start, 0)
     for block in _line_blocks(part.path, part.start, part.stop, chunk_rows, skip_header=header):
         read, position = block.end - position, block.end
+        if wire and (chunk := _wire_chunk(block.lines, with_label, read)) is not None:
+            yield chunk
+            continue
         block.drop({i: f"{n} tab-separated fields, expected {fields}" for i, line in enumerate(block.lines)
                     if (n := line.count(b"\t") + 1) != fields}, report)
         if not block.lines:
@@ -353,7 +396,17 @@ class ScoreSettings:
     def scorer(self, partition_index: int = 0) -> Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]:
         if self.local:
             pipeline = local_pipeline(str(Path(self.repository).resolve()))
-            return lambda d, c: {k: v.reshape(-1) for k, v in pipeline.score(d, c).items()}
+
+            def score_local(dense: np.ndarray, cats) -> dict[str, np.ndarray]:
+                if isinstance(cats, WireStrings):  # looked up from the wire buffer, as the native backend does
+                    transform = pipeline.reads_wire
+                    scores = (pipeline.score_ids(dense, transform.ids_from_wire(cats.data, len(cats)))
+                              if transform is not None else pipeline.score(dense, cats.to_objects()))
+                else:
+                    scores = pipeline.score(dense, cats)
+                return {k: v.reshape(-1) for k, v in scores.items()}
+
+            return score_local
         if not self.urls:
             raise ValueError("give --url (one or more) or --local")
         url = self.urls[partition_index % len(self.urls)]
@@ -416,11 +469,10 @@ def score_chunks(part: Partition, settings: ScoreSettings, on_rows: Callable[[in
 
     with ThreadPoolExecutor(max(1, settings.concurrency)) as pool:
         try:
-            for frame in read_partition(part, settings.batch_size, report if settings.skip_bad_lines else None,
-                                        settings.dataset):
-                dense, cats = from_frame(frame, settings.dataset)
-                pending.append((pool.submit(score, dense, cats), frame, first_row))
-                first_row += len(frame)
+            for chunk in read_chunks(part, settings.batch_size, report if settings.skip_bad_lines else None,
+                                     settings.dataset):
+                pending.append((pool.submit(score, chunk.dense, chunk.categorical), chunk.frame, first_row))
+                first_row += len(chunk.frame)
                 while len(pending) >= max(1, settings.concurrency):
                     yield finish(pending.popleft())
             while pending:

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from clients.inputs import ranking_tensors, to_tensors
-from clients.wire import set_bytes_input
+from clients.wire import WireStrings, set_bytes_input
 from ensemble import schema
 from ensemble.dataset import DatasetSpec
 
@@ -129,9 +129,15 @@ def _module(protocol: Protocol, aio: bool = False):
 
 
 def build_inputs(tc, protocol: Protocol, binary: bool, dense: np.ndarray, categorical: np.ndarray) -> list:
-    """The request tensors for one batch ([B x dense] float32, [B x categorical] bytes objects)."""
+    """The request tensors for one batch ([B x dense] float32, [B x categorical] bytes objects or
+    :class:`clients.wire.WireStrings`)."""
+    if isinstance(categorical, WireStrings):
+        if protocol is Protocol.HTTP and not binary:  # JSON carries the values, not the wire format
+            categorical = categorical.to_objects()
+    else:
+        categorical = np.asarray(categorical, object)
     return [_input(tc, protocol, binary, schema.DENSE, np.ascontiguousarray(dense, np.float32)),
-            _input(tc, protocol, binary, schema.CATEGORICAL, np.asarray(categorical, object))]
+            _input(tc, protocol, binary, schema.CATEGORICAL, categorical)]
 
 
 def _input(tc, protocol: Protocol, binary: bool, tensor: schema.Tensor, array: np.ndarray):

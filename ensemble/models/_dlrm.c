@@ -24,6 +24,10 @@ typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
 
 #define TILE_ROWS 4
 #define TILE_COLS 16
+/* Rows go through every layer in blocks of this many, so a block's activations (~4.7 KB a row for the
+ * exported DLRMs) stay in the core's L2 cache between layers: whole 8,192-row batches layer by layer
+ * ran at half the speed per row. Each row's arithmetic is the same in any block. */
+#define BLOCK_ROWS 64
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
@@ -232,54 +236,58 @@ static PyObject *forward(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "a pair names a vector beyond the 1 + F");
             goto done;
         }
+    float *out = fixed[6].view.buf;
     Py_ssize_t width = dim + P;
     for (int l = 0; l < n_layers; l += 2)
         if (layers[l].view.shape[1] > width) width = layers[l].view.shape[1];
-    scratch = PyMem_RawMalloc(sizeof(float) * (size_t)(B ? B : 1) * (size_t)(2 * width + (F + 1) * dim));
+    const Py_ssize_t block = B < BLOCK_ROWS ? (B ? B : 1) : BLOCK_ROWS;
+    scratch = PyMem_RawMalloc(sizeof(float) * (size_t)block * (size_t)(2 * width + (F + 1) * dim));
     if (scratch == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     const int64_t *ids = fixed[1].view.buf, *offsets = fixed[3].view.buf;
     Py_ssize_t bad = -1;
-    float *a = scratch, *b = scratch + B * width, *stacked = b + B * width;
-    float *out = fixed[6].view.buf;
-    Py_BEGIN_ALLOW_THREADS
-    const float *x = fixed[0].view.buf;
-    int in = (int)n_dense;
-    for (Py_ssize_t l = 0; l < n_bottom; l++) {
-        float *y = (l % 2 == 0) ? a : b;
-        int o = (int)layers[2 * l].view.shape[1];
-        layer(B, in, o, x, layers[2 * l].view.buf, layers[2 * l + 1].view.buf, y, 1);
-        x = y;
-        in = o;
-    }
+    float *a = scratch, *b = scratch + block * width, *stacked = b + block * width;
     const float *table = fixed[2].view.buf;
-    for (Py_ssize_t r = 0; r < B && bad < 0; r++) {
-        float *s = stacked + r * (F + 1) * dim;
-        memcpy(s, x + r * dim, sizeof(float) * dim);
-        for (Py_ssize_t c = 0; c < F; c++) { /* an id must stay inside its own column's table */
-            const int64_t id = ids[r * F + c], end = c + 1 < F ? offsets[c + 1] : table_rows;
-            if (id < 0 || id >= end - offsets[c]) {
-                bad = r * F + c;
-                break;
-            }
-            memcpy(s + (c + 1) * dim, table + (offsets[c] + id) * dim, sizeof(float) * dim);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r0 = 0; r0 < B && bad < 0; r0 += block) {
+        const Py_ssize_t nb = B - r0 < block ? B - r0 : block;
+        const float *x = (const float *)fixed[0].view.buf + r0 * n_dense;
+        int in = (int)n_dense;
+        for (Py_ssize_t l = 0; l < n_bottom; l++) {
+            float *y = (l % 2 == 0) ? a : b;
+            int o = (int)layers[2 * l].view.shape[1];
+            layer(nb, in, o, x, layers[2 * l].view.buf, layers[2 * l + 1].view.buf, y, 1);
+            x = y;
+            in = o;
         }
-    }
-    if (bad < 0) {
+        for (Py_ssize_t r = 0; r < nb && bad < 0; r++) {
+            float *s = stacked + r * (F + 1) * dim;
+            const int64_t *row_ids = ids + (r0 + r) * F;
+            memcpy(s, x + r * dim, sizeof(float) * dim);
+            for (Py_ssize_t c = 0; c < F; c++) { /* an id must stay inside its own column's table */
+                const int64_t id = row_ids[c], end = c + 1 < F ? offsets[c + 1] : table_rows;
+                if (id < 0 || id >= end - offsets[c]) {
+                    bad = (r0 + r) * F + c;
+                    break;
+                }
+                memcpy(s + (c + 1) * dim, table + (offsets[c] + id) * dim, sizeof(float) * dim);
+            }
+        }
+        if (bad >= 0) break;
         float *inter = (x == a) ? b : a;
-        interact(B, (int)(F + 1), (int)dim, (int)P, pi, pj, stacked, inter);
+        interact(nb, (int)(F + 1), (int)dim, (int)P, pi, pj, stacked, inter);
         x = inter;
         in = (int)(dim + P);
         for (Py_ssize_t l = n_bottom; l < n_bottom + n_top; l++) {
             float *y = (x == a) ? b : a;
             int o = (int)layers[2 * l].view.shape[1];
-            layer(B, in, o, x, layers[2 * l].view.buf, layers[2 * l + 1].view.buf, y, l < n_bottom + n_top - 1);
+            layer(nb, in, o, x, layers[2 * l].view.buf, layers[2 * l + 1].view.buf, y, l < n_bottom + n_top - 1);
             x = y;
             in = o;
         }
-        for (Py_ssize_t r = 0; r < B; r++) out[r] = 1.0f / (1.0f + expf(-x[r]));
+        for (Py_ssize_t r = 0; r < nb; r++) out[r0 + r] = 1.0f / (1.0f + expf(-x[r]));
     }
     Py_END_ALLOW_THREADS
     if (bad >= 0) {

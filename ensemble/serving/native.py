@@ -10,6 +10,9 @@ compiles it), Python otherwise. Both produce the same objects; tests compare the
   buffer (no bytes object per value; the Python form splits the buffer and calls :func:`lookup`).
 - :func:`dense_prepare` and :func:`blend`: a request's elementwise arithmetic (the continuous
   features before their logarithm; the blender's weighted logits) in one pass each.
+- :func:`tsv_to_wire`: a batch-scoring client's parse of Criteo-shaped TSV lines straight into the
+  request's arrays and BYTES wire buffer (C only: without the extension the client parses with
+  pandas, as it does for any line outside this parser's narrow grammar).
 """
 
 from __future__ import annotations
@@ -90,6 +93,21 @@ _lookup = _native.lookup if COMPILED else _lookup_py
 _dense_prepare = _native.dense_prepare if COMPILED else _dense_prepare_py
 _blend = _native.blend if COMPILED else _blend_py
 Vocabulary = _native.Vocabulary if COMPILED else _VocabularyPy
+
+
+def tsv_to_wire(blob: bytes, rows: int, with_label: bool, n_dense: int, n_categorical: int):
+    """Lines of ``with_label`` + ``n_dense`` integer + ``n_categorical`` string tab-separated fields,
+    each ending in a newline -> ``(labels int8 [rows] or None, dense float32 [rows x n_dense],
+    wire bytes, row_ends int64 [rows])``: what ``parse_criteo`` and the BYTES serialization give
+    for the same lines. None when a line is outside the parser's grammar (see ``_native.c``) or the
+    extension was not built: the caller then parses the general way."""
+    if not COMPILED:
+        return None
+    labels = np.empty(rows, np.int8) if with_label else None
+    dense = np.empty((rows, n_dense), np.float32)
+    row_ends = np.empty(rows, np.int64)
+    wire = _native.tsv_to_wire(blob, rows, with_label, n_dense, n_categorical, labels, dense, row_ends)
+    return None if wire is None else (labels, dense, wire, row_ends)
 
 
 def lookup(values: list, tables: Sequence[dict], default: int) -> np.ndarray:

@@ -139,20 +139,24 @@ class Pipeline:
     python-backend model runs. It loads one release of the repository Triton serves.
     """
 
-    # Batches of at least this many rows split the steps of one level (the three models) over
-    # two threads: the first step here, the others one after another on one worker thread
-    # (two cores: the trees against both DLRMs is close to an even split). The trees (ctypes),
-    # torch and TFLite release the GIL while they compute.
-    # Below it, the ~50 us hand-off to a thread costs more than it saves (1 row: 0.02-0.2 ms
-    # per model).
+    # Batches of at least this many rows split one level's work (the three models) over two
+    # threads. On the CPU by rows: every model scores the first half of the rows on the calling
+    # thread and the second half on a worker thread (the trees' 3.4 us a row against both DLRMs'
+    # 6 us made a split by model uneven: 8,192-row batches ran at 6.4-7.9 us a row that way and
+    # 4.8-5.0 split by rows, two cores, build VM). On a GPU by model: the trees on one thread, the
+    # DLRMs on the other, each with the whole batch. The C kernels, torch and TFLite release the
+    # GIL while they compute. Below this size the ~50 us hand-off to a thread costs more than it
+    # saves (1 row: 0.02-0.2 ms per model).
     PARALLEL_MIN_ROWS = 32
 
     def __init__(self, steps: Mapping[Model, StepRunner], parallel: bool | None = None,
-                 widths: schema.Widths | None = None):
+                 widths: schema.Widths | None = None, device: Device = Device.CPU):
         """``parallel``: None (default) = when this process may run on more than one core;
-        ``widths``: the dataset's (with its context's), else read from the features step."""
+        ``widths``: the dataset's (with its context's), else read from the features step;
+        ``device``: where the steps compute (decides how a level is split over the threads)."""
         self.steps = dict(steps)
         self._widths = widths
+        self._row_split = device is Device.CPU
         self._levels = _levels([self.steps[m] for m in ORDER])
         self._pool = None
         if parallel is None:  # the cores this process may run on (Linux), else the machine's
@@ -168,8 +172,9 @@ class Pipeline:
         maps ``auto``)."""
         folders = release_versions(repository, release)
         widths = workflow_widths(folders[Model.FEATURES])
+        device = Device(device)
         return cls({m: load_step(m, folder, threads, device=device, widths=widths) for m, folder in folders.items()},
-                   widths=widths)
+                   widths=widths, device=device)
 
     @property
     def widths(self) -> schema.Widths:
@@ -252,13 +257,27 @@ class Pipeline:
                     from concurrent.futures import ThreadPoolExecutor
 
                     self._pool = ThreadPoolExecutor(1, "pipeline-step")
-                pending = [self._pool.submit(step.run, tensors) for step in level[1:]]
-                outputs = [level[0].run(tensors), *(f.result() for f in pending)]
+                if self._row_split:
+                    outputs = self._split_rows(level, tensors)
+                else:
+                    pending = [self._pool.submit(step.run, tensors) for step in level[1:]]
+                    outputs = [level[0].run(tensors), *(f.result() for f in pending)]
             else:
                 outputs = [step.run(tensors) for step in level]
             for out in outputs:
                 tensors.update(out)
         return {t.name: tensors[t.name] for t in schema.RANKER_OUTPUTS}
+
+    def _split_rows(self, level: list[StepRunner], tensors: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        """Every step of the level on the first half of the rows here and on the second half on the
+        worker thread, outputs joined in row order (each row's score does not depend on its batch)."""
+        rows = len(next(iter(tensors.values())))
+        half = (rows // 2 + 15) // 16 * 16  # whole groups of the trees' 16 lanes and the DLRMs' 4-row tiles
+        first = {k: v[:half] for k, v in tensors.items()}
+        second = {k: v[half:] for k, v in tensors.items()}
+        later = self._pool.submit(lambda: [step.run(second) for step in level])
+        early = [step.run(first) for step in level]
+        return [{k: np.concatenate((a[k], b[k])) for k in a} for a, b in zip(early, later.result())]
 
 
 def _levels(steps: list[StepRunner]) -> list[list[StepRunner]]:

@@ -59,6 +59,60 @@ def test_bytes_serialization_matches_tritonclient():
     assert serialize_bytes(np.empty((0, 26), dtype=object)) == b""
 
 
+def test_wire_strings_send_what_the_object_array_sends(frame):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    from clients.triton import build_inputs
+    from clients.wire import WireStrings
+    from ensemble.serving import native
+
+    dense, cats = to_tensors(frame)
+    row_ends = np.cumsum([sum(4 + len(v) for v in row) for row in cats])
+    wire = WireStrings(native.join_wire(list(cats.reshape(-1))), row_ends, cats.shape[1])
+    assert wire.shape == cats.shape and len(wire) == len(cats)
+    for rows in (slice(0, 300), slice(10, 20), slice(299, None), slice(5, 5), slice(None, 7)):
+        assert wire[rows].shape == cats[rows].shape
+        assert np.array_equal(wire[rows].to_objects(), cats[rows])
+    with pytest.raises(TypeError, match="contiguous slice"):
+        wire[::2]
+    for tc, protocol, binary in ((grpcclient, Protocol.GRPC, True), (httpclient, Protocol.HTTP, True),
+                                 (httpclient, Protocol.HTTP, False)):
+        sent, want = (build_inputs(tc, protocol, binary, dense[10:20], c[10:20])[1] for c in (wire, cats))
+        assert sent._get_tensor() == want._get_tensor()
+        if protocol is Protocol.GRPC:
+            assert sent._get_content() == want._get_content()
+        else:
+            assert sent._get_binary_data() == want._get_binary_data()
+
+
+def test_tsv_chunks_carry_the_tensors_pandas_gives(frame, tmp_path):
+    from clients.inputs import from_frame
+    from clients.partitions import plan_partitions, read_chunks, read_partition
+    from clients.progress import INPUT_BYTES
+    from clients.wire import WireStrings
+
+    path = criteo.write_criteo(frame, tmp_path / "x.tsv")
+    lines = path.read_text().splitlines(keepends=True)
+    values = lines[130].split("\t")
+    values[2] = "2.5"  # pandas reads it; the C parser leaves this line's block to pandas
+    lines[130] = "\t".join(values)
+    path.write_text("".join(lines))
+    (part,) = plan_partitions([str(path)])
+    chunks, frames = list(read_chunks(part, 100)), list(read_partition(part, 100))
+    assert [isinstance(c.categorical, WireStrings) for c in chunks] == [True, False, True]
+    assert len(chunks) == len(frames) == 3
+    for chunk, general in zip(chunks, frames):
+        dense, cats = from_frame(general)
+        got = chunk.categorical.to_objects() if isinstance(chunk.categorical, WireStrings) else chunk.categorical
+        np.testing.assert_array_equal(chunk.dense, dense)
+        assert (got == cats).all()
+        assert chunk.frame["label"].dtype == general["label"].dtype
+        assert chunk.frame["label"].tolist() == general["label"].tolist()
+        assert chunk.frame.attrs[INPUT_BYTES] == general.attrs[INPUT_BYTES]
+    assert chunks[1].dense[30, 1] == 2.5
+
+
 def test_client_library_imports_no_heavy_framework():
     """The client depends on the contract (ensemble.schema), not on the server's frameworks."""
     from tests.helpers import modules_loaded

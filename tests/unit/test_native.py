@@ -110,3 +110,77 @@ def test_blend_matches_the_numpy_form_bit_for_bit():
     assert np.array_equal(got, want) and np.array_equal(python, want)
     nan = native.blend([np.array([np.nan], np.float32)] * 3, weights, bias, eps)
     assert np.isnan(nan).all()  # a NaN score stays NaN, as in numpy
+
+
+def _pandas_parse(blob: bytes, with_label: bool):
+    """The general path of batch scoring: pandas, then the request tensors, then the wire format."""
+    import io
+
+    from clients.inputs import from_frame
+    from ensemble.data import criteo
+
+    frame = criteo.parse_criteo(io.BytesIO(blob), with_label=with_label, compression=None)
+    dense, cats = from_frame(frame)
+    labels = frame["label"].to_numpy() if with_label else None
+    return labels, dense, native.join_wire(list(cats.reshape(-1)))
+
+
+def _line(values) -> bytes:
+    return ("\t".join(values) + "\n").encode()
+
+
+EDGE = ["1", "-0", "", "007", "123456789012345", "-42", *["5"] * 8,  # label, then the 13 integers
+        "68fd1e64", "", "nan", "NaN", "0", " padded ", *["x"] * 20]
+
+
+@pytest.mark.parametrize("with_label", [True, False])
+def test_tsv_to_wire_gives_what_pandas_and_the_serializer_give(with_label):
+    from ensemble import schema
+    from ensemble.data import criteo
+
+    frame = criteo.synthesize(criteo.SynthConfig(rows=500, scale=0.01, seed=5)).frame
+    text = frame.to_csv(sep="\t", header=False, index=False, na_rep="").encode()
+    lines = text.splitlines(keepends=True) + [_line(EDGE)]
+    if not with_label:
+        lines = [line.split(b"\t", 1)[1] for line in lines]
+    blob = b"".join(lines)
+    parsed = native.tsv_to_wire(blob, len(lines), with_label, schema.N_DENSE, schema.N_CATEGORICAL)
+    assert parsed is not None
+    labels, dense, wire, row_ends = parsed
+    want_labels, want_dense, want_wire = _pandas_parse(blob, with_label)
+    assert wire == want_wire
+    assert np.array_equal(dense, want_dense, equal_nan=True)
+    assert np.array_equal(np.signbit(dense), np.signbit(want_dense))  # "-0" is -0.0 in both
+    if with_label:
+        assert labels.dtype == want_labels.dtype and np.array_equal(labels, want_labels)
+    assert row_ends[-1] == len(wire) and np.all(np.diff(row_ends) > 0)
+    assert native.split_wire(wire[row_ends[-2]:]) == [v.encode() for v in EDGE[14:]]
+
+
+@pytest.mark.parametrize("change", [
+    (1, "1.5"), (1, "+3"), (1, "1e3"), (1, " 5"), (1, "1234567890123456"), (0, "200"), (0, ""),
+    (20, "caf\u00e9"), (20, "a\rb"), (39, "x\r"),
+], ids=lambda c: repr(c))
+def test_tsv_to_wire_leaves_other_lines_to_pandas(change):
+    # Outside the narrow grammar the C parser gives up on the whole block; the client then parses
+    # it with pandas, which accepts some of these and names the line of the others.
+    from ensemble import schema
+
+    values = list(EDGE)
+    index, value = change
+    values[index] = value
+    blob = _line(EDGE) + _line(values)
+    assert native.tsv_to_wire(blob, 2, True, schema.N_DENSE, schema.N_CATEGORICAL) is None
+
+
+@pytest.mark.parametrize("blob, rows", [
+    (_line(EDGE[:-1]), 1),  # a field short
+    (_line(EDGE + ["x"]), 1),  # a field more
+    (_line(EDGE)[:-1], 1),  # no final newline
+    (_line(EDGE) * 2, 1),  # more lines than said
+    (_line(EDGE), 2),  # fewer
+])
+def test_tsv_to_wire_checks_the_shape_of_every_line(blob, rows):
+    from ensemble import schema
+
+    assert native.tsv_to_wire(blob, rows, True, schema.N_DENSE, schema.N_CATEGORICAL) is None

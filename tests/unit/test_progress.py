@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from clients.partitions import plan_partitions, read_partition
+from clients.partitions import plan_partitions, read_chunks, read_partition
 from clients.progress import INPUT_BYTES, Progress, partition_bytes
 from ensemble.console import native_info_quieted
 from ensemble.data import criteo
@@ -25,8 +25,13 @@ def inputs(tmp_path_factory):
     return {"tsv": str(tsv), "gz": str(root / "rows.tsv.gz"), "parquet": str(root / "rows.parquet")}
 
 
+def _chunk_frames(part, chunk_rows):
+    return (chunk.frame for chunk in read_chunks(part, chunk_rows))
+
+
+@pytest.mark.parametrize("reader", [read_partition, _chunk_frames], ids=["frames", "chunks"])
 @pytest.mark.parametrize("kind", ["tsv", "gz", "parquet"])
-def test_bar_total_is_the_input_size_and_chunks_advance_it(inputs, kind):
+def test_bar_total_is_the_input_size_and_chunks_advance_it(inputs, kind, reader):
     parts = plan_partitions([inputs[kind]], partition_bytes=100_000)
     total = os.path.getsize(inputs[kind])
     assert abs(sum(partition_bytes(p) for p in parts) - total) <= len(parts)  # rounding of row-group shares
@@ -34,7 +39,7 @@ def test_bar_total_is_the_input_size_and_chunks_advance_it(inputs, kind):
     assert bar.total == sum(partition_bytes(p) for p in parts)
     rows = 0
     for part in parts:
-        for frame in read_partition(part, chunk_rows=250):
+        for frame in reader(part, chunk_rows=250):
             bar.chunk(part, len(frame), frame.attrs[INPUT_BYTES])
             rows += len(frame)
         if kind != "gz":  # the compressed stream is read ahead in blocks: most of a small file at once

@@ -94,3 +94,18 @@ def test_no_wire_runner_when_a_column_is_hashed(trained):
     assert runtime.wire_runner(runtime.StepRunner(fused.step, pipeline)) is None
     with pytest.raises(ValueError, match="hashed or multi-hot"):
         hashed.ids_from_wire(b"", 0)
+
+
+@pytest.mark.parametrize("rows", [33, 300])
+def test_rows_split_over_two_threads_score_as_one_thread_does(pipeline, rows):
+    from tests.helpers import fresh_rows
+
+    dense, cats = fresh_rows(rows, seed=23)  # and the edge-case rows
+    split = runtime.Pipeline(pipeline.steps, parallel=True, widths=pipeline.widths)
+    alone = runtime.Pipeline(pipeline.steps, parallel=False, widths=pipeline.widths)
+    got, want = split.score(dense, cats), alone.score(dense, cats)
+    assert split._pool is not None  # the worker thread scored the second half
+    for name in want:
+        assert got[name].shape == want[name].shape == (len(dense), 1)
+        assert np.array_equal(got[name], want[name]), name
+    split.close()
