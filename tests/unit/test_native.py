@@ -54,6 +54,14 @@ def _vocabulary_case(seed=4):
     values[7] = b""  # missing
     values[8] = b"\xff" * 9000  # long, unseen
     values[9] = b"2-3"  # another column's value: looked up in its own column only
+    # Keys of every length around the 8 bytes kept in a slot, and near misses of them: trailing NUL
+    # bytes, one byte changed in a long key.
+    odd = [b"a", b"a\x00", b"a\x00\x00", b"12345678", b"123456789", b"\x00" * 8, *(bytes([65 + n % 26]) * n for n in
+                                                                              range(9, 41))]
+    for c, table in enumerate(tables):
+        table.update({key: 1000 + 50 * c + k for k, key in enumerate(odd)})
+    for k, key in enumerate(odd + [b"a\x00\x00\x00", b"1234567", b"\x00" * 7, b"Z" * 24 + b"Y", b"\x00" * 9]):
+        values[20 + 5 * k + k % 5] = key
     return tables, values
 
 
@@ -65,6 +73,7 @@ def test_vocabulary_reads_the_wire_like_lookup_of_the_split_values(vocabulary):
     vocabulary(tables).lookup_wire(native.join_wire(values), 2, got)
     assert np.array_equal(got, expected)
     assert got[7] == 1 and got[8] == 2 and got[9] == 2 and (got >= 3).sum() > 100
+    assert (got >= 1000).sum() == 38  # every odd key found in its column; the near misses (dict.get above) not
 
 
 @pytest.mark.parametrize("vocabulary", [native.Vocabulary, native._VocabularyPy], ids=["c", "python"])
