@@ -272,7 +272,7 @@ class Pipeline:
         """Every step of the level on the first half of the rows here and on the second half on the
         worker thread, outputs joined in row order (each row's score does not depend on its batch)."""
         rows = len(next(iter(tensors.values())))
-        half = (rows // 2 + 15) // 16 * 16  # whole groups of the trees' 16 lanes and the DLRMs' 4-row tiles
+        half = (rows // 2 + 15) // 16 * 16  # whole groups of the trees' 16 lanes
         first = {k: v[:half] for k, v in tensors.items()}
         second = {k: v[half:] for k, v in tensors.items()}
         later = self._pool.submit(lambda: [step.run(second) for step in level])
