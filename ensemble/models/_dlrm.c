@@ -254,7 +254,7 @@ static PyObject *forward(PyObject *self, PyObject *args) {
     float *a = scratch, *b = scratch + block * width, *stacked = b + block * width;
     const float *table = fixed[2].view.buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t r0 = 0; r0 < B && bad < 0; r0 += block) {
+    for (Py_ssize_t r0 = 0; r0 < B; r0 += block) {
         const Py_ssize_t nb = B - r0 < block ? B - r0 : block;
         const float *x = (const float *)fixed[0].view.buf + r0 * n_dense;
         int in = (int)n_dense;

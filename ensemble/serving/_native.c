@@ -352,6 +352,7 @@ fail:
 
 typedef struct {
     uint64_t hash;
+    uint64_t key8;  /* the value itself when at most INLINE_KEY bytes, zero-padded; else 0 */
     Py_ssize_t start;  /* the value's first byte in the wire buffer */
     Py_ssize_t length;
 } WireValue;
@@ -392,7 +393,7 @@ static PyObject *vocabulary_lookup_wire(Vocabulary *self, PyObject *args) {
         offset = start + n;
         if (i >= count) continue;  /* counted below, so the error names the real count */
         const uint64_t h = key_hash(data + start, n);
-        values[i] = (WireValue){h, start, n};
+        values[i] = (WireValue){h, n <= INLINE_KEY ? short_key(data + start, n) : 0, start, n};
         __builtin_prefetch(&self->tables[j].slots[h & self->tables[j].mask]);
     }
     if (i != count) {
@@ -403,15 +404,13 @@ static PyObject *vocabulary_lookup_wire(Vocabulary *self, PyObject *args) {
     for (i = 0, j = 0; i < count; i++, j = (j + 1 == self->columns) ? 0 : j + 1) {
         const VocabTable *t = &self->tables[j];
         const WireValue v = values[i];
-        const unsigned char *key = data + v.start;
-        const uint64_t key8 = v.length <= INLINE_KEY ? short_key(key, v.length) : 0;
         int64_t id = fallback;
         for (size_t s = v.hash & t->mask;; s = (s + 1) & t->mask) {
             const VocabSlot *slot = &t->slots[s];
             if (slot->hash == 0) break;
             if (slot->hash == v.hash && slot->length == (uint32_t)v.length &&
-                (v.length <= INLINE_KEY ? slot->inline_key == key8
-                                        : memcmp(self->arena + slot->offset, key, v.length) == 0)) {
+                (v.length <= INLINE_KEY ? slot->inline_key == v.key8
+                                        : memcmp(self->arena + slot->offset, data + v.start, v.length) == 0)) {
                 id = slot->id;
                 break;
             }
@@ -500,6 +499,7 @@ static PyObject *tsv_to_wire(PyObject *self, PyObject *args) {
     int8_t *labels = have_labels ? labels_view.buf : NULL;
     int64_t *ends = ends_view.buf;
     const Py_ssize_t fields = (label ? 1 : 0) + n_dense + n_cat;
+    const Py_ssize_t first_cat = fields - n_cat;
     int fast = 1;
     Py_ssize_t row = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -507,7 +507,7 @@ static PyObject *tsv_to_wire(PyObject *self, PyObject *args) {
         for (Py_ssize_t f = 0; f < fields; f++) {
             const unsigned char *start = p;
             const unsigned char last = f + 1 == fields ? '\n' : '\t';
-            if (f < fields - n_cat) {
+            if (f < first_cat) {
                 while (p < end && *p != '\t' && *p != '\n') p++;
             } else {
                 while (p < end && *p != '\t' && *p != '\n') {
@@ -520,7 +520,7 @@ static PyObject *tsv_to_wire(PyObject *self, PyObject *args) {
                 double v;
                 if (parse_digits(start, p, &v) < 0 || v < -128 || v > 127) { fast = 0; break; }
                 labels[row] = (int8_t)v;
-            } else if (f < fields - n_cat) {
+            } else if (f < first_cat) {
                 double v = NAN;
                 if (p != start && parse_digits(start, p, &v) < 0) { fast = 0; break; }
                 *dense++ = (float)v;
