@@ -95,6 +95,19 @@ CLONES static void layer(Py_ssize_t B, int in, int out, const float *x, const fl
         }
         return;
     }
+    if (out == 1) { /* the last layer: a dot product a row, 8 lanes at a time, then the lanes' sum */
+        for (Py_ssize_t b = 0; b < B; b++) {
+            const float *xb = x + b * in;
+            v8 acc = {0};
+            int k = 0;
+            for (; k + 8 <= in; k += 8) acc += load8(xb + k) * load8(wt + k);
+            float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+            for (; k < in; k++) sum += xb[k] * wt[k];
+            sum += bias[0];
+            y[b] = relu && !(sum > 0.f) ? 0.f : sum;
+        }
+        return;
+    }
     for (Py_ssize_t b = 0; b < B; b++) {
         for (int j = 0; j < out; j++) y[b * out + j] = bias[j];
         for (int k = 0; k < in; k++) {
@@ -107,40 +120,64 @@ CLONES static void layer(Py_ssize_t B, int in, int out, const float *x, const fl
     }
 }
 
+/* Whether the pairs are DLRM's: every (i, j) with j < i, i = 1..n-1, in that order (row i's pairs are then
+ * out[dim + i(i-1)/2 ...], consecutive). */
+static int lower_triangle(int n_vectors, int n_pairs, const int32_t *pair_i, const int32_t *pair_j) {
+    if (n_pairs != n_vectors * (n_vectors - 1) / 2) return 0;
+    for (int i = 1, p = 0; i < n_vectors; i++)
+        for (int j = 0; j < i; j++, p++)
+            if (pair_i[p] != i || pair_j[p] != j) return 0;
+    return 1;
+}
+
 /* out[b] = [vector 0 of row b, then <v_i, v_j> for each pair]: stacked [B x V x dim] -> [B x (dim + P)].
- * Up to 32 vectors, all dot products of a row at once: the row's vectors transposed to [dim x 32],
- * then for each vector i, 32 products accumulated 8 at a time over the dimensions (the Gram matrix
- * row i), and the pairs picked from it. */
+ * Up to 32 vectors: the row's vectors transposed to t[dim x 32], then Gram-matrix entries computed in
+ * blocks of 8 vectors i x 8 vectors j (8 accumulators of 8 lanes, one FMA per dimension each: enough
+ * independent sums to keep both FMA units busy), only the blocks some pair reads (for DLRM's pairs
+ * i > j, 10 of the 16). For DLRM's pairs a block's sums go straight to the output: row i's 8 sums
+ * land at its pairs' place, the lanes j >= i spilling into the next rows' places, which a later
+ * store always rewrites (blocks in ascending i, each i's blocks in descending j, the diagonal block
+ * first), and past the batch's last row into OUT_SLACK floats the caller leaves after ``out``.
+ * Other pairs are picked from a Gram matrix. */
 #define MAX_GRAM 32
+#define OUT_SLACK 8
 CLONES static void interact(Py_ssize_t B, int n_vectors, int dim, int n_pairs, const int32_t *pair_i,
                             const int32_t *pair_j, const float *stacked, float *out) {
     const int width = dim + n_pairs;
     if (n_vectors <= MAX_GRAM && dim <= 64) {
         float t[64][MAX_GRAM];
         float gram[MAX_GRAM][MAX_GRAM];
+        const int direct = lower_triangle(n_vectors, n_pairs, pair_i, pair_j);
+        unsigned need[MAX_GRAM / 8] = {0}; /* bit jb of need[ib]: block (ib, jb) is read by a pair */
+        for (int p = 0; p < n_pairs; p++) need[pair_i[p] / 8] |= 1u << (pair_j[p] / 8);
+        for (int d = 0; d < dim; d++)
+            for (int v = n_vectors; v < MAX_GRAM; v++) t[d][v] = 0.f;
         for (Py_ssize_t b = 0; b < B; b++) {
             const float *s = stacked + b * n_vectors * dim;
             float *o = out + b * width;
             memcpy(o, s, sizeof(float) * dim);
-            for (int d = 0; d < dim; d++) {
-                for (int v = 0; v < n_vectors; v++) t[d][v] = s[v * dim + d];
-                for (int v = n_vectors; v < MAX_GRAM; v++) t[d][v] = 0.f;
-            }
-            for (int i = 0; i < n_vectors; i++) {
-                v8 acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0};
-                for (int d = 0; d < dim; d++) {
-                    const float x = t[d][i];
-                    acc0 += x * load8(&t[d][0]);
-                    acc1 += x * load8(&t[d][8]);
-                    acc2 += x * load8(&t[d][16]);
-                    acc3 += x * load8(&t[d][24]);
+            for (int v = 0; v < n_vectors; v++)
+                for (int d = 0; d < dim; d++) t[d][v] = s[v * dim + d];
+            for (int ib = 0; ib < MAX_GRAM / 8; ib++) {
+                for (int jb = MAX_GRAM / 8 - 1; jb >= 0; jb--) {
+                    if (!(need[ib] >> jb & 1u)) continue;
+                    v8 acc[8] = {{0}};
+                    for (int d = 0; d < dim; d++) {
+                        const v8 w = load8(&t[d][8 * jb]);
+                        for (int k = 0; k < 8; k++) acc[k] += t[d][8 * ib + k] * w;
+                    }
+                    if (direct) {
+                        for (int k = 0; k < 8; k++) {
+                            const int i = 8 * ib + k;
+                            if (i >= 1 && i < n_vectors && 8 * jb < i) store8(o + dim + i * (i - 1) / 2 + 8 * jb, acc[k]);
+                        }
+                    } else {
+                        for (int k = 0; k < 8; k++) store8(&gram[8 * ib + k][8 * jb], acc[k]);
+                    }
                 }
-                store8(&gram[i][0], acc0);
-                store8(&gram[i][8], acc1);
-                store8(&gram[i][16], acc2);
-                store8(&gram[i][24], acc3);
             }
-            for (int p = 0; p < n_pairs; p++) o[dim + p] = gram[pair_i[p]][pair_j[p]];
+            if (!direct)
+                for (int p = 0; p < n_pairs; p++) o[dim + p] = gram[pair_i[p]][pair_j[p]];
         }
         return;
     }
@@ -244,14 +281,15 @@ static PyObject *forward(PyObject *self, PyObject *args) {
     for (int l = 0; l < n_layers; l += 2)
         if (layers[l].view.shape[1] > width) width = layers[l].view.shape[1];
     const Py_ssize_t block = B < BLOCK_ROWS ? (B ? B : 1) : BLOCK_ROWS;
-    scratch = PyMem_RawMalloc(sizeof(float) * (size_t)block * (size_t)(2 * width + (F + 1) * dim));
+    /* a and b each end with OUT_SLACK floats for interact's spill */
+    scratch = PyMem_RawMalloc(sizeof(float) * ((size_t)block * (size_t)(2 * width + (F + 1) * dim) + 2 * OUT_SLACK));
     if (scratch == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     const int64_t *ids = fixed[1].view.buf, *offsets = fixed[3].view.buf;
     Py_ssize_t bad = -1;
-    float *a = scratch, *b = scratch + block * width, *stacked = b + block * width;
+    float *a = scratch, *b = scratch + block * width + OUT_SLACK, *stacked = b + block * width + OUT_SLACK;
     const float *table = fixed[2].view.buf;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r0 = 0; r0 < B; r0 += block) {

@@ -307,11 +307,15 @@ class TreeArrays:
 
     MAX_DEPTH = 14  # 2^14 nodes a tree: beyond it the arrays outgrow the caches they are for
 
-    def __init__(self, node_feature: np.ndarray, node_threshold: np.ndarray, leaves: np.ndarray, depth: int,
+    def __init__(self, node_column: np.ndarray, node_threshold: np.ndarray, leaves: np.ndarray, depth: int,
                  base_margin: float, n_features: int):
-        if int(node_feature.max(initial=0) & 0x7FFFFFFF) >= n_features:
+        """``node_column``: 2 f + 1 for a split on feature f whose missing values go right, else 2 f
+        (``_trees.c`` reads a missing value as +inf in the first, -inf in the second); thresholds finite."""
+        if int(node_column.max(initial=0)) >= 2 * n_features:
             raise ValueError(f"a node reads a feature beyond the model's {n_features}")
-        self.node_feature, self.node_threshold, self.leaves = node_feature, node_threshold, leaves
+        if not np.isfinite(node_threshold).all():
+            raise ValueError("a split threshold is not finite")
+        self.node_column, self.node_threshold, self.leaves = node_column, node_threshold, leaves
         self.depth, self.base_margin, self.n_features = depth, float(base_margin), n_features
 
     @classmethod
@@ -330,7 +334,7 @@ class TreeArrays:
         if depth > cls.MAX_DEPTH:
             return None
         n_internal, n_leaves = (1 << depth) - 1, 1 << depth
-        feature = np.zeros((len(trees), n_internal), np.uint32)
+        column = np.zeros((len(trees), n_internal), np.uint32)
         threshold = np.zeros((len(trees), n_internal), np.float32)
         leaves = np.zeros((len(trees), n_leaves), np.float32)
         for t, tree in enumerate(trees):
@@ -345,12 +349,14 @@ class TreeArrays:
                         first = 2 * first + 1
                     leaves[t, first - n_internal:first - n_internal + (1 << (depth - level))] = cond[node]
                     continue
-                feature[t, pos] = int(split[node]) | (0x80000000 if int(default_left[node]) else 0)
+                column[t, pos] = 2 * int(split[node]) + (0 if int(default_left[node]) else 1)
                 threshold[t, pos] = cond[node]
                 stack += [(left[node], 2 * pos + 1, level + 1), (right[node], 2 * pos + 2, level + 1)]
         base_score = float(str(params["base_score"]).strip("[]"))
         base_margin = float(np.log(base_score) - np.log1p(-base_score))
-        return cls(feature.ravel(), threshold.ravel(), leaves.ravel(), depth, base_margin, int(params["num_feature"]))
+        if not np.isfinite(threshold).all():  # the missing-value columns need finite thresholds
+            return None
+        return cls(column.ravel(), threshold.ravel(), leaves.ravel(), depth, base_margin, int(params["num_feature"]))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """[B x n_features] float32 -> [B] P(click)."""
@@ -358,7 +364,7 @@ class TreeArrays:
         if x.ndim != 2 or x.shape[1] != self.n_features:
             raise ValueError(f"expected [rows x {self.n_features}] features, got {list(x.shape)}")
         out = np.empty(len(x), dtype=np.float32)
-        _trees.predict(x, self.n_features, self.node_feature, self.node_threshold, self.leaves, self.depth,
+        _trees.predict(x, self.n_features, self.node_column, self.node_threshold, self.leaves, self.depth,
                        self.base_margin, out)
         return out
 

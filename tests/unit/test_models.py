@@ -47,12 +47,13 @@ def test_tf_dlrm_exports_savedmodel_and_reloads(tmp_path):
 
 
 @pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.models._dlrm not built, or this CPU lacks AVX2+FMA")
-@pytest.mark.parametrize("dim", [4, 16], ids=["scalar-widths", "vector-widths"])
-def test_the_c_forward_pass_reads_both_exported_dlrms_and_gives_their_scores(tmp_path, dim):
+@pytest.mark.parametrize("dim,last", [(4, 12), (16, 16)], ids=["scalar-widths", "vector-widths"])
+def test_the_c_forward_pass_reads_both_exported_dlrms_and_gives_their_scores(tmp_path, dim, last):
     """The kernel's weights come from each exported file (TorchScript graph constants, TFLite
     tensors); a scorer uses it only after it agreed with the framework at load, and it keeps agreeing
-    on every batch size (tiles of 4 rows x 16 outputs and the rows and widths around them)."""
-    config = DLRMConfig(embedding_dim=dim, bottom_mlp=(32,), top_mlp=(48, 16), cardinalities=(7,) * 26)
+    on every batch size (tiles of 6 rows x 16 outputs, blocks of 64 rows, and the rows around them;
+    a last layer of 12 inputs, not a multiple of 8, and of 16)."""
+    config = DLRMConfig(embedding_dim=dim, bottom_mlp=(32,), top_mlp=(48, last), cardinalities=(7,) * 26)
     torch_dir, tf_dir = tmp_path / "torch", tmp_path / "tf"
     torch_dir.mkdir(), tf_dir.mkdir()
     dlrm_torch.save(dlrm_torch.build(config).eval(), torch_dir)
@@ -61,7 +62,7 @@ def test_the_c_forward_pass_reads_both_exported_dlrms_and_gives_their_scores(tmp
     dlrm_tf.write_tflite(tf_dir)
     for scorer in (dlrm_torch.TorchScorer(torch_dir), dlrm_tf.TFScorer(tf_dir)):
         assert scorer._kernel is not None, type(scorer).__name__
-        for rows in (1, 3, 4, 5, 100):
+        for rows in (1, 3, 5, 6, 7, 63, 64, 65, 100, 130):
             dense, ids = _batch(rows, seed=rows)
             ids = ids % 7
             np.testing.assert_allclose(scorer(dense, ids), scorer.framework(dense, ids), atol=1e-6)
@@ -69,6 +70,37 @@ def test_the_c_forward_pass_reads_both_exported_dlrms_and_gives_their_scores(tmp
         ids[1, 3] = 7  # beyond column 3's table
         with pytest.raises(ValueError, match="row 1, column 3: id 7 is outside its embedding table"):
             scorer._kernel(dense, ids)
+
+
+@pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.models._dlrm not built, or this CPU lacks AVX2+FMA")
+def test_the_c_interaction_gives_pairs_in_any_order_the_same_sums():
+    """DLRM's pair order (every j < i, row by row) takes the kernel's direct path; any other order
+    is picked from the Gram matrix. Both must give the same sums: the top layer's weights permuted
+    with the pairs, the same probabilities."""
+    from ensemble.models import _dlrm
+
+    rng = np.random.default_rng(3)
+    n_columns, dim, rows = 26, 16, 70
+    pairs = [(i, j) for i in range(1, n_columns + 1) for j in range(i)]
+    bottom = ((rng.normal(size=(13, dim)).astype(np.float32), rng.normal(size=dim).astype(np.float32)),)
+    table = rng.normal(size=(n_columns * 5, dim)).astype(np.float32)
+    offsets = np.arange(n_columns, dtype=np.int64) * 5
+    weights = rng.normal(size=(dim + len(pairs), 1)).astype(np.float32) / 20
+    dense = rng.normal(size=(rows, 13)).astype(np.float32)
+    ids = rng.integers(0, 5, size=(rows, n_columns)).astype(np.int64)
+
+    def forward(order):
+        pair_i = np.array([pairs[p][0] for p in order], np.int32)
+        pair_j = np.array([pairs[p][1] for p in order], np.int32)
+        top = ((np.ascontiguousarray(np.vstack([weights[:dim], weights[dim:][order]])), np.zeros(1, np.float32)),)
+        out = np.empty(rows, np.float32)
+        _dlrm.forward(dense, ids, bottom, table, offsets, pair_i, pair_j, top, out)
+        return out
+
+    direct = forward(np.arange(len(pairs)))
+    shuffled = forward(rng.permutation(len(pairs)))
+    assert np.isfinite(direct).all() and direct.std() > 0.01
+    np.testing.assert_allclose(shuffled, direct, atol=1e-6)
 
 
 def test_dlrm_training_learns_a_signal():
@@ -126,7 +158,7 @@ def test_tree_arrays_equal_xgboost_with_missing_values_on_every_batch_size(tmp_p
     xgb.save(booster, tmp_path)
     arrays = xgb.TreeArrays.from_json(tmp_path / xgb.MODEL_FILE)
     assert arrays is not None and arrays.depth == 6
-    for rows in (1, 15, 16, 17, 1000, 3000):  # the interleaved groups of 16 and the rows after them
+    for rows in (1, 7, 8, 9, 63, 64, 65, 1000, 3000):  # groups of 8 rows, blocks of 64, the rows around them
         np.testing.assert_allclose(arrays(x[:rows]), booster.inplace_predict(x[:rows]), atol=1e-6)
     with pytest.raises(ValueError, match="features"):
         arrays(x[:, :10])
