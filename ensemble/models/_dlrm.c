@@ -44,6 +44,15 @@ static inline __attribute__((always_inline)) v8 load8(const float *p) {
 
 static inline __attribute__((always_inline)) void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
 
+/* dst[0 .. n) = src[0 .. n): 8 floats a step when n is a multiple of 8 (an embedding of 16), else memcpy. */
+static inline __attribute__((always_inline)) void copy_floats(float *dst, const float *src, Py_ssize_t n) {
+    if (n % 8 == 0) {
+        for (Py_ssize_t i = 0; i < n; i += 8) store8(dst + i, load8(src + i));
+    } else {
+        memcpy(dst, src, sizeof(float) * (size_t)n);
+    }
+}
+
 /* Rows [b0, b0 + NB) x outputs [j0, j0 + 16) of y = act(x @ wt + bias), accumulated in registers.
  * NB is a constant at each call site, so the loops over rows unroll. */
 static inline __attribute__((always_inline)) void tile(const int NB, int in, int out, const float *x,
@@ -306,14 +315,19 @@ static PyObject *forward(PyObject *self, PyObject *args) {
         for (Py_ssize_t r = 0; r < nb && bad < 0; r++) {
             float *s = stacked + r * (F + 1) * dim;
             const int64_t *row_ids = ids + (r0 + r) * F;
-            memcpy(s, x + r * dim, sizeof(float) * dim);
+            if (r + 1 < nb) /* the next row's embeddings: their cache misses overlap this row's copies */
+                for (Py_ssize_t c = 0; c < F; c++) {
+                    const int64_t id = row_ids[F + c], end = c + 1 < F ? offsets[c + 1] : table_rows;
+                    if (id >= 0 && id < end - offsets[c]) __builtin_prefetch(table + (offsets[c] + id) * dim);
+                }
+            copy_floats(s, x + r * dim, dim);
             for (Py_ssize_t c = 0; c < F; c++) { /* an id must stay inside its own column's table */
                 const int64_t id = row_ids[c], end = c + 1 < F ? offsets[c + 1] : table_rows;
                 if (id < 0 || id >= end - offsets[c]) {
                     bad = (r0 + r) * F + c;
                     break;
                 }
-                memcpy(s + (c + 1) * dim, table + (offsets[c] + id) * dim, sizeof(float) * dim);
+                copy_floats(s + (c + 1) * dim, table + (offsets[c] + id) * dim, dim);
             }
         }
         if (bad >= 0) break;
