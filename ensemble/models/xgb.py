@@ -298,8 +298,8 @@ except ImportError:  # built without a C compiler: TL2cgen's library and XGBoost
 
 class TreeArrays:
     """The trees of ``xgboost.json`` as arrays for ``ensemble.models._trees`` (``_trees.c`` says how
-    they are laid out and evaluated): every tree a complete binary tree of the model's depth, the
-    whole batch through one tree before the next.
+    they are laid out and evaluated): every tree a complete binary tree of the model's depth,
+    blocks of 64 rows through one tree before the next.
 
     Only the shape this project trains: one ``gbtree`` booster, ``binary:logistic``, one target,
     numerical splits; :meth:`from_json` returns None for anything else (the other scorers remain).
