@@ -112,3 +112,16 @@ def learnable_tensors(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.nda
     ids = rng.integers(0, 5, (n, schema.N_CATEGORICAL)).astype(np.int64)
     labels = (rng.random(n) < 1 / (1 + np.exp(-(2 * dense[:, 0] + (ids[:, 3] == 1))))).astype(np.int8)
     return dense, ids, labels
+
+
+def fleet_ports(replicas: int = 2) -> tuple[int, int, int]:
+    """Free ports for a fleet's gateway (HTTP, gRPC) and its first replica's metrics port, chosen so
+    that replica i's metrics port (the first + i) is free and is neither gateway port."""
+    from ensemble.serving.server import free_ports, port_free
+
+    for _ in range(50):
+        http, grpc, metrics = free_ports(3)
+        derived = [metrics + i for i in range(1, replicas)]
+        if not {http, grpc} & set(derived) and all(port_free("127.0.0.1", p) for p in derived):
+            return http, grpc, metrics
+    raise RuntimeError(f"no free metrics port with {replicas - 1} free ports after it")

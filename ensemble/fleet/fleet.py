@@ -32,7 +32,7 @@ from ensemble.fleet.gateway import (Gateway, GatewayError, Replica, envoy_config
                                     write_routes)
 from ensemble.models.registry import Layout
 from ensemble.serving import declared
-from ensemble.serving.server import ServerError, ServerOptions, TritonServer, free_port, port_free
+from ensemble.serving.server import ServerError, ServerOptions, TritonServer, free_ports, port_free
 
 MAX_REPLICAS = 32
 HEALTHY_TIMEOUT = 60.0  # seconds start() waits for the gateway to route to every replica
@@ -95,17 +95,26 @@ def plan(options: FleetOptions) -> tuple[list[ServerOptions], Gateway]:
     when ports collide or are out of range."""
     options.check()
     o = options.server
+    # Ports left to pick are picked apart from every port the options already name (none of which is
+    # bound yet, so the system could hand one of them out again).
+    named = {o.http_port, o.grpc_port, *(o.metrics_port + i for i in range(options.replicas))}
+    if options.replica_ports is not None:
+        named |= {options.replica_ports + i for i in range(2 * options.replicas)}
+    if options.admin_port is not None:
+        named.add(options.admin_port)
+    picked = iter(free_ports(2 * options.replicas * (options.replica_ports is None) + (options.admin_port is None),
+                             avoid=named))
     servers = []
     for i in range(options.replicas):
         if options.replica_ports is None:
-            http, grpc = free_port(), free_port()
+            http, grpc = next(picked), next(picked)
         else:
             http, grpc = options.replica_ports + 2 * i, options.replica_ports + 2 * i + 1
         servers.append(replace(o, host=REPLICA_HOST, http_port=http, grpc_port=grpc, metrics_port=o.metrics_port + i,
                                log_file=_log_path(o.log_file, f"replica{i}")))
     gateway = Gateway(tuple(Replica(s.http_port, s.grpc_port, REPLICA_HOST) for s in servers), host=o.host,
                       http_port=o.http_port, grpc_port=o.grpc_port,
-                      admin_port=options.admin_port if options.admin_port is not None else free_port(),
+                      admin_port=options.admin_port if options.admin_port is not None else next(picked),
                       max_requests=requests_within_objective(o.latency_objective_ms) * options.replicas)
     ports = [gateway.http_port, gateway.grpc_port, gateway.admin_port]
     ports += [p for s in servers for p in (s.http_port, s.grpc_port, s.metrics_port)]

@@ -30,7 +30,7 @@ import pytest
 from ensemble import schema
 from ensemble.serving import processes
 from ensemble.serving.server import free_port
-from tests.helpers import fresh_rows
+from tests.helpers import fleet_ports, fresh_rows
 
 REPLICA_LINE = re.compile(r"replica (\d+): HTTP http://([\d.]+:\d+)\s+gRPC grpc://([\d.]+:\d+)")
 STARTUP_SECONDS = 420  # two replicas starting together on a busy 2-core machine
@@ -69,7 +69,7 @@ def _read_lines(process: subprocess.Popen, into: list[str]) -> None:
 @pytest.fixture(scope="module")
 def fleet(trained, tmp_path_factory):
     log = tmp_path_factory.mktemp("fleet") / "serve.log"
-    http, grpc, metrics = free_port(), free_port(), free_port()
+    http, grpc, metrics = fleet_ports(2)
     # the fused layout: its ranker is a python-backend process of its own, which a test kills
     cmd = [sys.executable, "-m", "ensemble", "serve", "--repository", str(trained.repository), "--replicas", "2",
            "--layout", "fused",
@@ -169,7 +169,7 @@ def _rss(fleet: Fleet) -> int:
 
 def test_one_replica_is_one_server_without_a_gateway(trained):
     """``--replicas 1`` is ``ensemble serve`` as it always was: one tritonserver on the named ports."""
-    http, grpc, metrics = free_port(), free_port(), free_port()
+    http, grpc, metrics = fleet_ports(2)
     process = subprocess.Popen([sys.executable, "-m", "ensemble", "serve", "--repository", str(trained.repository),
                                 "--replicas", "1", "--http-port", str(http), "--grpc-port", str(grpc),
                                 "--metrics-port", str(metrics)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

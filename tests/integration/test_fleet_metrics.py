@@ -15,20 +15,11 @@ from ensemble import schema
 from ensemble.fleet.fleet import Fleet, FleetOptions
 from ensemble.fleet.prometheus import GATEWAY_JOB, TRITON_JOB, Prometheus, scrape_config
 from ensemble.serving.monitoring import DASHBOARD, dashboard_queries
-from ensemble.serving.server import ServerOptions, free_port, port_free
-from tests.helpers import fresh_rows
+from ensemble.serving.server import ServerOptions, free_port
+from tests.helpers import fleet_ports, fresh_rows
 
 RATE_WINDOW = "20s"  # Grafana's $__rate_interval for a 1 s scrape: at least four scrapes
 DATA_WAIT_S = 90.0
-
-
-def _metrics_base() -> int:
-    """A port p with p and p + 1 free (replica i serves metrics on p + i)."""
-    for _ in range(50):
-        port = free_port()
-        if port_free("127.0.0.1", port + 1):
-            return port
-    raise RuntimeError("no two adjacent free ports")
 
 
 def concrete(expr: str) -> str:
@@ -44,8 +35,9 @@ def observed(trained, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("fleet-metrics")
     lines: list[str] = []
-    options = FleetOptions(ServerOptions(trained.repository, http_port=free_port(), grpc_port=free_port(),
-                                         metrics_port=_metrics_base(), log_file=root / "serve.log"), replicas=2)
+    http, grpc, metrics = fleet_ports(2)
+    options = FleetOptions(ServerOptions(trained.repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                                         log_file=root / "serve.log"), replicas=2)
     fleet = Fleet(options, log=lines.append).start()
     stop = threading.Event()
     supervising = threading.Thread(target=fleet.run, args=(stop.is_set,), daemon=True)

@@ -29,7 +29,7 @@ from ensemble.repository.export import TrainedArtifacts, export_repository
 from ensemble.serving import declared, processes
 from ensemble.serving.deploy import DeployError, available_releases
 from ensemble.serving.server import free_port
-from tests.helpers import fresh_rows
+from tests.helpers import fleet_ports, fresh_rows
 
 STARTUP_SECONDS = 420
 
@@ -60,10 +60,10 @@ def fleet(trained, tmp_path_factory):
     new = int(export_repository(TrainedArtifacts.under(trained.workdir), repository, keep=3)[schema.Model.RANKER].name)
     run = root / "run"
     env = {**os.environ, fleet_release.RUN_DIR_ENV: str(run)}
-    http, grpc = free_port(), free_port()
+    http, grpc, metrics = fleet_ports(2)
     process = subprocess.Popen([sys.executable, "-m", "ensemble", "serve", "--repository", str(repository),
                                 "--replicas", "2", "--http-port", str(http), "--grpc-port", str(grpc),
-                                "--metrics-port", str(free_port()), "--log-file", str(root / "logs" / "serve.log")],
+                                "--metrics-port", str(metrics), "--log-file", str(root / "logs" / "serve.log")],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     output: list[str] = []
     threading.Thread(target=lambda: [output.append(line.rstrip()) for line in process.stdout], daemon=True).start()

@@ -120,6 +120,25 @@ def test_fleet_plan_ports_and_logs(tmp_path):
     assert gateway.max_requests == gw.requests_within_objective(None) * 3
 
 
+def test_fleet_plan_never_picks_a_port_the_options_name():
+    """Replica and admin ports picked at start avoid the gateway's and every replica's metrics port
+    (none of which is bound yet), and one another; ports are never handed out twice."""
+    from ensemble.serving.server import free_ports
+
+    seen: set[int] = set()
+    for _ in range(30):
+        http, grpc, metrics = free_ports(3)
+        servers, gateway = plan(FleetOptions(ServerOptions(Path("repo"), http_port=http, grpc_port=grpc,
+                                                           metrics_port=metrics), replicas=4))
+        picked = [p for s in servers for p in (s.http_port, s.grpc_port)] + [gateway.admin_port]
+        named = {http, grpc, *(metrics + i for i in range(4))}
+        assert len(set(picked)) == len(picked) and not set(picked) & named
+        assert not set(picked) & seen
+        seen |= set(picked) | {http, grpc, metrics}
+    lots = free_ports(200, avoid=seen)
+    assert len(set(lots)) == 200 and not set(lots) & seen
+
+
 @pytest.mark.parametrize("options, message", [
     (FleetOptions(ServerOptions(Path("r")), replicas=1), "2 to 32 replicas"),
     (FleetOptions(ServerOptions(Path("r")), replicas=2, replica_ports=8000), "8000, 8001, 8002, 8003 would serve twice"),
