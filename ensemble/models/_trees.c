@@ -15,6 +15,12 @@
  * TreeArrays): the column, and a finite threshold. The block's values are stored column-major per
  * group ([column][lane]), so a lane's value is at a fixed offset from the column's.
  *
+ * A block of fewer than LANES rows (a request of a few rows) goes the other way: each row through
+ * TREE_LANES trees at once, their leaf values then added in tree order. One row's path through one
+ * tree is a chain of dependent loads (each node's index comes from the previous node's comparison),
+ * and a tree's nodes are in L2 or further at one row, so one row walked tree by tree waited on one
+ * load at a time: 9.5 us a call for one row of the exported 222 trees, 4.1 us this way.
+ *
  * The sum over trees is in float32, in tree order, then the base margin and the sigmoid: XGBoost's
  * operations in XGBoost's order.
  */
@@ -25,6 +31,7 @@
 #include <string.h>
 
 #define LANES 8 /* measured at 100 rows: 4 lanes 1.45x the time, 16 lanes 1.04x */
+#define TREE_LANES 16 /* trees walked at once by one row of a block under LANES rows: 1 row 6.2-6.6 us a call, 8 trees 6.9-8.2 */
 #define BLOCK_ROWS 64 /* 64 rows x 2 x 39 features = 20 KB of values, in L1 */
 _Static_assert(BLOCK_ROWS % LANES == 0, "a block is whole groups of lanes");
 
@@ -42,6 +49,23 @@ static inline __attribute__((always_inline)) void walk(const int n, const float 
     }
 #pragma GCC unroll 16
     for (int k = 0; k < n; k++) sum[k0 + k] += lv[idx[k]];
+}
+
+/* One row's paths through n consecutive trees at once (n a constant at each call site), their leaf
+ * values into leaf[0 .. n). v: the row's values, column c at v[c * LANES]. */
+static inline __attribute__((always_inline)) void walk_trees(const int n, const float *v, const uint32_t *nc,
+                                                            const float *nt, const float *lv, Py_ssize_t n_internal,
+                                                            Py_ssize_t n_leaves, int depth, float *leaf) {
+    uint32_t idx[TREE_LANES] = {0};
+    for (int level = 0; level < depth; level++) {
+#pragma GCC unroll 16
+        for (int k = 0; k < n; k++) {
+            const uint32_t i = idx[k];
+            idx[k] = 2 * i + 1 + (uint32_t)(v[nc[k * n_internal + i] * LANES] >= nt[k * n_internal + i]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int k = 0; k < n; k++) leaf[k] = lv[k * n_leaves + idx[k]];
 }
 
 static void evaluate(const float *x, Py_ssize_t n_rows, Py_ssize_t n_features, Py_ssize_t n_trees, int depth,
@@ -62,6 +86,26 @@ static void evaluate(const float *x, Py_ssize_t n_rows, Py_ssize_t n_features, P
             }
         }
         memset(sum, 0, sizeof sum);
+        if (nb < LANES) { /* a few rows: each row through LANES trees at once, summed in tree order */
+            for (Py_ssize_t r = 0; r < nb; r++) {
+                const float *v = values + r; /* one group: lane r */
+                float leaf[TREE_LANES], total = 0.f;
+                Py_ssize_t t = 0;
+                for (; t + TREE_LANES <= n_trees; t += TREE_LANES) {
+                    walk_trees(TREE_LANES, v, node_column + t * n_internal, node_threshold + t * n_internal,
+                               leaves + t * n_leaves - n_internal, n_internal, n_leaves, depth, leaf);
+                    for (int k = 0; k < TREE_LANES; k++) total += leaf[k];
+                }
+                for (; t < n_trees; t++) {
+                    walk_trees(1, v, node_column + t * n_internal, node_threshold + t * n_internal,
+                               leaves + t * n_leaves - n_internal, n_internal, n_leaves, depth, leaf);
+                    total += leaf[0];
+                }
+                sum[r] = total;
+            }
+            for (Py_ssize_t r = 0; r < nb; r++) out[r0 + r] = 1.0f / (1.0f + expf(-(sum[r] + base_margin)));
+            continue;
+        }
         for (Py_ssize_t t = 0; t < n_trees; t++) {
             const uint32_t *nc = node_column + t * n_internal;
             const float *nt = node_threshold + t * n_internal;

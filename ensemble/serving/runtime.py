@@ -44,17 +44,16 @@ class StepRunner:
     def validate(self, inputs: Mapping[str, np.ndarray]) -> int:
         """Check names, ranks, widths and dtypes; return the batch size."""
         sizes = set()
-        for tensor in self.step.inputs:
+        for tensor, dtype in self._expected:
             if tensor.name not in inputs:
                 raise BadInput(f"missing input '{tensor.name}'")
             array = inputs[tensor.name]
-            if array.ndim != 1 + len(tensor.dims) or tuple(array.shape[1:]) != tensor.dims:
+            if array.ndim != 1 + len(tensor.dims) or array.shape[1:] != tensor.dims:
                 raise BadInput(f"input '{tensor.name}' has shape {list(array.shape)}, "
                                f"expected [batch, {', '.join(map(str, tensor.dims))}]")
-            if tensor.dtype is schema.DType.STRING:
-                if array.dtype != object:
+            if array.dtype != dtype:
+                if dtype.kind == "O":
                     raise BadInput(f"input '{tensor.name}' must be strings (BYTES)")
-            elif array.dtype != np.dtype(tensor.dtype.numpy):
                 raise BadInput(f"input '{tensor.name}' has dtype {array.dtype}, "
                                f"expected {tensor.dtype.numpy}")
             sizes.add(array.shape[0])
@@ -67,6 +66,11 @@ class StepRunner:
         result = self.fn(*(inputs[name] for name in input_names))
         outputs = result if isinstance(result, tuple) else (result,)
         return {name: np.asarray(o, dtype=dtype) for (name, dtype), o in zip(outputs_typed, outputs)}
+
+    @functools.cached_property
+    def _expected(self) -> tuple[tuple[schema.Tensor, np.dtype], ...]:
+        """Each input and the numpy dtype it must have (object for strings), looked up once."""
+        return tuple((t, np.dtype(object if t.dtype is schema.DType.STRING else t.dtype.numpy)) for t in self.step.inputs)
 
     @functools.cached_property
     def _plan(self) -> tuple[tuple[str, ...], tuple[tuple[str, np.dtype], ...]]:

@@ -158,8 +158,12 @@ def test_tree_arrays_equal_xgboost_with_missing_values_on_every_batch_size(tmp_p
     xgb.save(booster, tmp_path)
     arrays = xgb.TreeArrays.from_json(tmp_path / xgb.MODEL_FILE)
     assert arrays is not None and arrays.depth == 6
-    for rows in (1, 7, 8, 9, 63, 64, 65, 1000, 3000):  # groups of 8 rows, blocks of 64, the rows around them
+    # groups of 8 rows, blocks of 64, the rows around them; blocks of under 8 rows walk 16 trees at once
+    # (40 trees: two such groups, then 8 trees one at a time)
+    for rows in (1, 2, 3, 5, 7, 8, 9, 63, 64, 65, 71, 1000, 3000):
         np.testing.assert_allclose(arrays(x[:rows]), booster.inplace_predict(x[:rows]), atol=1e-6)
+    # either walk adds a row's trees in tree order: the same row gets the same float32 score
+    np.testing.assert_array_equal(arrays(x[:5]), arrays(x[:64])[:5])
     with pytest.raises(ValueError, match="features"):
         arrays(x[:, :10])
 
