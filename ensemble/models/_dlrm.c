@@ -13,6 +13,9 @@
  * twice, for x86-64-v3 (AVX2, FMA) and for the baseline instruction set, and the CPU picks at load
  * (GCC's target_clones); ``vectorized()`` says whether the first applies (the baseline build is
  * correct but slow, so the scorers keep the frameworks on such a CPU).
+ *
+ * The scorers call a Weights object, which takes and checks the weight arrays once and holds them,
+ * so a call hands over only its rows; forward() takes everything per call (tests, one-off use).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -224,93 +227,115 @@ static void give_back(Buffer *buffers, int n) {
         if (buffers[i].held) PyBuffer_Release(&buffers[i].view);
 }
 
-/* forward(dense, ids, bottom, table, offsets, pair_i, pair_j, top, out)
- *   dense [B x n_dense] f32, ids [B x F] i64, bottom/top: tuples of (wt [in x out] f32, bias [out] f32),
- *   table [rows x dim] f32, offsets [F] i64, pair_i/pair_j [P] i32, out [B] f32 */
-static PyObject *forward(PyObject *self, PyObject *args) {
-    PyObject *objs[9];
-    if (!PyArg_ParseTuple(args, "OOO!OOOOO!O", &objs[0], &objs[1], &PyTuple_Type, &objs[2], &objs[3], &objs[4],
-                          &objs[5], &objs[6], &PyTuple_Type, &objs[7], &objs[8]))
-        return NULL;
-    PyObject *bottom = objs[2], *top = objs[7];
-    const Py_ssize_t n_bottom = PyTuple_GET_SIZE(bottom), n_top = PyTuple_GET_SIZE(top);
-    if (n_bottom < 1 || n_top < 1 || n_bottom + n_top > 32) {
-        PyErr_SetString(PyExc_ValueError, "1..31 bottom and top layers");
-        return NULL;
+/* A DLRM's weights as the forward pass reads them: pointers into buffers someone holds (a Weights
+ * object for its life, or forward() for one call). */
+#define MAX_LAYERS 32
+typedef struct {
+    int n_bottom, n_top;
+    Py_ssize_t F, P, dim, table_rows, n_dense, width;
+    const float *table;
+    const int64_t *offsets;
+    const int32_t *pair_i, *pair_j;
+    const float *wt[MAX_LAYERS], *bias[MAX_LAYERS];
+    int in[MAX_LAYERS], out[MAX_LAYERS];
+} Net;
+
+/* Takes the weights' buffers (fixed: 4, layers: 2 a layer; released by the caller, also on failure) and
+ * checks that they chain; -1 with an exception set otherwise. */
+static int net_take(PyObject *bottom, PyObject *table, PyObject *offsets, PyObject *pair_i, PyObject *pair_j,
+                    PyObject *top, Buffer *fixed, Buffer *layers, Net *net) {
+    if (!PyTuple_Check(bottom) || !PyTuple_Check(top)) {
+        PyErr_SetString(PyExc_TypeError, "bottom and top are tuples of (weights, bias) pairs");
+        return -1;
     }
-    Buffer fixed[7] = {{{0}}};
-    Buffer layers[64] = {{{0}}};
-    const int n_layers = (int)(2 * (n_bottom + n_top));
-    PyObject *result = NULL;
-    float *scratch = NULL;
-    if (take(objs[0], &fixed[0], "dense", 4, 0) < 0 || take(objs[1], &fixed[1], "ids", 8, 0) < 0 ||
-        take(objs[3], &fixed[2], "table", 4, 0) < 0 || take(objs[4], &fixed[3], "offsets", 8, 0) < 0 ||
-        take(objs[5], &fixed[4], "pair_i", 4, 0) < 0 || take(objs[6], &fixed[5], "pair_j", 4, 0) < 0 ||
-        take(objs[8], &fixed[6], "out", 4, 1) < 0)
-        goto done;
+    const Py_ssize_t n_bottom = PyTuple_GET_SIZE(bottom), n_top = PyTuple_GET_SIZE(top);
+    if (n_bottom < 1 || n_top < 1 || n_bottom + n_top > MAX_LAYERS - 1) {
+        PyErr_SetString(PyExc_ValueError, "1..31 bottom and top layers");
+        return -1;
+    }
+    if (take(table, &fixed[0], "table", 4, 0) < 0 || take(offsets, &fixed[1], "offsets", 8, 0) < 0 ||
+        take(pair_i, &fixed[2], "pair_i", 4, 0) < 0 || take(pair_j, &fixed[3], "pair_j", 4, 0) < 0)
+        return -1;
     for (Py_ssize_t l = 0; l < n_bottom + n_top; l++) {
         PyObject *pair = PyTuple_GET_ITEM(l < n_bottom ? bottom : top, l < n_bottom ? l : l - n_bottom);
         if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
             PyErr_SetString(PyExc_TypeError, "a layer is a (weights [in x out], bias [out]) pair");
-            goto done;
+            return -1;
         }
         if (take(PyTuple_GET_ITEM(pair, 0), &layers[2 * l], "weights", 4, 0) < 0 ||
             take(PyTuple_GET_ITEM(pair, 1), &layers[2 * l + 1], "bias", 4, 0) < 0)
-            goto done;
+            return -1;
         if (layers[2 * l].view.ndim != 2 || layers[2 * l + 1].view.len / 4 != layers[2 * l].view.shape[1]) {
             PyErr_SetString(PyExc_ValueError, "weights must be [in x out] with a bias of out");
-            goto done;
+            return -1;
         }
+        net->wt[l] = layers[2 * l].view.buf;
+        net->bias[l] = layers[2 * l + 1].view.buf;
+        net->in[l] = (int)layers[2 * l].view.shape[0];
+        net->out[l] = (int)layers[2 * l].view.shape[1];
     }
-    const Py_ssize_t F = fixed[3].view.len / 8, P = fixed[4].view.len / 4;
-    const Py_ssize_t dim = fixed[2].view.ndim == 2 ? fixed[2].view.shape[1] : 0;
-    const Py_ssize_t table_rows = dim ? fixed[2].view.shape[0] : 0;
-    const Py_ssize_t B = fixed[6].view.len / 4;
-    const Py_ssize_t n_dense = B ? fixed[0].view.len / 4 / B : 0;
-    if (dim < 1 || fixed[5].view.len / 4 != P || fixed[1].view.len / 8 != B * F || fixed[0].view.len / 4 != B * n_dense ||
-        layers[0].view.shape[0] != n_dense || layers[2 * (n_bottom - 1)].view.shape[1] != dim ||
-        layers[2 * n_bottom].view.shape[0] != dim + P || layers[n_layers - 2].view.shape[1] != 1) {
+    net->n_bottom = (int)n_bottom;
+    net->n_top = (int)n_top;
+    net->F = fixed[1].view.len / 8;
+    net->P = fixed[2].view.len / 4;
+    net->dim = fixed[0].view.ndim == 2 ? fixed[0].view.shape[1] : 0;
+    net->table_rows = net->dim ? fixed[0].view.shape[0] : 0;
+    net->n_dense = net->in[0];
+    const int last = net->n_bottom + net->n_top - 1;
+    if (net->dim < 1 || fixed[3].view.len / 4 != net->P || net->out[net->n_bottom - 1] != net->dim ||
+        net->in[net->n_bottom] != net->dim + net->P || net->out[last] != 1) {
         PyErr_SetString(PyExc_ValueError, "shapes do not chain: dense -> bottom -> dim; dim + pairs -> top -> 1");
-        goto done;
+        return -1;
     }
-    for (Py_ssize_t l = 1; l < n_bottom + n_top; l++) {
-        if (l != n_bottom && layers[2 * l].view.shape[0] != layers[2 * l - 2].view.shape[1]) {
+    for (int l = 1; l <= last; l++) {
+        if (l != net->n_bottom && net->in[l] != net->out[l - 1]) {
             PyErr_SetString(PyExc_ValueError, "a layer's input width is not the previous layer's output width");
-            goto done;
+            return -1;
         }
     }
-    const int32_t *pi = fixed[4].view.buf, *pj = fixed[5].view.buf;
-    for (Py_ssize_t p = 0; p < P; p++)
-        if (pi[p] < 0 || pi[p] > F || pj[p] < 0 || pj[p] > F) {
+    net->table = fixed[0].view.buf;
+    net->offsets = fixed[1].view.buf;
+    net->pair_i = fixed[2].view.buf;
+    net->pair_j = fixed[3].view.buf;
+    for (Py_ssize_t p = 0; p < net->P; p++)
+        if (net->pair_i[p] < 0 || net->pair_i[p] > net->F || net->pair_j[p] < 0 || net->pair_j[p] > net->F) {
             PyErr_SetString(PyExc_ValueError, "a pair names a vector beyond the 1 + F");
-            goto done;
+            return -1;
         }
-    float *out = fixed[6].view.buf;
-    Py_ssize_t width = dim + P;
-    for (int l = 0; l < n_layers; l += 2)
-        if (layers[l].view.shape[1] > width) width = layers[l].view.shape[1];
+    net->width = net->dim + net->P;
+    for (int l = 0; l <= last; l++)
+        if (net->out[l] > net->width) net->width = net->out[l];
+    return 0;
+}
+
+/* The rows of dense [B x n_dense] and ids [B x F] (buffers taken into io[0], io[1]) through net into out
+ * (io[2], B floats); None, or NULL with an exception set. */
+static PyObject *net_forward(const Net *net, Buffer *io) {
+    const Py_ssize_t B = io[2].view.len / 4, F = net->F, dim = net->dim, width = net->width;
+    if (io[1].view.len / 8 != B * F || io[0].view.len / 4 != B * net->n_dense) {
+        PyErr_SetString(PyExc_ValueError, "dense must be [rows x the first layer's inputs], ids [rows x columns], "
+                                          "out [rows]");
+        return NULL;
+    }
     const Py_ssize_t block = B < BLOCK_ROWS ? (B ? B : 1) : BLOCK_ROWS;
     /* a and b each end with OUT_SLACK floats for interact's spill */
-    scratch = PyMem_RawMalloc(sizeof(float) * ((size_t)block * (size_t)(2 * width + (F + 1) * dim) + 2 * OUT_SLACK));
-    if (scratch == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    const int64_t *ids = fixed[1].view.buf, *offsets = fixed[3].view.buf;
+    float *scratch = PyMem_RawMalloc(sizeof(float) * ((size_t)block * (size_t)(2 * width + (F + 1) * dim) + 2 * OUT_SLACK));
+    if (scratch == NULL) return PyErr_NoMemory();
+    const int64_t *ids = io[1].view.buf, *offsets = net->offsets;
+    float *out = io[2].view.buf;
     Py_ssize_t bad = -1;
     float *a = scratch, *b = scratch + block * width + OUT_SLACK, *stacked = b + block * width + OUT_SLACK;
-    const float *table = fixed[2].view.buf;
+    const float *table = net->table;
+    const Py_ssize_t table_rows = net->table_rows;
+    const int n_layers = net->n_bottom + net->n_top;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r0 = 0; r0 < B; r0 += block) {
         const Py_ssize_t nb = B - r0 < block ? B - r0 : block;
-        const float *x = (const float *)fixed[0].view.buf + r0 * n_dense;
-        int in = (int)n_dense;
-        for (Py_ssize_t l = 0; l < n_bottom; l++) {
+        const float *x = (const float *)io[0].view.buf + r0 * net->n_dense;
+        for (int l = 0; l < net->n_bottom; l++) {
             float *y = (l % 2 == 0) ? a : b;
-            int o = (int)layers[2 * l].view.shape[1];
-            layer(nb, in, o, x, layers[2 * l].view.buf, layers[2 * l + 1].view.buf, y, 1);
+            layer(nb, net->in[l], net->out[l], x, net->wt[l], net->bias[l], y, 1);
             x = y;
-            in = o;
         }
         for (Py_ssize_t r = 0; r < nb && bad < 0; r++) {
             float *s = stacked + r * (F + 1) * dim;
@@ -332,32 +357,104 @@ static PyObject *forward(PyObject *self, PyObject *args) {
         }
         if (bad >= 0) break;
         float *inter = (x == a) ? b : a;
-        interact(nb, (int)(F + 1), (int)dim, (int)P, pi, pj, stacked, inter);
+        interact(nb, (int)(F + 1), (int)dim, (int)net->P, net->pair_i, net->pair_j, stacked, inter);
         x = inter;
-        in = (int)(dim + P);
-        for (Py_ssize_t l = n_bottom; l < n_bottom + n_top; l++) {
+        for (int l = net->n_bottom; l < n_layers; l++) {
             float *y = (x == a) ? b : a;
-            int o = (int)layers[2 * l].view.shape[1];
-            layer(nb, in, o, x, layers[2 * l].view.buf, layers[2 * l + 1].view.buf, y, l < n_bottom + n_top - 1);
+            layer(nb, net->in[l], net->out[l], x, net->wt[l], net->bias[l], y, l < n_layers - 1);
             x = y;
-            in = o;
         }
         for (Py_ssize_t r = 0; r < nb; r++) out[r0 + r] = 1.0f / (1.0f + expf(-x[r]));
     }
     Py_END_ALLOW_THREADS
+    PyMem_RawFree(scratch);
     if (bad >= 0) {
         PyErr_Format(PyExc_ValueError, "row %zd, column %zd: id %lld is outside its embedding table", bad / F, bad % F,
                      (long long)ids[bad]);
-        goto done;
+        return NULL;
     }
-    result = Py_None;
-    Py_INCREF(result);
-done:
-    PyMem_RawFree(scratch);
-    give_back(fixed, 7);
-    give_back(layers, n_layers);
+    Py_RETURN_NONE;
+}
+
+static int io_take(PyObject *dense, PyObject *ids, PyObject *out, Buffer *io) {
+    return take(dense, &io[0], "dense", 4, 0) < 0 || take(ids, &io[1], "ids", 8, 0) < 0 || take(out, &io[2], "out", 4, 1) < 0
+               ? -1
+               : 0;
+}
+
+/* forward(dense, ids, bottom, table, offsets, pair_i, pair_j, top, out)
+ *   dense [B x n_dense] f32, ids [B x F] i64, bottom/top: tuples of (wt [in x out] f32, bias [out] f32),
+ *   table [rows x dim] f32, offsets [F] i64, pair_i/pair_j [P] i32, out [B] f32 */
+static PyObject *forward(PyObject *self, PyObject *args) {
+    PyObject *o[9];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8]))
+        return NULL;
+    Buffer fixed[4] = {{{0}}}, layers[2 * MAX_LAYERS] = {{{0}}}, io[3] = {{{0}}};
+    Net net;
+    PyObject *result = NULL;
+    if (net_take(o[2], o[3], o[4], o[5], o[6], o[7], fixed, layers, &net) == 0 && io_take(o[0], o[1], o[8], io) == 0)
+        result = net_forward(&net, io);
+    give_back(io, 3);
+    give_back(fixed, 4);
+    give_back(layers, 2 * MAX_LAYERS);
     return result;
 }
+
+/* Weights(bottom, table, offsets, pair_i, pair_j, top): the weights taken and checked once, held for the
+ * object's life; calling it, (dense, ids, out), is forward() for them without the per-call taking
+ * and checking of every weight array (about a third of a one-row call). */
+typedef struct {
+    PyObject_HEAD
+    Buffer fixed[4];
+    Buffer layers[2 * MAX_LAYERS];
+    Net net;
+} Weights;
+
+static void weights_dealloc(PyObject *obj) {
+    Weights *w = (Weights *)obj;
+    give_back(w->fixed, 4);
+    give_back(w->layers, 2 * MAX_LAYERS);
+    Py_TYPE(obj)->tp_free(obj);
+}
+
+static PyObject *weights_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *o[6];
+    if ((kwargs && PyDict_GET_SIZE(kwargs)) ||
+        !PyArg_ParseTuple(args, "OOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5])) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "Weights(bottom, table, offsets, pair_i, pair_j, top)");
+        return NULL;
+    }
+    Weights *w = (Weights *)type->tp_alloc(type, 0); /* zeroed: no buffer held yet */
+    if (w == NULL) return NULL;
+    if (net_take(o[0], o[1], o[2], o[3], o[4], o[5], w->fixed, w->layers, &w->net) < 0) {
+        Py_DECREF(w);
+        return NULL;
+    }
+    return (PyObject *)w;
+}
+
+static PyObject *weights_call(PyObject *obj, PyObject *args, PyObject *kwargs) {
+    PyObject *dense, *ids, *out;
+    if ((kwargs && PyDict_GET_SIZE(kwargs)) || !PyArg_ParseTuple(args, "OOO", &dense, &ids, &out)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "call with (dense, ids, out)");
+        return NULL;
+    }
+    Buffer io[3] = {{{0}}};
+    PyObject *result = io_take(dense, ids, out, io) == 0 ? net_forward(&((Weights *)obj)->net, io) : NULL;
+    give_back(io, 3);
+    return result;
+}
+
+static PyTypeObject WeightsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ensemble.models._dlrm.Weights",
+    .tp_basicsize = sizeof(Weights),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Weights(bottom, table, offsets, pair_i, pair_j, top): forward()'s weights, taken once; "
+              "call with (dense, ids, out)",
+    .tp_new = weights_new,
+    .tp_dealloc = weights_dealloc,
+    .tp_call = weights_call,
+};
 
 static PyObject *vectorized(PyObject *self, PyObject *unused) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -377,4 +474,15 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_dlrm", "A DLRM forward pass in C.", -1, methods};
 
-PyMODINIT_FUNC PyInit__dlrm(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__dlrm(void) {
+    if (PyType_Ready(&WeightsType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&WeightsType);
+    if (PyModule_AddObject(m, "Weights", (PyObject *)&WeightsType) < 0) {
+        Py_DECREF(&WeightsType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -8,6 +8,7 @@ scores on a sample batch (within :data:`AGREEMENT`); otherwise they keep the fra
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -42,13 +43,18 @@ class DLRMWeights:
     pair_j: np.ndarray
     top: tuple[tuple[np.ndarray, np.ndarray], ...]
 
+    @functools.cached_property
+    def _forward(self):
+        """The C forward pass with these arrays taken and checked once and held (each call then takes
+        only its rows); built on the first call, so shapes that do not chain raise there (ValueError)."""
+        return _dlrm.Weights(self.bottom, self.table, self.offsets, self.pair_i, self.pair_j, self.top)
+
     def __call__(self, dense_features: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
         """[B x 13] float32, [B x 26] int64 -> [B x 1] float32 probabilities."""
         dense = np.ascontiguousarray(dense_features, dtype=np.float32)
-        ids = np.ascontiguousarray(category_ids, dtype=np.int64)
-        out = np.empty(len(dense), dtype=np.float32)
-        _dlrm.forward(dense, ids, self.bottom, self.table, self.offsets, self.pair_i, self.pair_j, self.top, out)
-        return out.reshape(-1, 1)
+        out = np.empty((len(dense), 1), dtype=np.float32)
+        self._forward(dense, np.ascontiguousarray(category_ids, dtype=np.int64), out)
+        return out
 
     @classmethod
     def from_tflite(cls, interpreter) -> "DLRMWeights | None":

@@ -102,6 +102,20 @@ def test_the_c_interaction_gives_pairs_in_any_order_the_same_sums():
     assert np.isfinite(direct).all() and direct.std() > 0.01
     np.testing.assert_allclose(shuffled, direct, atol=1e-6)
 
+    # the weights taken once (what the scorers call) give forward()'s probabilities, row for row
+    pair_i = np.array([p[0] for p in pairs], np.int32)
+    pair_j = np.array([p[1] for p in pairs], np.int32)
+    top = ((weights, np.zeros(1, np.float32)),)
+    held = _dlrm.Weights(bottom, table.copy(), offsets, pair_i, pair_j, top)  # it holds the copy it was given
+    for n in (1, 5, rows):
+        out = np.empty(n, np.float32)
+        held(dense[:n], ids[:n], out)
+        np.testing.assert_array_equal(out, direct[:n])
+    with pytest.raises(ValueError, match="dense must be"):
+        held(dense[:, :12].copy(), ids, np.empty(rows, np.float32))
+    with pytest.raises(ValueError, match="do not chain"):  # embeddings wider than the bottom MLP's output
+        _dlrm.Weights(bottom, np.zeros((len(table), dim + 1), np.float32), offsets, pair_i, pair_j, top)
+
 
 def test_dlrm_training_learns_a_signal():
     rng = np.random.default_rng(1)
