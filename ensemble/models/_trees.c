@@ -103,23 +103,22 @@ static void evaluate(const float *x, Py_ssize_t n_rows, Py_ssize_t n_features, P
                 }
                 sum[r] = total;
             }
-            for (Py_ssize_t r = 0; r < nb; r++) out[r0 + r] = 1.0f / (1.0f + expf(-(sum[r] + base_margin)));
-            continue;
-        }
-        for (Py_ssize_t t = 0; t < n_trees; t++) {
-            const uint32_t *nc = node_column + t * n_internal;
-            const float *nt = node_threshold + t * n_internal;
-            const float *lv = leaves + t * n_leaves - n_internal; /* indexed by complete-tree node */
-            for (Py_ssize_t g0 = 0; g0 < nb; g0 += LANES) {
-                const float *vg = values + (g0 / LANES) * cols * LANES;
-                const int n = nb - g0 < LANES ? (int)(nb - g0) : LANES;
-                if (n == LANES) {
-                    walk(LANES, vg, 0, nc, nt, lv, depth, sum + g0);
-                } else { /* the block's last rows: 4, 2 and 1 lanes, never a lane without a row */
-                    int k0 = 0;
-                    if (n & 4) walk(4, vg, k0, nc, nt, lv, depth, sum + g0), k0 += 4;
-                    if (n & 2) walk(2, vg, k0, nc, nt, lv, depth, sum + g0), k0 += 2;
-                    if (n & 1) walk(1, vg, k0, nc, nt, lv, depth, sum + g0);
+        } else {
+            for (Py_ssize_t t = 0; t < n_trees; t++) {
+                const uint32_t *nc = node_column + t * n_internal;
+                const float *nt = node_threshold + t * n_internal;
+                const float *lv = leaves + t * n_leaves - n_internal; /* indexed by complete-tree node */
+                for (Py_ssize_t g0 = 0; g0 < nb; g0 += LANES) {
+                    const float *vg = values + (g0 / LANES) * cols * LANES;
+                    const int n = nb - g0 < LANES ? (int)(nb - g0) : LANES;
+                    if (n == LANES) {
+                        walk(LANES, vg, 0, nc, nt, lv, depth, sum + g0);
+                    } else { /* the block's last rows: 4, 2 and 1 lanes, never a lane without a row */
+                        int k0 = 0;
+                        if (n & 4) walk(4, vg, k0, nc, nt, lv, depth, sum + g0), k0 += 4;
+                        if (n & 2) walk(2, vg, k0, nc, nt, lv, depth, sum + g0), k0 += 2;
+                        if (n & 1) walk(1, vg, k0, nc, nt, lv, depth, sum + g0);
+                    }
                 }
             }
         }
