@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 
 from ensemble import schema
 from ensemble.data import criteo
+from ensemble.serving import processes
 
 # Small enough for CI on 2 cores, big enough that every step trains for real.
 SYNTH = criteo.SynthConfig(rows=24_000, scale=0.002, seed=11)
@@ -125,3 +130,23 @@ def fleet_ports(replicas: int = 2) -> tuple[int, int, int]:
         if not {http, grpc} & set(derived) and all(port_free("127.0.0.1", p) for p in derived):
             return http, grpc, metrics
     raise RuntimeError(f"no free metrics port with {replicas - 1} free ports after it")
+
+
+def stop_process(pid: int, bound: float = 5.0) -> None:
+    """SIGSTOP ``pid`` and wait until /proc shows every one of its threads stopped. The signal is not
+    synchronous: the kernel wakes one thread, which stops the others once it is scheduled, so a
+    request sent right after ``kill`` can still be answered (seen in a clean-clone run: a
+    tritonserver probe scored 0.0 s after its SIGSTOP)."""
+    os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    while time.monotonic() - started < bound:
+        states = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                states.append(processes.stat_fields(int(task.name))[0])
+            except (OSError, IndexError):
+                continue  # a thread that ended meanwhile
+        if states and all(state in "Tt" for state in states):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} not stopped {bound:.0f}s after SIGSTOP")

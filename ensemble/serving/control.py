@@ -50,12 +50,15 @@ BUSY_RETRIES = 20
 class Control:
     """``url``: ``http://host:port``; ``key``: the admin key, when the server has one;
     ``grpc_url``: ``host:port`` of the server's gRPC endpoint, for loads and unloads (None: over
-    HTTP, which stalls other HTTP clients for the length of a load, see the module docstring)."""
+    HTTP, which stalls other HTTP clients for the length of a load, see the module docstring);
+    ``timeout``: seconds to wait for a reply, for every request but loads, unloads and checks,
+    which name their own."""
 
     url: str
     key: str | None = None
     model: str = Model.RANKER.value
     grpc_url: str | None = None
+    timeout: float = 10.0
 
     @classmethod
     def of(cls, address: str, key: str | None = None, grpc: str | None = None) -> "Control":
@@ -66,14 +69,14 @@ class Control:
         return cls(base.rstrip("/"), key if key is not None else (os.environ.get(ADMIN_KEY_ENV) or None),
                    grpc_url=grpc_url)
 
-    def _request(self, path: str, body: dict | bytes | None = None, timeout: float = 10.0):
+    def _request(self, path: str, body: dict | bytes | None = None, timeout: float | None = None):
         headers = {"Content-Type": "application/json"}
         if self.key:
             headers[ADMIN_HEADER] = self.key
         data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
         request = urllib.request.Request(f"{self.url}{path}", data, headers, method="GET" if body is None else "POST")
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as reply:
+            with urllib.request.urlopen(request, timeout=self.timeout if timeout is None else timeout) as reply:
                 text = reply.read()
         except urllib.error.HTTPError as exc:
             raise ControlError(f"{path}: HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}",

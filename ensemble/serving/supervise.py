@@ -111,7 +111,11 @@ class Supervisor:
         self.heals = 0
         self._failures = 0
         self._body: bytes | None = None  # sized for the served dataset at the first probe
-        self.control = Control.of(server.http_url, key=server.options.admin_key or "", grpc=server.grpc_url)
+        # Its questions (stats, config, versions) wait no longer than a probe: a stopped or hung server
+        # would hold each for the default 10 s and delay its restart by as much.
+        self.control = dataclasses.replace(
+            Control.of(server.http_url, key=server.options.admin_key or "", grpc=server.grpc_url),
+            timeout=self.policy.probe_timeout)
         self.versions: list[int] = []  # the ranker versions last seen serving: restored after a restart
         self._config: dict | None = None
         self._rank_request: bytes | None = None  # the rank model's probe, sized at its first use

@@ -18,7 +18,7 @@ import pytest
 from ensemble.models.registry import Layout
 from ensemble.serving.server import ServerError, ServerOptions, TritonServer, free_port
 from ensemble.serving.supervise import Supervisor, SupervisorPolicy
-from tests.helpers import Load, fresh_rows
+from tests.helpers import Load, fresh_rows, stop_process
 
 RECOVERY_BOUND_S = 30.0  # the test's failure bound; the 10 s recovery target is reported, not asserted
 
@@ -214,7 +214,7 @@ def test_native_ranker_stalled_restarts_the_server(supervised):
         time.sleep(1.0)
         pid = server.process.pid
         started = time.monotonic()
-        os.kill(pid, signal.SIGSTOP)
+        stop_process(pid)
         _wait_answering(supervisor, RECOVERY_BOUND_S + 15)
         recovery = time.monotonic() - started
         time.sleep(1.0)

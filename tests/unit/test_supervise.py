@@ -4,9 +4,9 @@ tests/integration/test_faults.py)."""
 import pytest
 
 from ensemble.models.registry import Layout
-
 from ensemble.serving.server import ServerOptions, TritonServer
 from ensemble.serving.supervise import GaveUp, Supervisor, SupervisorPolicy
+from tests.helpers import stop_process
 
 
 def _server(tmp_path) -> TritonServer:
@@ -51,20 +51,6 @@ class _Stubs:
             p.wait()
 
 
-def _stop(pid: int) -> None:
-    """SIGSTOP ``pid`` and wait until /proc shows it stopped (the signal is delivered asynchronously)."""
-    import os
-    import signal
-    import time
-
-    from ensemble.serving import processes
-
-    os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + 5
-    while processes.stat_fields(pid)[0] != "T" and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
 def _supervised_stubs(tmp_path, monkeypatch, *models):
     server = _server(tmp_path)
     stubs = _Stubs(*models)
@@ -85,7 +71,7 @@ def test_a_stopped_ranker_process_is_ended_and_healed_before_any_probe(tmp_path,
     supervisor, stubs, lines, reloads = _supervised_stubs(tmp_path, monkeypatch, "ranker", "rank")
     monkeypatch.setattr(supervisor, "probe", lambda: pytest.fail("probed a stopped ranker"))
     try:
-        _stop(stubs.procs["ranker"].pid)
+        stop_process(stubs.procs["ranker"].pid)
         supervisor.check()
         assert stubs.procs["ranker"].wait(5) == -signal.SIGKILL
         assert stubs.procs["rank"].poll() is None  # the rank model's process is not the ranker's
@@ -118,7 +104,7 @@ def test_a_stopped_rank_process_is_healed_and_the_ranker_left_alone(tmp_path, mo
     monkeypatch.setattr(supervisor, "heal_rank", healed.append)
     supervisor._config = {}
     try:
-        _stop(stubs.procs["rank"].pid)
+        stop_process(stubs.procs["rank"].pid)
         supervisor.check()
         assert len(healed) == 1 and "stopped" in healed[0], healed
         assert reloads == [] and stubs.procs["ranker"].poll() is None
@@ -173,3 +159,29 @@ def test_refusals_heal_only_after_nothing_was_scored_for_the_stall_window(tmp_pa
         now[0] = t
         supervisor.check()
     assert len(acted) == 1
+
+
+def test_a_server_that_answers_nothing_is_restarted_after_two_probe_timeouts(tmp_path, monkeypatch):
+    """Every question the supervisor asks (the probe, then the success count that tells overload
+    from a fault) waits no longer than the probe timeout: a stopped or hung server used to hold the
+    success count for 10 s per failed probe. Here a socket that accepts and never answers."""
+    import socket
+    import time
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        server = TritonServer(ServerOptions(tmp_path, http_port=silent.getsockname()[1], log_file=tmp_path / "log",
+                                            layout=Layout.NATIVE))
+        monkeypatch.setattr(server, "alive", lambda: True)
+        supervisor = Supervisor(server, SupervisorPolicy(probe_timeout=0.2), log=lambda _: None)
+        supervisor._body = b"{}"  # the probe's body is sized from the served config, which nothing answers
+        acted: list[str] = []
+        monkeypatch.setattr(supervisor, "restart", lambda: acted.append("restart"))
+        started = time.monotonic()
+        supervisor.check()
+        assert acted == []  # one unanswered probe is not yet a fault
+        supervisor.check()
+        took = time.monotonic() - started
+    assert acted == ["restart"]
+    assert took < 5.0, took  # two probes and two success counts at 0.2 s each; 20 s with the 10 s default
