@@ -43,6 +43,11 @@ Two faults seen here, and what the supervisor does about them:
 - **The native layout's ranker stalls.** It runs inside tritonserver (``libtriton_fused.so``), so
   there is no process of its own to end: after ``failures_to_heal`` failed probes with no progress
   the supervisor restarts the server as below (a crash of that code is a crash of the server).
+  Every question the supervisor asks the server waits no longer than ``probe_timeout``.
+- **tritonserver is stopped** (SIGSTOP, a debugger holding it). Before each probe the supervisor
+  looks at the server's state; one still stopped ``stop_confirm`` seconds later is restarted as
+  below at once, in any layout: it answers nothing, and every probe and question would wait out
+  its timeout first.
 - **tritonserver itself dies.** The supervisor kills what is left of its process group (the
   backend stubs would otherwise stay behind as orphans), then starts a new server on the same
   ports after a backoff that doubles from ``backoff`` up to ``max_backoff``. More than
@@ -188,6 +193,19 @@ class Supervisor:
             return False
         before, self._scored = self._scored, scored
         return before is not None and scored > before
+
+    def server_stopped(self) -> bool:
+        """Whether tritonserver is stopped now and still so ``stop_confirm`` seconds later."""
+        def stopped() -> bool:
+            try:
+                return processes.stat_fields(self.server.process.pid)[0] in STOPPED_STATES
+            except (AttributeError, OSError, IndexError):
+                return False  # no process, or gone meanwhile: alive() tells
+
+        if not stopped():
+            return False
+        time.sleep(self.policy.stop_confirm)
+        return stopped()
 
     def stopped_stubs(self, rank: bool = False) -> dict[str, int]:
         """Model -> pid of the backend processes stopped now and still stopped ``stop_confirm``
@@ -344,6 +362,8 @@ class Supervisor:
             self.restart()
             self._failures = 0
             return
+        if self._restart_if_stopped():
+            return
         stopped = self._stopped_ranker_stubs()
         if stopped:
             self._heal(f"backend process(es) {stopped} stopped", set(stopped))
@@ -360,7 +380,9 @@ class Supervisor:
             except ControlError:
                 pass
             return
-        stopped = self._stopped_ranker_stubs()  # the probe may have waited on a process stopped meanwhile
+        if self._restart_if_stopped():  # the probe may have waited on a server stopped meanwhile
+            return
+        stopped = self._stopped_ranker_stubs()  # or on a backend process stopped meanwhile
         if stopped:
             self._heal(f"{problem}; backend process(es) {stopped} stopped", set(stopped))
             return
@@ -382,6 +404,14 @@ class Supervisor:
             self._failures = 0
             return
         self._heal(problem)
+
+    def _restart_if_stopped(self) -> bool:
+        if not self.server_stopped():
+            return False
+        self.log(f"tritonserver {self.server.process.pid} is stopped: restarting it")
+        self.restart()
+        self._failures = 0
+        return True
 
     def _stopped_ranker_stubs(self) -> dict[str, int]:
         if Layout(self.server.options.layout) is Layout.NATIVE:

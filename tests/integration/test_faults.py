@@ -206,8 +206,9 @@ def test_server_killed_is_restarted_without_orphans(supervised):
 
 @pytest.mark.parametrize("supervised", [Layout.NATIVE], ids=lambda layout: layout.value, indirect=True)
 def test_native_ranker_stalled_restarts_the_server(supervised):
-    """The native layout's ranker runs inside tritonserver: a stall (here the whole process, as a
-    hung call would hold the ranker) is healed by restarting the server, with nothing lost."""
+    """The native layout's ranker runs inside tritonserver: the whole process stopped is seen in
+    /proc and healed by restarting the server, with nothing lost (a call that hangs while the server
+    answers other questions is the probes' case: tests/unit/test_supervise.py)."""
     server, supervisor, lines = supervised
     assert server.stub_pids() == {}  # no backend process: the ranker is in tritonserver
     with Load(server.http_url, fresh_rows(64, seed=41)) as load, Readiness(server) as readiness:
@@ -221,6 +222,7 @@ def test_native_ranker_stalled_restarts_the_server(supervised):
     print(f"\nnative ranker stalled: answering again {recovery:.1f}s after the fault; {load.sent} requests, "
           f"{load.failed} failed after retries; supervisor: {lines}")
     assert supervisor.restarts and server.process.pid != pid, lines
+    assert lines[0] == f"tritonserver {pid} is stopped: restarting it", lines
     assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
     assert load.failed == 0 and load.refused == 0, (load.refused, load.errors[:3])
     assert readiness.seen[-1][1:] == (200, 200), readiness.seen[-5:]

@@ -185,3 +185,24 @@ def test_a_server_that_answers_nothing_is_restarted_after_two_probe_timeouts(tmp
         took = time.monotonic() - started
     assert acted == ["restart"]
     assert took < 5.0, took  # two probes and two success counts at 0.2 s each; 20 s with the 10 s default
+
+
+@pytest.mark.parametrize("layout", [Layout.NATIVE, Layout.FUSED])
+def test_a_stopped_server_is_restarted_before_any_probe(tmp_path, monkeypatch, layout):
+    """A stopped tritonserver answers nothing: it is restarted at once, in any layout, without
+    waiting for probes and questions to time out."""
+    import subprocess
+
+    server = TritonServer(ServerOptions(tmp_path, log_file=tmp_path / "log", layout=layout))
+    server.process = subprocess.Popen(["sleep", "60"])  # stands in for tritonserver's process
+    try:
+        acted: list[str] = []
+        supervisor = Supervisor(server, SupervisorPolicy(stop_confirm=0.05), log=acted.append)
+        monkeypatch.setattr(supervisor, "probe", lambda: acted.append("probed"))
+        monkeypatch.setattr(supervisor, "restart", lambda: acted.append("restart"))
+        stop_process(server.process.pid)
+        supervisor.check()
+        assert acted == [f"tritonserver {server.process.pid} is stopped: restarting it", "restart"]
+    finally:
+        server.process.kill()
+        server.process.wait()
