@@ -13,6 +13,7 @@ import numpy as np
 from ensemble import schema
 from ensemble.data import criteo
 from ensemble.serving import processes
+from ensemble.serving.supervise import STOPPED_STATES
 
 # Small enough for CI on 2 cores, big enough that every step trains for real.
 SYNTH = criteo.SynthConfig(rows=24_000, scale=0.002, seed=11)
@@ -146,7 +147,7 @@ def stop_process(pid: int, bound: float = 5.0) -> None:
                 states.append(processes.stat_fields(int(task.name))[0])
             except (OSError, IndexError):
                 continue  # a thread that ended meanwhile
-        if states and all(state in "Tt" for state in states):
+        if states and all(state in STOPPED_STATES for state in states):
             return
         time.sleep(0.005)
     raise AssertionError(f"process {pid} not stopped {bound:.0f}s after SIGSTOP")

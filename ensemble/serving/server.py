@@ -190,6 +190,7 @@ class TritonServer:
         self.options = options
         self.process: subprocess.Popen | None = None
         self._scratch: Path | None = None
+        self._started_at: float | None = None  # wall clock, for the shared memory its processes leave
         self.log_file = options.log_file
 
     @property
@@ -271,6 +272,7 @@ class TritonServer:
         if self.log_file is None:
             self.log_file = self._scratch / "tritonserver.log"
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        self._started_at = time.time() - 0.1  # file times tick coarser than time.time()
         with open(self.log_file, "ab") as log:
             self.process = subprocess.Popen(self.command(binary, backends), stdout=log,
                                             stderr=subprocess.STDOUT, env=self.environment(binary),
@@ -357,15 +359,24 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 pass
         self._kill_group()
+        self._remove_orphan_regions()
         # a clean shutdown leaves nothing in the temp folder; after a failure the log stays there
         self._cleanup(keep_log=self.process is None or self.process.returncode != 0)
         return None if self.process is None else self.process.returncode
 
     def kill(self) -> None:
         """SIGKILL the server and every process left in its process group (the backend stubs
-        outlive a server that died: they would stay behind as orphans)."""
+        outlive a server that died: they would stay behind as orphans), then the python backend's
+        shared memory they leave behind."""
         self._kill_group()
+        self._remove_orphan_regions()
         self._cleanup()
+
+    def _remove_orphan_regions(self) -> None:
+        """Delete the python backend's shared-memory files created since this server started that
+        no process maps now (Triton deletes them only on a clean exit)."""
+        if self._started_at is not None:
+            processes.remove_orphan_regions(since=self._started_at)
 
     def _kill_group(self) -> None:
         if self.process is None:
@@ -375,6 +386,9 @@ class TritonServer:
         except ProcessLookupError:
             pass
         self.process.wait()
+        deadline = time.monotonic() + 2.0  # its killed stubs let go of their memory (and shared memory)
+        while processes.group(self.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def _cleanup(self, keep_log: bool = True) -> None:
         if self._scratch is None or not self._scratch.is_dir():

@@ -100,6 +100,14 @@ class GaveUp(ServerError):
     """The server kept dying; the message ends with its log tail."""
 
 
+def _is_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (False when it is gone: a probe or ``alive()`` tells what that means)."""
+    try:
+        return processes.stat_fields(pid)[0] in STOPPED_STATES
+    except (OSError, IndexError):
+        return False
+
+
 def _probe_body(widths: schema.Widths = schema.CRITEO_WIDTHS) -> bytes:
     """One valid row: zeros for the dense features, every categorical missing."""
     return schema.v2_json_request(np.zeros((1, widths.dense), np.float32),
@@ -196,16 +204,10 @@ class Supervisor:
 
     def server_stopped(self) -> bool:
         """Whether tritonserver is stopped now and still so ``stop_confirm`` seconds later."""
-        def stopped() -> bool:
-            try:
-                return processes.stat_fields(self.server.process.pid)[0] in STOPPED_STATES
-            except (AttributeError, OSError, IndexError):
-                return False  # no process, or gone meanwhile: alive() tells
-
-        if not stopped():
+        if self.server.process is None or not _is_stopped(self.server.process.pid):
             return False
         time.sleep(self.policy.stop_confirm)
-        return stopped()
+        return _is_stopped(self.server.process.pid)
 
     def stopped_stubs(self, rank: bool = False) -> dict[str, int]:
         """Model -> pid of the backend processes stopped now and still stopped ``stop_confirm``
@@ -213,13 +215,8 @@ class Supervisor:
         def stopped() -> dict[str, int]:
             found = {}
             for model, pid in self.server.stub_pids().items():
-                if (model == schema.RANK_MODEL) != rank:
-                    continue
-                try:
-                    if processes.stat_fields(pid)[0] in STOPPED_STATES:
-                        found[model] = pid
-                except (OSError, IndexError):
-                    pass  # gone meanwhile: a probe tells what that means
+                if (model == schema.RANK_MODEL) == rank and _is_stopped(pid):
+                    found[model] = pid
             return found
 
         first = stopped()
@@ -415,7 +412,7 @@ class Supervisor:
 
     def _stopped_ranker_stubs(self) -> dict[str, int]:
         if Layout(self.server.options.layout) is Layout.NATIVE:
-            return {}  # no backend process of the ranker's (tritonserver's own stop shows in the probe)
+            return {}  # no backend process of the ranker's (tritonserver's own stop: server_stopped)
         return self.stopped_stubs()
 
     def _heal(self, problem: str, models: set[str] | None = None) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ensemble.models.registry import Layout
+from ensemble.serving import processes
 from ensemble.serving.server import ServerError, ServerOptions, TritonServer, free_port
 from ensemble.serving.supervise import Supervisor, SupervisorPolicy
 from tests.helpers import Load, fresh_rows, stop_process
@@ -41,9 +42,20 @@ def supervised(trained, tmp_path, request):
     yield server, supervisor, lines
     stop.set()
     thread.join(60)
+    regions = _regions(server)  # a healed stub's stays mapped by tritonserver until it exits
     # These are not tests of shutdown: Triton would wait up to its 30 s exit timeout for
     # a model version whose killed or stopped stub never finishes unloading.
     server.stop(timeout=5.0)
+    assert not _left(regions), f"python-backend shared memory left behind: {_left(regions)}"
+
+
+def _regions(server: TritonServer) -> set[str]:
+    """The python backend's shared-memory files the server's processes map now."""
+    return set() if server.process is None else processes.shm_regions(processes.group(server.process.pid))
+
+
+def _left(regions: set[str]) -> list[str]:
+    return sorted(name for name in regions if (processes.SHM_DIR / name).exists())
 
 
 class Readiness:
@@ -191,6 +203,7 @@ def test_server_killed_is_restarted_without_orphans(supervised):
     with Load(server.http_url, fresh_rows(64, seed=41)) as load:
         time.sleep(1.0)
         old = [server.process.pid, *server.stub_pids().values()]
+        regions = _regions(server)
         started = time.monotonic()
         os.kill(server.process.pid, signal.SIGKILL)
         _wait_answering(supervisor, RECOVERY_BOUND_S + 15)
@@ -201,6 +214,10 @@ def test_server_killed_is_restarted_without_orphans(supervised):
     assert supervisor.restarts and server.process.pid not in old
     for pid in old:  # the dead server's backend process did not outlive it
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    # nor its python backend's shared memory (the fused layout's ranker and rank model, 1 MiB each;
+    # the native layout runs no python-backend process)
+    assert bool(regions) == (Layout(server.options.layout) is Layout.FUSED), regions
+    assert not _left(regions), _left(regions)
     assert load.failed == 0 and load.refused == 0, (load.refused, load.errors[:3])
 
 
