@@ -92,6 +92,7 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
     summary["server_start_seconds"] = time.perf_counter() - start
     summary["layout"] = server.options.layout.value if hasattr(server.options.layout, "value") else str(
         server.options.layout)
+    http = grpc = None
     try:
         log(f"    ready in {summary['server_start_seconds']:.1f}s: HTTP {server.http_url}, "
             f"gRPC {server.grpc_url}, metrics {server.metrics_url}")
@@ -136,6 +137,9 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
                 f"{', '.join(proc['frameworks']) or 'none (numpy only)'}")
         finish(summary, workdir, started, ok, options, server, log, lambda: _check_readme(summary, log))
     finally:
+        for client in (http, grpc):  # Triton waits for open connections before it exits (up to 30 s)
+            if client is not None:
+                client.close()
         server.stop()
     return summary
 

@@ -196,4 +196,8 @@ class Envoy:
             lifecycle.terminate(self.process, grace, group=True)
         if self._scratch is not None:
             (self._scratch / "envoy.json").unlink(missing_ok=True)
+            try:
+                self._scratch.rmdir()  # empty when the log lives elsewhere
+            except OSError:
+                pass  # the log stays
         return None if self.process is None else self.process.returncode

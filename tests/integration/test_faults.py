@@ -45,8 +45,10 @@ def supervised(trained, tmp_path, request):
     regions = _regions(server)  # a healed stub's stays mapped by tritonserver until it exits
     # These are not tests of shutdown: Triton would wait up to its 30 s exit timeout for
     # a model version whose killed or stopped stub never finishes unloading.
+    scratch = server._scratch
     server.stop(timeout=5.0)
     assert not _left(regions), f"python-backend shared memory left behind: {_left(regions)}"
+    assert scratch is not None and not scratch.exists(), "the server's temp folder outlived it (its log is elsewhere)"
 
 
 def _regions(server: TritonServer) -> set[str]:
