@@ -49,6 +49,10 @@ class DLRMWeights:
         only its rows); built on the first call, so shapes that do not chain raise there (ValueError)."""
         return _dlrm.Weights(self.bottom, self.table, self.offsets, self.pair_i, self.pair_j, self.top)
 
+    def into(self, dense_features: np.ndarray, category_ids: np.ndarray, out: np.ndarray) -> None:
+        """:meth:`__call__` into ``out`` (B float32), for C-contiguous float32 / int64 inputs as they are."""
+        self._forward(dense_features, category_ids, out)
+
     def __call__(self, dense_features: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
         """[B x 13] float32, [B x 26] int64 -> [B x 1] float32 probabilities."""
         dense = np.ascontiguousarray(dense_features, dtype=np.float32)

@@ -170,6 +170,11 @@ class TFScorer:
             state = self._local.state = [interpreter, dense, ids, interpreter.get_output_details()[0]["index"], -1]
         return state
 
+    @property
+    def kernel(self) -> "dlrm_kernel.DLRMWeights | None":
+        """The C forward pass, when it was checked against the framework at load (what scores then)."""
+        return self._kernel
+
     def __call__(self, dense_features: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
         if self._kernel is not None:
             return self._kernel(dense_features, category_ids)

@@ -221,6 +221,11 @@ class TorchScorer:
             self._kernel = dlrm_kernel.checked(dlrm_kernel.DLRMWeights.from_torchscript(self.model), self.framework,
                                                "dlrm_torch")
 
+    @property
+    def kernel(self) -> "dlrm_kernel.DLRMWeights | None":
+        """The C forward pass, when it was checked against the framework at load (what scores then)."""
+        return self._kernel
+
     def __call__(self, dense_features: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
         if self._kernel is not None:
             return self._kernel(dense_features, category_ids)

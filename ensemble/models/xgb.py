@@ -364,9 +364,13 @@ class TreeArrays:
         if x.ndim != 2 or x.shape[1] != self.n_features:
             raise ValueError(f"expected [rows x {self.n_features}] features, got {list(x.shape)}")
         out = np.empty(len(x), dtype=np.float32)
+        self.into(x, out)
+        return out
+
+    def into(self, x: np.ndarray, out: np.ndarray) -> None:
+        """:meth:`__call__` into ``out`` (B float32), for a C-contiguous float32 ``x`` as it is."""
         _trees.predict(x, self.n_features, self.node_column, self.node_threshold, self.leaves, self.depth,
                        self.base_margin, out)
-        return out
 
 
 def _depth(tree: dict) -> int:
@@ -397,6 +401,11 @@ class TreeScorer:
         self._compiled = CompiledTrees(library, self.booster.num_features()) if library.is_file() else None
         self._compiled_max_rows = COMPILED_MAX_ROWS if self._compiled and self._compiled.batched else PER_ROW_MAX_ROWS
         self._arrays = TreeArrays.from_json(model_dir / MODEL_FILE) if _trees is not None else None
+
+    @property
+    def kernel(self) -> "TreeArrays | None":
+        """The trees as arrays for the C evaluator, when it was built (what scores every batch then)."""
+        return self._arrays
 
     def __call__(self, dense_features: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
         x = design_matrix(dense_features, category_ids)

@@ -131,5 +131,11 @@ def blend(scores: Sequence[np.ndarray], weights: Sequence[float], bias: float, e
     [B] float32; ``scores``: M arrays of B probabilities each."""
     arrays = tuple(np.ascontiguousarray(s, dtype=np.float32) for s in scores)
     out = np.empty(arrays[0].size, dtype=np.float32)
-    _blend(arrays, tuple(float(w) for w in weights), float(bias), float(eps), out)
+    blend_into(arrays, tuple(float(w) for w in weights), float(bias), float(eps), out)
     return out
+
+
+def blend_into(scores: tuple, weights: tuple, bias: float, eps: float, out: np.ndarray) -> None:
+    """:func:`blend` into ``out`` (B float32), for C-contiguous float32 ``scores`` and float
+    ``weights`` as they are."""
+    _blend(scores, weights, bias, eps, out)

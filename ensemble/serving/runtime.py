@@ -154,11 +154,14 @@ class Pipeline:
     PARALLEL_MIN_ROWS = 32
 
     def __init__(self, steps: Mapping[Model, StepRunner], parallel: bool | None = None,
-                 widths: schema.Widths | None = None, device: Device = Device.CPU):
+                 widths: schema.Widths | None = None, device: Device = Device.CPU, chain: bool = True):
         """``parallel``: None (default) = when this process may run on more than one core;
         ``widths``: the dataset's (with its context's), else read from the features step;
-        ``device``: where the steps compute (decides how a level is split over the threads)."""
+        ``device``: where the steps compute (decides how a level is split over the threads);
+        ``chain``: whether a batch on one thread may go through :attr:`kernel_chain` (False: always
+        step by step, what the chain is checked against)."""
         self.steps = dict(steps)
+        self._use_chain = chain
         self._widths = widths
         self._row_split = device is Device.CPU
         self._levels = _levels([self.steps[m] for m in ORDER])
@@ -253,18 +256,46 @@ class Pipeline:
         tensors = {schema.DENSE_FEATURES.name: transform.transform_dense(dense), schema.CATEGORY_IDS.name: category_ids}
         return self._run(tensors, self._levels[1:])
 
-    def _run(self, tensors: dict[str, np.ndarray], levels: list[list[StepRunner]]) -> dict[str, np.ndarray]:
+    @functools.cached_property
+    def kernel_chain(self):
+        """The models and the blend as direct kernel calls (:class:`ensemble.serving.chain.KernelChain`),
+        which score every batch that runs on one thread, when every model has its C kernel here and
+        the chain gives the steps' own scores on a sample batch, bit for bit; else None (the steps
+        run). Built on first use."""
+        from ensemble.features.transforms import FIRST_ID  # ids below it (reserved) are in every table
+        from ensemble.serving.chain import KernelChain
+
+        if (not self._use_chain or not self._row_split or len(self._levels) != 3
+                or [s.step.model for s in self._levels[0]] != [Model.FEATURES]):
+            return None
+        chain = KernelChain.of(self.steps, self.widths.dense)
+        if chain is None:
+            return None
+        rng = np.random.default_rng(0)
+        sample = {schema.DENSE_FEATURES.name: rng.normal(size=(37, self.widths.dense)).astype(np.float32),
+                  schema.CATEGORY_IDS.name: rng.integers(0, FIRST_ID, (37, self.widths.ids)).astype(np.int64)}
+        expected = self._run(dict(sample), self._levels[1:], chain=False)
+        try:
+            got = chain(sample[schema.DENSE_FEATURES.name], sample[schema.CATEGORY_IDS.name])
+        except (ValueError, TypeError) as exc:
+            LOG.warning("the kernel chain could not run (%s); the steps score", exc)
+            return None
+        if any(not np.array_equal(got[name], value) for name, value in expected.items()):
+            LOG.warning("the kernel chain's scores differ from the steps'; the steps score")
+            return None
+        return chain
+
+    def _run(self, tensors: dict[str, np.ndarray], levels: list[list[StepRunner]], chain: bool = True) -> dict[str, np.ndarray]:
         parallel = self._parallel and len(next(iter(tensors.values()))) >= self.PARALLEL_MIN_ROWS
         for level in levels:
+            if chain and level is self._levels[1] and self.kernel_chain is not None:  # the blend's level too
+                tensors.update((self._split_rows(self._chained, tensors) if parallel else self._chained(tensors))[0])
+                break
             if parallel and len(level) > 1:
-                if self._pool is None:
-                    from concurrent.futures import ThreadPoolExecutor
-
-                    self._pool = ThreadPoolExecutor(1, "pipeline-step")
                 if self._row_split:
-                    outputs = self._split_rows(level, tensors)
+                    outputs = self._split_rows(lambda part, level=level: [step.run(part) for step in level], tensors)
                 else:
-                    pending = [self._pool.submit(step.run, tensors) for step in level[1:]]
+                    pending = [self._worker().submit(step.run, tensors) for step in level[1:]]
                     outputs = [level[0].run(tensors), *(f.result() for f in pending)]
             else:
                 outputs = [step.run(tensors) for step in level]
@@ -272,15 +303,26 @@ class Pipeline:
                 tensors.update(out)
         return {t.name: tensors[t.name] for t in schema.RANKER_OUTPUTS}
 
-    def _split_rows(self, level: list[StepRunner], tensors: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-        """Every step of the level on the first half of the rows here and on the second half on the
-        worker thread, outputs joined in row order (each row's score does not depend on its batch)."""
+    def _chained(self, tensors: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        return [self.kernel_chain(tensors[schema.DENSE_FEATURES.name], tensors[schema.CATEGORY_IDS.name])]
+
+    def _worker(self):
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, "pipeline-step")
+        return self._pool
+
+    def _split_rows(self, run: Callable[[dict], list[dict[str, np.ndarray]]],
+                    tensors: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        """``run`` on the first half of the rows here and on the second half on the worker thread,
+        outputs joined in row order (each row's score does not depend on its batch)."""
         rows = len(next(iter(tensors.values())))
         half = (rows // 2 + 15) // 16 * 16  # whole groups of the trees' 16 lanes
         first = {k: v[:half] for k, v in tensors.items()}
         second = {k: v[half:] for k, v in tensors.items()}
-        later = self._pool.submit(lambda: [step.run(second) for step in level])
-        early = [step.run(first) for step in level]
+        later = self._worker().submit(run, second)
+        early = run(first)
         return [{k: np.concatenate((a[k], b[k])) for k in a} for a, b in zip(early, later.result())]
 
 

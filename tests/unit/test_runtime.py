@@ -109,3 +109,51 @@ def test_rows_split_over_two_threads_score_as_one_thread_does(pipeline, rows):
         assert got[name].shape == want[name].shape == (len(dense), 1)
         assert np.array_equal(got[name], want[name]), name
     split.close()
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_kernel_chain_scores_as_the_steps_do(pipeline, parallel):
+    from tests.helpers import fresh_rows
+
+    chained = runtime.Pipeline(pipeline.steps, parallel=parallel, widths=pipeline.widths)
+    steps = runtime.Pipeline(pipeline.steps, parallel=parallel, widths=pipeline.widths, chain=False)
+    assert chained.kernel_chain is not None and steps.kernel_chain is None
+    dense, cats = fresh_rows(300, seed=24)  # with missing values, unseen categories and the edge-case rows
+    for rows in (0, 1, 7, 33, len(dense)):
+        got, want = chained.score(dense[:rows], cats[:rows]), steps.score(dense[:rows], cats[:rows])
+        assert list(got) == list(want) == [t.name for t in schema.RANKER_OUTPUTS]
+        for name in want:
+            assert got[name].shape == want[name].shape == (rows, 1) and got[name].dtype == np.float32
+            assert np.array_equal(got[name], want[name]), (rows, name)
+    chained.close()
+    steps.close()
+
+
+def test_no_kernel_chain_when_a_model_scores_without_its_kernel(pipeline):
+    from tests.helpers import fresh_rows
+
+    torch_step = pipeline.steps[Model.DLRM_TORCH]
+    framework = runtime.StepRunner(torch_step.step, torch_step.fn.framework)  # TorchScript's own forward pass
+    mixed = runtime.Pipeline({**pipeline.steps, Model.DLRM_TORCH: framework}, parallel=False, widths=pipeline.widths)
+    assert mixed.kernel_chain is None
+    dense, cats = fresh_rows(50, seed=25)
+    got, want = mixed.score(dense, cats), pipeline.score(dense, cats)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-5)
+
+
+def test_a_kernel_chain_that_disagrees_with_the_steps_is_not_used(pipeline, monkeypatch, caplog):
+    from ensemble.serving import chain
+
+    scores = chain.KernelChain.__call__
+
+    def one_ulp_off(self, dense_features, category_ids):
+        out = scores(self, dense_features, category_ids)
+        out[schema.SCORE.name] = np.nextafter(out[schema.SCORE.name], np.float32(1))
+        return out
+
+    monkeypatch.setattr(chain.KernelChain, "__call__", one_ulp_off)
+    off = runtime.Pipeline(pipeline.steps, parallel=False, widths=pipeline.widths)
+    with caplog.at_level("WARNING"):
+        assert off.kernel_chain is None
+    assert "differ from the steps'" in caplog.text
