@@ -86,6 +86,33 @@ def test_wire_strings_send_what_the_object_array_sends(frame):
             assert sent._get_binary_data() == want._get_binary_data()
 
 
+@pytest.mark.parametrize("all_scores, priority, bulk", [(False, 0, False), (True, 2, True)])
+def test_grpc_request_is_the_message_tritonclient_builds(frame, all_scores, priority, bulk):
+    """RankerClient builds its gRPC request itself (grpc_request); it must stay the message
+    tritonclient's infer sends for the same tensors and settings (its builder is private: the
+    pinned tritonclient's)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.grpc._utils import _get_inference_request
+
+    from clients.triton import build_inputs, build_outputs, grpc_request
+    from clients.wire import WireStrings
+    from ensemble import schema
+    from ensemble.serving import native
+
+    dense, cats = to_tensors(frame)
+    parameters = {schema.BULK_PARAMETER: True} if bulk else None
+    want = _get_inference_request(
+        model_name="ranker", inputs=build_inputs(grpcclient, Protocol.GRPC, True, dense[:5], cats[:5]),
+        model_version="", request_id="", outputs=build_outputs(grpcclient, Protocol.GRPC, True, all_scores),
+        sequence_id=0, sequence_start=False, sequence_end=False, priority=priority, timeout=60_000_000,
+        parameters=parameters)
+    got = grpc_request("ranker", dense[:5], cats[:5], all_scores, 60_000_000, priority, parameters)
+    assert got == want and got.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)
+    wire = WireStrings(native.join_wire(list(cats[:5].reshape(-1))),
+                       np.cumsum([sum(4 + len(v) for v in row) for row in cats[:5]]), cats.shape[1])
+    assert grpc_request("ranker", dense[:5], wire, all_scores, 60_000_000, priority, parameters) == want
+
+
 def test_tsv_chunks_carry_the_tensors_pandas_gives(frame, tmp_path):
     from clients.inputs import from_frame
     from clients.partitions import plan_partitions, read_chunks, read_partition
