@@ -93,6 +93,7 @@ def run(args) -> list[dict]:
                     row[f"{name}_p99_ms"] = _percentile(values, 0.99)
                 row["ranking_over_flat_p50"] = row["ranking_p50_ms"] / row["flat_p50_ms"]
                 results.append(row)
+                client.close()  # an open connection would hold up the server's stop
                 print(f"{layout:<7} {protocol:<5} flat p50 {row['flat_p50_ms']:.3f} p99 {row['flat_p99_ms']:.3f} ms | "
                       f"ranking p50 {row['ranking_p50_ms']:.3f} p99 {row['ranking_p99_ms']:.3f} ms | "
                       f"ratio {row['ranking_over_flat_p50']:.2f}", flush=True)

@@ -167,23 +167,28 @@ class Ranking:
     scores: np.ndarray
 
 
-def grpc_request(model: str, dense: np.ndarray, categorical, all_scores: bool, timeout_us: int | None = None,
-                 priority: int = 0, parameters: dict | None = None):
-    """The gRPC ``ModelInferRequest`` for one batch, built directly: what tritonclient's ``infer``
-    sends for the same tensors and settings (a unit test compares them), without its per-tensor
-    ``InferInput`` objects, which cost ~0.1 ms of client CPU a 1-row request and ~0.2 ms a
-    100-row one on the build VM."""
+def grpc_request(model: str, tensors, outputs, timeout_us: int | None = None, priority: int = 0,
+                 parameters: dict | None = None):
+    """The gRPC ``ModelInferRequest`` for ``tensors`` (``(schema.Tensor, array)`` pairs; BYTES as an
+    object array of bytes or :class:`clients.wire.WireStrings`) asking for ``outputs`` (schema
+    tensors), built directly: what tritonclient's ``infer`` sends for the same tensors and settings
+    (a unit test compares them), without its per-tensor ``InferInput`` objects, which cost ~0.05 ms
+    of client CPU a 1-row request and ~0.1 ms a 100-row one on the build VM."""
     from tritonclient.grpc import service_pb2
 
-    dense = np.ascontiguousarray(dense, np.float32)
-    if not isinstance(categorical, WireStrings):
-        categorical = np.asarray(categorical, object)
-    raw = categorical.data if isinstance(categorical, WireStrings) else serialize_bytes(categorical)
     request = service_pb2.ModelInferRequest(model_name=model)
-    for tensor, shape in ((schema.DENSE, dense.shape), (schema.CATEGORICAL, categorical.shape)):
-        request.inputs.add(name=tensor.name, datatype=tensor.dtype.wire, shape=shape)
-    request.raw_input_contents.extend((dense.tobytes(), raw))
-    for tensor in schema.RANKER_OUTPUTS if all_scores else (schema.SCORE,):
+    for tensor, array in tensors:
+        if isinstance(array, WireStrings):
+            raw = array.data
+        elif tensor.dtype is schema.DType.STRING:
+            array = np.asarray(array, object)
+            raw = serialize_bytes(array)
+        else:
+            array = np.ascontiguousarray(array, tensor.dtype.numpy)
+            raw = array.tobytes()
+        request.inputs.add(name=tensor.name, datatype=tensor.dtype.wire, shape=array.shape)
+        request.raw_input_contents.append(raw)
+    for tensor in outputs:
         request.outputs.add(name=tensor.name)
     if priority:
         request.parameters["priority"].uint64_param = priority
@@ -194,16 +199,17 @@ def grpc_request(model: str, dense: np.ndarray, categorical, all_scores: bool, t
     return request
 
 
-def grpc_outputs(response, all_scores: bool) -> dict[str, np.ndarray]:
-    """A gRPC ``ModelInferResponse``'s scores, [B] float32 each, as :func:`read_result` reads them."""
+def grpc_outputs(response, outputs) -> dict[str, np.ndarray]:
+    """``outputs`` (schema tensors) of a gRPC ``ModelInferResponse``, each flat, as
+    :func:`read_result` reads them."""
     from tritonclient.utils import InferenceServerException
 
     got = {o.name: (o, raw) for o, raw in zip(response.outputs, response.raw_output_contents)}
     out = {}
-    for tensor in schema.RANKER_OUTPUTS if all_scores else (schema.SCORE,):
+    for tensor in outputs:
         if tensor.name not in got or got[tensor.name][0].datatype != tensor.dtype.wire:
             raise InferenceServerException(f"the answer has no {tensor.dtype.wire} output '{tensor.name}'")
-        out[tensor.name] = np.frombuffer(got[tensor.name][1], np.float32)
+        out[tensor.name] = np.frombuffer(got[tensor.name][1], tensor.dtype.numpy)
     return out
 
 
@@ -221,15 +227,19 @@ def grpc_error(exc):
     return InferenceServerException(msg=exc.details(), status=str(exc.code()), debug_details=exc.debug_error_string())
 
 
+def _outputs(all_scores: bool) -> tuple[schema.Tensor, ...]:
+    return schema.RANKER_OUTPUTS if all_scores else (schema.SCORE,)
+
+
 def build_outputs(tc, protocol: Protocol, binary: bool, all_scores: bool) -> list:
-    tensors = schema.RANKER_OUTPUTS if all_scores else (schema.SCORE,)
+    tensors = _outputs(all_scores)
     if protocol is Protocol.HTTP:
         return [tc.InferRequestedOutput(t.name, binary_data=binary) for t in tensors]
     return [tc.InferRequestedOutput(t.name) for t in tensors]
 
 
 def read_result(result, all_scores: bool) -> dict[str, np.ndarray]:
-    tensors = schema.RANKER_OUTPUTS if all_scores else (schema.SCORE,)
+    tensors = _outputs(all_scores)
     return {t.name: result.as_numpy(t.name).reshape(-1) for t in tensors}
 
 
@@ -268,14 +278,18 @@ class _Settings:
             return {"network_timeout": self.timeout, "connection_timeout": self.timeout}
         return {}
 
-    def _grpc_call(self, dense, categorical, all_scores: bool) -> dict:
-        """The arguments of the gRPC stub's ``ModelInfer`` for one batch (tritonclient's client holds
+    def _grpc_call(self, model: str, tensors, outputs, priority: bool = True) -> dict:
+        """The arguments of the gRPC stub's ``ModelInfer`` for one request (tritonclient's client holds
         the channel, with its message-size limits, and the stub): what its ``infer`` passes."""
         deadline = self._infer_kwargs()
-        request = grpc_request(self.model, dense, categorical, all_scores, deadline["timeout"], deadline["priority"],
+        request = grpc_request(model, tensors, outputs, deadline["timeout"], deadline["priority"] if priority else 0,
                                deadline.get("parameters"))
         return {"request": request, "metadata": (), "timeout": self.timeout,
                 "compression": _grpc_compression(self.compression)}
+
+    def _grpc_ranker_call(self, dense, categorical, all_scores: bool) -> dict:
+        return self._grpc_call(self.model, ((schema.DENSE, dense), (schema.CATEGORICAL, categorical)),
+                               _outputs(all_scores))
 
     def _infer_kwargs(self) -> dict:
         # `timeout` (microseconds) travels with the request: the fused ranker refuses a request at
@@ -325,13 +339,8 @@ class RankerClient(_Settings):
     def infer(self, dense: np.ndarray, categorical: np.ndarray, all_scores: bool = False) -> dict[str, np.ndarray]:
         """One request, no retries; raises tritonclient's exception on error."""
         if self.protocol is Protocol.GRPC:  # the request built directly, sent through tritonclient's channel
-            import grpc
-
-            try:
-                response = self._client._client_stub.ModelInfer(**self._grpc_call(dense, categorical, all_scores))
-            except grpc.RpcError as exc:
-                raise grpc_error(exc) from None
-            return grpc_outputs(response, all_scores)
+            response = self._grpc_infer(self._grpc_ranker_call(dense, categorical, all_scores))
+            return grpc_outputs(response, _outputs(all_scores))
         result = self._client.infer(
             self.model, build_inputs(self._tc, self.protocol, self.binary, dense, categorical),
             outputs=build_outputs(self._tc, self.protocol, self.binary, all_scores), **self._infer_kwargs())
@@ -361,16 +370,20 @@ class RankerClient(_Settings):
         tensors = ranking_tensors(context, candidates, self.dataset)
         n = len(tensors[2])
 
+        sent = [(t, a) for t, a in zip((schema.CONTEXT_DENSE, schema.CONTEXT_CATEGORICAL, schema.CANDIDATE_DENSE,
+                                        schema.CANDIDATE_CATEGORICAL), tensors)
+                if a.shape[-1] or t in (schema.CANDIDATE_DENSE, schema.CANDIDATE_CATEGORICAL)]
+        if k is not None:
+            sent.append((schema.TOP_K, np.array([k], np.int32)))
+        answers = (schema.CANDIDATE_SCORES, schema.ORDER)
+
         def call() -> Ranking:
-            inputs = [_input(self._tc, self.protocol, self.binary, t, a)
-                      for t, a in zip((schema.CONTEXT_DENSE, schema.CONTEXT_CATEGORICAL, schema.CANDIDATE_DENSE,
-                                       schema.CANDIDATE_CATEGORICAL), tensors) if a.shape[-1] or t in (
-                          schema.CANDIDATE_DENSE, schema.CANDIDATE_CATEGORICAL)]
-            if k is not None:
-                inputs.append(_input(self._tc, self.protocol, self.binary, schema.TOP_K, np.array([k], np.int32)))
-            names = (schema.CANDIDATE_SCORES.name, schema.ORDER.name)
-            outputs = ([self._tc.InferRequestedOutput(name, binary_data=self.binary) for name in names]
-                       if self.protocol is Protocol.HTTP else [self._tc.InferRequestedOutput(name) for name in names])
+            if self.protocol is Protocol.GRPC:  # the rank model has no priority levels
+                out = grpc_outputs(self._grpc_infer(self._grpc_call(schema.RANK_MODEL, sent, answers, priority=False)),
+                                   answers)
+                return Ranking(out[schema.ORDER.name], out[schema.CANDIDATE_SCORES.name])
+            inputs = [_input(self._tc, self.protocol, self.binary, t, a) for t, a in sent]
+            outputs = [self._tc.InferRequestedOutput(t.name, binary_data=self.binary) for t in answers]
             kwargs = self._infer_kwargs()
             kwargs.pop("priority", None)  # the rank model has no priority levels
             result = self._client.infer(schema.RANK_MODEL, inputs, outputs=outputs, **kwargs)
@@ -378,6 +391,14 @@ class RankerClient(_Settings):
                            result.as_numpy(schema.CANDIDATE_SCORES.name).reshape(-1))
 
         return self._with_retry(call, 0, n)
+
+    def _grpc_infer(self, call: dict):
+        import grpc
+
+        try:
+            return self._client._client_stub.ModelInfer(**call)
+        except grpc.RpcError as exc:
+            raise grpc_error(exc) from None
 
     def infer_with_retry(self, dense, categorical, all_scores: bool = False, offset: int = 0):
         return self._with_retry(lambda: self.infer(dense, categorical, all_scores), offset, offset + len(dense))
@@ -429,10 +450,11 @@ class AsyncRankerClient(_Settings):
             import grpc
 
             try:
-                response = await self._client._client_stub.ModelInfer(**self._grpc_call(dense, categorical, all_scores))
+                response = await self._client._client_stub.ModelInfer(
+                    **self._grpc_ranker_call(dense, categorical, all_scores))
             except grpc.RpcError as exc:
                 raise grpc_error(exc) from None
-            return grpc_outputs(response, all_scores)
+            return grpc_outputs(response, _outputs(all_scores))
         # HTTP: the aiohttp session's total timeout (conn_timeout) bounds each request.
         result = await self._client.infer(
             self.model, build_inputs(self._tc, self.protocol, self.binary, dense, categorical),

@@ -106,11 +106,25 @@ def test_grpc_request_is_the_message_tritonclient_builds(frame, all_scores, prio
         model_version="", request_id="", outputs=build_outputs(grpcclient, Protocol.GRPC, True, all_scores),
         sequence_id=0, sequence_start=False, sequence_end=False, priority=priority, timeout=60_000_000,
         parameters=parameters)
-    got = grpc_request("ranker", dense[:5], cats[:5], all_scores, 60_000_000, priority, parameters)
+    outputs = schema.RANKER_OUTPUTS if all_scores else (schema.SCORE,)
+    got = grpc_request("ranker", ((schema.DENSE, dense[:5]), (schema.CATEGORICAL, cats[:5])), outputs,
+                       60_000_000, priority, parameters)
     assert got == want and got.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)
     wire = WireStrings(native.join_wire(list(cats[:5].reshape(-1))),
                        np.cumsum([sum(4 + len(v) for v in row) for row in cats[:5]]), cats.shape[1])
-    assert grpc_request("ranker", dense[:5], wire, all_scores, 60_000_000, priority, parameters) == want
+    assert grpc_request("ranker", ((schema.DENSE, dense[:5]), (schema.CATEGORICAL, wire)), outputs,
+                        60_000_000, priority, parameters) == want
+    # a ranking request: context and candidates, an int32 top k, two outputs of other types
+    from clients.triton import _input
+
+    sent = ((schema.CONTEXT_DENSE, dense[:1, :4]), (schema.CANDIDATE_DENSE, dense[:5]),
+            (schema.CANDIDATE_CATEGORICAL, cats[:5]), (schema.TOP_K, np.array([3], np.int32)))
+    answers = (schema.CANDIDATE_SCORES, schema.ORDER)
+    want = _get_inference_request(
+        model_name=schema.RANK_MODEL, inputs=[_input(grpcclient, Protocol.GRPC, True, t, a) for t, a in sent],
+        model_version="", request_id="", outputs=[grpcclient.InferRequestedOutput(t.name) for t in answers],
+        sequence_id=0, sequence_start=False, sequence_end=False, priority=0, timeout=60_000_000, parameters=None)
+    assert grpc_request(schema.RANK_MODEL, sent, answers, 60_000_000) == want
 
 
 def test_tsv_chunks_carry_the_tensors_pandas_gives(frame, tmp_path):
