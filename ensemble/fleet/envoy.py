@@ -88,7 +88,8 @@ class Envoy:
                                ("127.0.0.1", self.gateway.admin_port)) if not port_free(h, p)]
         if busy:
             raise EnvoyError(f"gateway port(s) {', '.join(map(str, busy))} already in use")
-        self._scratch = Path(tempfile.mkdtemp(prefix="ensemble-gateway-"))
+        if self._scratch is None or not self._scratch.is_dir():  # a gateway started again keeps its folder
+            self._scratch = Path(tempfile.mkdtemp(prefix="ensemble-gateway-"))
         path = self._scratch / "envoy.json"
         path.write_text(json.dumps(config, indent=1))
         if self.log_file is None:

@@ -458,16 +458,28 @@ def test_a_killed_replica_costs_no_request_and_comes_back(fleet):
 def test_a_killed_gateway_is_started_again(fleet):
     import tritonclient.http as httpclient
 
-    envoys = [pid for pid in processes.tree(fleet.process.pid)[1:]
-              if Path(f"/proc/{pid}/cmdline").is_file() and b"envoy.json" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    def configs() -> dict[int, str]:  # each gateway process and the config file it was started with
+        found = {}
+        for pid in processes.tree(fleet.process.pid)[1:]:
+            try:
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            found.update({pid: a.decode() for a in args if a.endswith(b"envoy.json")})
+        return found
+
+    envoys = configs()
     assert len(envoys) == 1, fleet.text()
-    os.kill(envoys[0], signal.SIGKILL)
+    (victim, config), = envoys.items()
+    os.kill(victim, signal.SIGKILL)
     deadline = time.monotonic() + 120
     while not any("gateway ready again" in line for line in fleet.output):
         assert time.monotonic() < deadline, fleet.text()
         time.sleep(0.2)
     client = httpclient.InferenceServerClient(fleet.http)
     assert client.infer("ranker", _inputs(httpclient, 2, 4)).as_numpy(schema.SCORE.name).shape == (2, 1)
+    # started again from the same folder, which its shutdown removes (a second folder was left behind)
+    assert list(configs().values()) == [config], (config, configs())
 
 
 def test_shutdown_drains_requests_in_flight(fleet):
