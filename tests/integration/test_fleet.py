@@ -465,7 +465,9 @@ def test_a_killed_gateway_is_started_again(fleet):
                 args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            found.update({pid: a.decode() for a in args if a.endswith(b"envoy.json")})
+            config = next((a.decode() for a in args if a.endswith(b"envoy.json")), None)
+            if config is not None:
+                found[pid] = config
         return found
 
     envoys = configs()
