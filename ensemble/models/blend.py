@@ -60,6 +60,10 @@ class Blender:
         # One pass in C over the rows (numpy's form when it was not built): every request runs this.
         return native.blend(scores, self.weights, self.bias, _EPS).reshape(-1, 1)
 
+    def into(self, scores: tuple[np.ndarray, ...], out: np.ndarray) -> None:
+        """:meth:`__call__` into ``out`` (B float32), for C-contiguous float32 [B] ``scores`` as they are."""
+        native.blend_into(scores, self.weights, self.bias, _EPS, out)
+
     def with_inputs(self, *scores: np.ndarray) -> tuple[np.ndarray, ...]:
         """The serving step: (blended score, *the per-model scores passed through)."""
         return (self(*scores), *scores)

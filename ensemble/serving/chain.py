@@ -16,7 +16,7 @@ from typing import Mapping
 import numpy as np
 
 from ensemble import schema
-from ensemble.models.blend import _EPS, Blender
+from ensemble.models.blend import Blender
 from ensemble.schema import Model
 from ensemble.serving import native
 
@@ -29,9 +29,7 @@ class KernelChain:
     each [B x 1] float32, keyed by name (``schema.RANKER_OUTPUTS``)."""
 
     def __init__(self, trees, dlrm_torch, dlrm_tf, blender: Blender, n_dense: int):
-        self._trees, self._torch, self._tf = trees, dlrm_torch, dlrm_tf
-        self._weights = tuple(float(w) for w in blender.weights)
-        self._bias = float(blender.bias)
+        self._trees, self._torch, self._tf, self._blender = trees, dlrm_torch, dlrm_tf, blender
         self._n_dense = n_dense
 
     @classmethod
@@ -71,5 +69,5 @@ class KernelChain:
         self._trees.into(design, out[1])
         self._torch.into(x, ids, out[2])
         self._tf.into(x, ids, out[3])
-        native.blend_into((out[1], out[2], out[3]), self._weights, self._bias, _EPS, out[0])
+        self._blender.into((out[1], out[2], out[3]), out[0])
         return {t.name: out[k].reshape(rows, 1) for k, t in enumerate(schema.RANKER_OUTPUTS)}

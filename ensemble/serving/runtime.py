@@ -158,8 +158,8 @@ class Pipeline:
         """``parallel``: None (default) = when this process may run on more than one core;
         ``widths``: the dataset's (with its context's), else read from the features step;
         ``device``: where the steps compute (decides how a level is split over the threads);
-        ``chain``: whether a batch on one thread may go through :attr:`kernel_chain` (False: always
-        step by step, what the chain is checked against)."""
+        ``chain``: whether batches may go through :attr:`kernel_chain` (False: always step by step,
+        what the chain is checked against)."""
         self.steps = dict(steps)
         self._use_chain = chain
         self._widths = widths
@@ -259,9 +259,9 @@ class Pipeline:
     @functools.cached_property
     def kernel_chain(self):
         """The models and the blend as direct kernel calls (:class:`ensemble.serving.chain.KernelChain`),
-        which score every batch that runs on one thread, when every model has its C kernel here and
-        the chain gives the steps' own scores on a sample batch, bit for bit; else None (the steps
-        run). Built on first use."""
+        which score every batch (each half on its own thread when a batch is split), when every model
+        has its C kernel here and the chain gives the steps' own scores on a sample batch, bit for
+        bit; else None (the steps run). Built on first use."""
         from ensemble.features.transforms import FIRST_ID  # ids below it (reserved) are in every table
         from ensemble.serving.chain import KernelChain
 
