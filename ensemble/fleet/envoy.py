@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 from ensemble.fleet.gateway import Gateway, envoy_config
-from ensemble.serving import lifecycle
+from ensemble.serving import lifecycle, processes
 
 # How long the gateway asks clients to go away before its listeners close (--drain-time-s).
 DRAIN_SECONDS = 1
@@ -197,8 +197,5 @@ class Envoy:
             lifecycle.terminate(self.process, grace, group=True)
         if self._scratch is not None:
             (self._scratch / "envoy.json").unlink(missing_ok=True)
-            try:
-                self._scratch.rmdir()  # empty when the log lives elsewhere
-            except OSError:
-                pass  # the log stays
+            processes.remove_if_empty(self._scratch)
         return None if self.process is None else self.process.returncode

@@ -59,18 +59,24 @@ def rss(pid: int) -> int:
     return 0
 
 
-def stub_pids(server_pid: int) -> dict[str, int]:
-    """Model name -> pid of the python-backend stub serving it, under a tritonserver process."""
+def arguments_ending(root: int, suffix: str) -> dict[int, str]:
+    """pid -> the first command-line argument ending in ``suffix``, for every process below ``root``
+    that has one."""
     found = {}
-    for pid in tree(server_pid)[1:]:
+    for pid in tree(root)[1:]:
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        model_py = next((a.decode() for a in cmdline if a.endswith(b"model.py")), None)
-        if model_py is not None:
-            found[Path(model_py).parent.parent.name] = pid
+        argument = next((a.decode() for a in cmdline if a.endswith(suffix.encode())), None)
+        if argument is not None:
+            found[pid] = argument
     return found
+
+
+def stub_pids(server_pid: int) -> dict[str, int]:
+    """Model name -> pid of the python-backend stub serving it, under a tritonserver process."""
+    return {Path(model_py).parent.parent.name: pid for pid, model_py in arguments_ending(server_pid, "model.py").items()}
 
 
 def frameworks_loaded(pid: int) -> list[str]:
@@ -80,6 +86,14 @@ def frameworks_loaded(pid: int) -> list[str]:
     except OSError:
         return []
     return sorted(name for name, marker in HEAVY_LIBRARIES.items() if marker in maps)
+
+
+def remove_if_empty(folder: Path) -> None:
+    """Remove ``folder`` when nothing is left in it (a process's scratch folder whose log lives elsewhere)."""
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # something stays: a log
 
 
 def group(pgid: int) -> list[int]:

@@ -399,10 +399,7 @@ class TritonServer:
         for item in self._scratch.iterdir():  # the backends copy; the log (when it lives here) stays
             if item.is_dir():
                 shutil.rmtree(item, ignore_errors=True)
-        try:
-            self._scratch.rmdir()  # empty when the log lives elsewhere
-        except OSError:
-            pass  # the log stays
+        processes.remove_if_empty(self._scratch)
 
     def resident_memory_bytes(self) -> int:
         """Resident memory of the server and every process it started (the backend stubs)."""

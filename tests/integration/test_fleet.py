@@ -459,16 +459,7 @@ def test_a_killed_gateway_is_started_again(fleet):
     import tritonclient.http as httpclient
 
     def configs() -> dict[int, str]:  # each gateway process and the config file it was started with
-        found = {}
-        for pid in processes.tree(fleet.process.pid)[1:]:
-            try:
-                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            config = next((a.decode() for a in args if a.endswith(b"envoy.json")), None)
-            if config is not None:
-                found[pid] = config
-        return found
+        return processes.arguments_ending(fleet.process.pid, "envoy.json")
 
     envoys = configs()
     assert len(envoys) == 1, fleet.text()
