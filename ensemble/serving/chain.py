@@ -56,6 +56,12 @@ class KernelChain:
         return cls(*kernels, blender, n_dense)
 
     def __call__(self, dense_features: np.ndarray, category_ids: np.ndarray) -> dict[str, np.ndarray]:
+        out = self.scores(dense_features, category_ids)
+        rows = out.shape[1]
+        return {t.name: out[k].reshape(rows, 1) for k, t in enumerate(schema.RANKER_OUTPUTS)}
+
+    def scores(self, dense_features: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
+        """The same outputs as one [outputs x B] float32 array, rows in ``schema.RANKER_OUTPUTS`` order."""
         x = np.ascontiguousarray(dense_features, dtype=np.float32)
         ids = np.ascontiguousarray(category_ids, dtype=np.int64)
         rows = len(x)
@@ -70,4 +76,4 @@ class KernelChain:
         self._torch.into(x, ids, out[2])
         self._tf.into(x, ids, out[3])
         self._blender.into((out[1], out[2], out[3]), out[0])
-        return {t.name: out[k].reshape(rows, 1) for k, t in enumerate(schema.RANKER_OUTPUTS)}
+        return out

@@ -4,7 +4,11 @@ built as ``libtriton_fused.so``) calls in the interpreter it embeds.
 The backend hands :meth:`Model.execute` one call's requests as plain tuples (Triton's buffers as
 read-only memoryviews, valid during the call) and sends each answer the generator yields, in the
 order yielded; the call itself is the python backend's (:class:`ensemble.serving.calls.Ranker`:
-admission, validation, one batch, errors per request).
+admission, validation, one batch, errors per request). A call whose requests the backend found
+ordinary (each input in its served type and width, in one buffer, not bulk) goes through
+:meth:`RankerModel.score_plain` instead: the same admission and scores, as one array the backend
+answers every request from, without a Python object per request or per answer (1-row requests:
+~0.6x the Python time of :meth:`RankerModel.execute`, build VM).
 
 The same backend serves the ``rank`` model in the native layout (:class:`RankModel`): ranking
 requests scored by the pipeline of a ranker version loaded in this process (the release a fleet's
@@ -15,6 +19,7 @@ cost, with no second process or inference hop.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -58,6 +63,8 @@ class RankerModel:
         self.ranker = calls.Ranker(self._wire or runner, float(objective) if objective else None)
         self.step = runner.step
         self.input_names = tuple(t["name"] for t in config["input"])
+        self._plain_call = (0, 0, 0.0)  # (requests, scored, started) of the last plain call
+        self.plain = self._plain_spec()
         _LOADED.append(self)
 
     @property
@@ -84,6 +91,60 @@ class RankerModel:
                 yield i, ("ok", tuple((n, np.ascontiguousarray(a, dtype=np.float32)) for n, a in answer.outputs.items()))
             else:
                 yield i, ("error", answer.code, answer.message)
+
+    def _plain_spec(self) -> tuple | None:
+        """What the backend needs to answer a *plain* call itself (:meth:`score_plain`), or None when
+        this release has no such path (no kernel chain here, or features that need Python per value):
+        (score_plain, finish_plain, ((Triton type, width) per input in ``input_names`` order),
+        (output names, in the order of the score array's rows))."""
+        if self._transform is None or self.pipeline.kernel_chain is None:
+            return None
+        outputs = tuple(t.name for t in schema.RANKER_OUTPUTS)
+        if (tuple(t.name for t in self.step.outputs) != outputs or any(t.dims != (1,) for t in self.step.outputs)
+                or self.input_names != tuple(t.name for t in self.step.inputs)
+                or [t.dtype for t in self.step.inputs] != [schema.DType.FP32, schema.DType.STRING]
+                or any(len(t.dims) != 1 for t in self.step.inputs)):
+            return None
+        return (self.score_plain, self.finish_plain,
+                tuple((_TRITON_TYPES[t.dtype], t.dims[0]) for t in self.step.inputs), outputs)
+
+    def score_plain(self, inputs: tuple, counts: tuple, timeouts_us: tuple) -> tuple:
+        """One call of *plain* requests, which the backend answers from what this returns: every
+        request has each input in its served type and width, its rows in one CPU buffer (the
+        categorical strings well formed), and is not bulk. ``inputs``: each input's buffers joined
+        in request order; ``counts``: each request's rows; ``timeouts_us``: its timeout (0: none).
+
+        The same admission and the same scores as :meth:`execute`, without its per-request objects:
+        (scores [outputs x taken rows] float32, the taken requests' indices in order, the refusals as
+        ``(index, code, message)``). The backend calls :meth:`finish_plain` once it has answered."""
+        started = time.perf_counter()
+        taken, refused = tuple(range(len(counts))), ()
+        if self.ranker.admission is not None:
+            plan = self.ranker.admission.plan([admission.Request(c, t * 1e-6) for c, t in zip(counts, timeouts_us)],
+                                              started)
+            if plan.refused:
+                taken = tuple(plan.taken)
+                refused = tuple((i, calls.UNAVAILABLE, message) for i, message in plan.refused.items())
+        self._plain_call = (len(counts), len(taken), started)
+        self.ranker.rows = 0
+        dense, categorical = inputs
+        rows = sum(counts)
+        x = np.frombuffer(dense, np.float32).reshape(rows, -1)
+        ids = self._transform.ids_from_wire(categorical, rows)
+        if refused:
+            bounds = np.cumsum((0, *counts))
+            keep = np.concatenate([np.arange(bounds[i], bounds[i + 1]) for i in taken] or [np.arange(0)])
+            x, ids = x[keep], ids[keep]
+        scores = self.pipeline.chain_scores(x, ids) if len(x) else np.empty((len(self.plain[3]), 0), np.float32)
+        self.ranker.rows = len(x)
+        return scores, taken, refused
+
+    def finish_plain(self) -> None:
+        """The end of a :meth:`score_plain` call (its answers sent): admission records it as
+        :meth:`execute`'s calls are recorded."""
+        requests, scored, started = self._plain_call
+        if self.ranker.admission is not None and requests:
+            self.ranker.admission.finished(started, time.perf_counter(), requests, self.ranker.rows, scored)
 
     def _inputs(self, given: Sequence) -> dict[str, np.ndarray]:
         inputs = {}

@@ -5,7 +5,8 @@
  * The ranker's model code runs in a Python interpreter embedded here (ensemble.serving.embedded):
  * this file moves tensors between Triton and that code, answers each request, and reports the
  * statistics Triton's metrics and perf_analyzer read. It holds the interpreter's lock only while the
- * Python side plans and scores a call.
+ * Python side plans and scores a call. A call of ordinary requests (see "a plain call" below) costs
+ * one Python call that returns one score array; any other call goes through the model's execute.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -113,11 +114,58 @@ static TRITONSERVER_Error *python_start(void) {
 
 /* ----- model and instance state ----- */
 
+#define PLAIN_INPUTS 4   /* the most inputs a plain call may have */
+#define PLAIN_OUTPUTS 16 /* the most outputs it may answer */
+
 typedef struct {
     PyObject *model;        /* ensemble.serving.embedded.Model */
     int n_inputs;
     char **input_names;
+    /* The plain path (see plain_execute), when the model has one: its Python calls, each input's
+     * type and width (in input_names order), and the names of the score array's rows. */
+    PyObject *plain_score, *plain_finish;
+    TS_DataType plain_type[PLAIN_INPUTS];
+    int64_t plain_width[PLAIN_INPUTS];
+    int n_outputs;
+    char *output_names[PLAIN_OUTPUTS];
 } ModelState;
+
+/* The model's plain path from its ``plain`` attribute (None: it has none; then nothing is set). */
+static void plain_spec(ModelState *state, const char *name) {
+    PyObject *spec = PyObject_GetAttrString(state->model, "plain");
+    if (spec == NULL) PyErr_Clear();
+    PyObject *score, *finish, *inputs, *outputs;
+    if (spec == NULL || spec == Py_None || !PyArg_ParseTuple(spec, "OOO!O!", &score, &finish, &PyTuple_Type, &inputs,
+                                                                &PyTuple_Type, &outputs)) {
+        PyErr_Clear();
+        Py_XDECREF(spec);
+        return;
+    }
+    bool usable = PyTuple_GET_SIZE(inputs) == state->n_inputs && state->n_inputs <= PLAIN_INPUTS &&
+                  PyTuple_GET_SIZE(outputs) <= PLAIN_OUTPUTS;
+    for (int i = 0; usable && i < state->n_inputs; i++) {
+        int type;
+        long long width;
+        usable = PyArg_ParseTuple(PyTuple_GET_ITEM(inputs, i), "iL", &type, &width) &&
+                 (type == TS_TYPE_FP32 || type == TS_TYPE_BYTES) && width > 0;
+        state->plain_type[i] = (TS_DataType)type;
+        state->plain_width[i] = width;
+    }
+    for (Py_ssize_t k = 0; usable && k < PyTuple_GET_SIZE(outputs); k++) {
+        const char *name = PyUnicode_Check(PyTuple_GET_ITEM(outputs, k)) ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(outputs, k)) : NULL;
+        usable = name != NULL;
+        if (name) state->output_names[state->n_outputs++] = strdup(name);
+    }
+    PyErr_Clear();
+    if (usable) {
+        state->plain_score = Py_NewRef(score);
+        state->plain_finish = Py_NewRef(finish);
+        char line[300];
+        snprintf(line, sizeof line, "model '%s': plain calls are answered from one score array (score_plain)", name);
+        log_line(TS_LOG_INFO, line);
+    }
+    Py_DECREF(spec);
+}
 
 TRITONSERVER_Error *TRITONBACKEND_Initialize(TRITONBACKEND_Backend *backend) {
     (void)backend;
@@ -163,6 +211,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
                 state->input_names[i] = strdup(PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i)));
         }
         Py_XDECREF(names);
+        if (state->input_names) plain_spec(state, name);
     }
     if (state->model == NULL || state->input_names == NULL) {
         char text[900];
@@ -187,8 +236,11 @@ TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
     PyObject *result = PyObject_CallMethod(state->model, "close", NULL);
     if (result == NULL) PyErr_Clear();
     Py_XDECREF(result);
+    Py_XDECREF(state->plain_score);
+    Py_XDECREF(state->plain_finish);
     Py_DECREF(state->model);
     PyGILState_Release(gil);
+    for (int k = 0; k < state->n_outputs; k++) free(state->output_names[k]);
     for (int i = 0; i < state->n_inputs; i++) free(state->input_names[i]);
     free(state->input_names);
     free(state);
@@ -441,23 +493,32 @@ static PyObject *request_object(ModelState *state, TRITONBACKEND_Request *reques
                          release_object);
 }
 
-/* Send one answer: ("error", code, message) or ("ok", ((name, array), ...)). False when the
- * answer could not be built (the request then gets an INTERNAL error). */
-static bool send_answer(TRITONBACKEND_Request *request, PyObject *answer) {
+/* Answer a request with an error (Triton's code, the message). */
+static void send_error(TRITONBACKEND_Request *request, int code, const char *message) {
     TRITONBACKEND_Response *response;
     TRITONSERVER_Error *err = TRITONBACKEND_ResponseNew(&response, request);
     if (err) {
         TRITONSERVER_ErrorDelete(err);
-        return false;
+        return;
     }
+    TRITONSERVER_Error *answer_error = TRITONSERVER_ErrorNew((TS_ErrorCode)code, message ? message : "error");
+    err = TRITONBACKEND_ResponseSend(response, TS_RESPONSE_COMPLETE_FINAL, answer_error);
+    TRITONSERVER_ErrorDelete(answer_error);
+    if (err) TRITONSERVER_ErrorDelete(err);
+}
+
+/* Send one answer: ("error", code, message) or ("ok", ((name, array), ...)). False when the
+ * answer could not be built (the request then gets an INTERNAL error). */
+static bool send_answer(TRITONBACKEND_Request *request, PyObject *answer) {
     const char *kind = PyUnicode_AsUTF8(PyTuple_GET_ITEM(answer, 0));
     if (strcmp(kind, "error") == 0) {
-        int code = (int)PyLong_AsLong(PyTuple_GET_ITEM(answer, 1));
-        const char *message = PyUnicode_AsUTF8(PyTuple_GET_ITEM(answer, 2));
-        TRITONSERVER_Error *answer_error = TRITONSERVER_ErrorNew((TS_ErrorCode)code, message ? message : "error");
-        err = TRITONBACKEND_ResponseSend(response, TS_RESPONSE_COMPLETE_FINAL, answer_error);
-        TRITONSERVER_ErrorDelete(answer_error);
-        if (err) TRITONSERVER_ErrorDelete(err);
+        send_error(request, (int)PyLong_AsLong(PyTuple_GET_ITEM(answer, 1)), PyUnicode_AsUTF8(PyTuple_GET_ITEM(answer, 2)));
+        return false;
+    }
+    TRITONBACKEND_Response *response;
+    TRITONSERVER_Error *err = TRITONBACKEND_ResponseNew(&response, request);
+    if (err) {
+        TRITONSERVER_ErrorDelete(err);
         return false;
     }
     PyObject *tensors = PyTuple_GET_ITEM(answer, 1);
@@ -503,6 +564,233 @@ static bool send_answer(TRITONBACKEND_Request *request, PyObject *answer) {
     return true;
 }
 
+/* ----- a plain call -----
+ *
+ * Most calls hold only ordinary requests: each input in its served type and width, its rows in one
+ * CPU buffer, the strings well formed, not bulk. For such a call the backend joins each input's
+ * buffers in request order and makes one Python call, the model's score_plain (the same admission and
+ * the same kernel chain as its execute), then answers every request from the one score array it
+ * returns. Any other call goes through the model's execute, which also gives each malformed request
+ * its own error. */
+
+typedef struct {
+    const void *data[PLAIN_INPUTS];
+    uint64_t size[PLAIN_INPUTS];
+    int64_t rows;
+    uint64_t timeout_us;
+    uint32_t wanted; /* bit k: output k asked for */
+} PlainRequest;
+
+/* Whether a BYTES tensor's buffer holds exactly `count` strings (each a 4-byte little-endian length
+ * and its bytes). */
+static bool wire_holds(const unsigned char *p, uint64_t size, int64_t count) {
+    uint64_t at = 0;
+    for (int64_t i = 0; i < count; i++) {
+        if (size - at < 4) return false;
+        uint32_t length = (uint32_t)p[at] | (uint32_t)p[at + 1] << 8 | (uint32_t)p[at + 2] << 16 | (uint32_t)p[at + 3] << 24;
+        at += 4;
+        if (size - at < length) return false;
+        at += length;
+    }
+    return at == size;
+}
+
+/* Whether a request is plain; if so, what the call needs of it. */
+static bool plain_request(const ModelState *state, TRITONBACKEND_Request *request, PlainRequest *out) {
+    const char *release;
+    if (request_parameters(request, &release)) return false; /* bulk: scored after the others */
+    out->rows = -1;
+    TRITONSERVER_Error *err = NULL;
+    for (int i = 0; i < state->n_inputs; i++) {
+        TRITONBACKEND_Input *input;
+        const char *name;
+        TS_DataType datatype;
+        const int64_t *shape;
+        uint32_t dims, buffers;
+        uint64_t size;
+        const void *buffer;
+        uint64_t buffer_size;
+        TS_MemoryType memory = TS_MEMORY_CPU;
+        int64_t memory_id = 0;
+        if ((err = TRITONBACKEND_RequestInput(request, state->input_names[i], &input))) break;
+        if ((err = TRITONBACKEND_InputProperties(input, &name, &datatype, &shape, &dims, &size, &buffers))) break;
+        if (datatype != state->plain_type[i] || dims != 2 || shape[0] < 1 || shape[0] > (1 << 24) ||
+            shape[1] != state->plain_width[i] || buffers != 1 || (out->rows >= 0 && shape[0] != out->rows))
+            return false;
+        out->rows = shape[0];
+        if ((err = TRITONBACKEND_InputBuffer(input, 0, &buffer, &buffer_size, &memory, &memory_id))) break;
+        int64_t values = shape[0] * shape[1];
+        if (memory == TS_MEMORY_GPU ||
+            (datatype == TS_TYPE_FP32 ? buffer_size != (uint64_t)values * sizeof(float)
+                                      : !wire_holds(buffer, buffer_size, values)))
+            return false;
+        out->data[i] = buffer;
+        out->size[i] = buffer_size;
+    }
+    uint32_t count = 0;
+    if (err == NULL && out->rows >= 1) err = TRITONBACKEND_RequestOutputCount(request, &count);
+    out->wanted = count ? 0 : (1u << state->n_outputs) - 1;
+    for (uint32_t j = 0; err == NULL && j < count; j++) {
+        const char *name;
+        if ((err = TRITONBACKEND_RequestOutputName(request, j, &name))) break;
+        int k = 0;
+        while (k < state->n_outputs && strcmp(name, state->output_names[k]) != 0) k++;
+        if (k == state->n_outputs) return false;
+        out->wanted |= 1u << k;
+    }
+    if (err == NULL && out->rows >= 1) err = TRITONBACKEND_InferenceRequestTimeoutMicroseconds(request, &out->timeout_us);
+    if (err) {
+        TRITONSERVER_ErrorDelete(err);
+        return false;
+    }
+    return out->rows >= 1;
+}
+
+/* Send rows [offset, offset + rows) of each asked-for output, from the [outputs x total] scores. */
+static bool send_scores(const ModelState *state, TRITONBACKEND_Request *request, const float *scores, int64_t total,
+                        int64_t offset, int64_t rows, uint32_t wanted) {
+    TRITONBACKEND_Response *response;
+    TRITONSERVER_Error *err = TRITONBACKEND_ResponseNew(&response, request);
+    if (err) {
+        TRITONSERVER_ErrorDelete(err);
+        return false;
+    }
+    TRITONSERVER_Error *problem = NULL;
+    int64_t shape[2] = {rows, 1};
+    for (int k = 0; k < state->n_outputs && problem == NULL; k++) {
+        if (!(wanted & (1u << k))) continue;
+        TRITONBACKEND_Output *output;
+        void *buffer;
+        TS_MemoryType memory = TS_MEMORY_CPU;
+        int64_t memory_id = 0;
+        problem = TRITONBACKEND_ResponseOutput(response, &output, state->output_names[k], TS_TYPE_FP32, shape, 2);
+        if (problem == NULL)
+            problem = TRITONBACKEND_OutputBuffer(output, &buffer, (uint64_t)rows * sizeof(float), &memory, &memory_id);
+        if (problem == NULL) memcpy(buffer, scores + k * total + offset, (size_t)rows * sizeof(float));
+    }
+    err = TRITONBACKEND_ResponseSend(response, TS_RESPONSE_COMPLETE_FINAL, problem);
+    if (err) TRITONSERVER_ErrorDelete(err);
+    if (problem) {
+        TRITONSERVER_ErrorDelete(problem);
+        return false;
+    }
+    return true;
+}
+
+/* A plain call, with the interpreter's lock held. A request left unanswered (the Python side
+ * failed as a whole: `text` says why) gets that error from the caller. */
+static void plain_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_t count,
+                          const PlainRequest *plain, bool *answered, bool *succeeded, char *text, size_t text_size) {
+    PyObject *joined = PyTuple_New(state->n_inputs);
+    for (int i = 0; i < state->n_inputs; i++) {
+        uint64_t size = 0;
+        for (uint32_t r = 0; r < count; r++) size += plain[r].size[i];
+        PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+        if (bytes == NULL) break;
+        char *at = PyBytes_AS_STRING(bytes);
+        for (uint32_t r = 0; r < count; r++) {
+            memcpy(at, plain[r].data[i], plain[r].size[i]);
+            at += plain[r].size[i];
+        }
+        PyTuple_SET_ITEM(joined, i, bytes);
+    }
+    PyObject *counts = PyTuple_New(count), *timeouts = PyTuple_New(count);
+    for (uint32_t r = 0; r < count; r++) {
+        PyTuple_SET_ITEM(counts, r, PyLong_FromLongLong(plain[r].rows));
+        PyTuple_SET_ITEM(timeouts, r, PyLong_FromUnsignedLongLong(plain[r].timeout_us));
+    }
+    PyObject *result = PyErr_Occurred() ? NULL
+                                        : PyObject_CallFunctionObjArgs(state->plain_score, joined, counts, timeouts, NULL);
+    Py_DECREF(joined);
+    Py_DECREF(counts);
+    Py_DECREF(timeouts);
+    PyObject *scores, *taken, *refused;
+    if (result == NULL || !PyArg_ParseTuple(result, "OO!O!", &scores, &PyTuple_Type, &taken, &PyTuple_Type, &refused)) {
+        python_error_text(text, text_size);
+    } else {
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(refused); j++) {
+            int index, code;
+            const char *message;
+            if (PyArg_ParseTuple(PyTuple_GET_ITEM(refused, j), "iis", &index, &code, &message) && index >= 0 &&
+                (uint32_t)index < count && !answered[index]) {
+                send_error(requests[index], code, message);
+                answered[index] = true;
+            }
+        }
+        Py_buffer view;
+        if (PyObject_GetBuffer(scores, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND) == 0) {
+            const char *format = view.format ? view.format : "B";
+            if (*format == '<' || *format == '=') format++;
+            int64_t total = view.ndim == 2 ? view.shape[1] : -1, offset = 0;
+            if (view.ndim == 2 && view.shape[0] == state->n_outputs && strcmp(format, "f") == 0) {
+                for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(taken); j++) {
+                    long index = PyLong_AsLong(PyTuple_GET_ITEM(taken, j));
+                    if (index < 0 || (uint32_t)index >= count || answered[index] || offset + plain[index].rows > total)
+                        break;
+                    succeeded[index] = send_scores(state, requests[index], view.buf, total, offset, plain[index].rows,
+                                                   plain[index].wanted);
+                    answered[index] = true;
+                    offset += plain[index].rows;
+                }
+            }
+            PyBuffer_Release(&view);
+            if (offset != total) snprintf(text, text_size, "the scores (%lld rows) do not match the call's requests",
+                                          (long long)total);
+        }
+        if (PyErr_Occurred()) python_error_text(text, text_size);
+    }
+    Py_XDECREF(result);
+    PyObject *done = PyObject_CallNoArgs(state->plain_finish);
+    if (done == NULL) {
+        char why[300];
+        python_error_text(why, sizeof why);
+        log_line(TS_LOG_ERROR, why);
+    }
+    Py_XDECREF(done);
+}
+
+/* Any other call, with the interpreter's lock held: the model's execute answers each request. */
+static void python_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_t request_count,
+                           uint64_t exec_start, bool *answered, bool *succeeded, uint64_t *compute_start,
+                           uint64_t *compute_end, char *text, size_t text_size) {
+    PyObject *views = PyList_New(0);
+    PyObject *batch = PyList_New(request_count);
+    for (uint32_t r = 0; r < request_count; r++)
+        PyList_SET_ITEM(batch, r, request_object(state, requests[r], views));
+    *compute_start = now_ns();
+    /* The Python side yields answers in the order they should go out: (index, answer) pairs, the
+     * refusals and interactive answers before a bulk request's rows are scored. */
+    PyObject *answers = PyObject_CallMethod(state->model, "execute", "Od", batch, (double)exec_start * 1e-9);
+    if (answers == NULL) {
+        python_error_text(text, text_size);
+    } else {
+        PyObject *item;
+        while ((item = PyIter_Next(answers)) != NULL) {
+            long index = PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
+            if (index >= 0 && index < (long)request_count && !answered[index]) {
+                succeeded[index] = send_answer(requests[index], PyTuple_GET_ITEM(item, 1));
+                answered[index] = true;
+            }
+            Py_DECREF(item);
+        }
+        if (PyErr_Occurred()) python_error_text(text, text_size);
+        Py_DECREF(answers);
+    }
+    *compute_end = now_ns();
+    /* The views into Triton's buffers end here: the requests are released after the call. */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(views); i++) {
+        PyObject *released = PyObject_CallMethod(PyList_GET_ITEM(views, i), "release", NULL);
+        if (released == NULL) {
+            char leak[300];
+            python_error_text(leak, sizeof leak);
+            log_line(TS_LOG_ERROR, leak);
+        }
+        Py_XDECREF(released);
+    }
+    Py_DECREF(views);
+    Py_DECREF(batch);
+}
+
 TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance *instance,
                                                        TRITONBACKEND_Request **requests,
                                                        uint32_t request_count) {
@@ -530,56 +818,32 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
     bool *answered = calloc(request_count, sizeof(bool));
     bool *succeeded = calloc(request_count, sizeof(bool));
     uint64_t compute_start = 0, compute_end = 0;
-    PyGILState_STATE gil = PyGILState_Ensure();
-    PyObject *views = PyList_New(0);
-    PyObject *batch = PyList_New(request_count);
-    for (uint32_t r = 0; r < request_count; r++)
-        PyList_SET_ITEM(batch, r, request_object(state, requests[r], views));
-    compute_start = now_ns();
-    /* The Python side yields answers in the order they should go out: (index, answer) pairs, the
-     * refusals and interactive answers before a bulk request's rows are scored. */
-    PyObject *answers = PyObject_CallMethod(state->model, "execute", "Od", batch, (double)exec_start * 1e-9);
     char text[900] = "";
-    if (answers == NULL) {
-        python_error_text(text, sizeof text);
+    PlainRequest *plain = state->plain_score ? malloc(request_count * sizeof *plain) : NULL;
+    for (uint32_t r = 0; plain != NULL && r < request_count; r++) {
+        if (!plain_request(state, requests[r], &plain[r])) {
+            free(plain);
+            plain = NULL;
+        }
+    }
+    PyGILState_STATE gil = PyGILState_Ensure();
+    if (plain != NULL) {
+        compute_start = now_ns();
+        plain_execute(state, requests, request_count, plain, answered, succeeded, text, sizeof text);
+        compute_end = now_ns();
+        free(plain);
     } else {
-        PyObject *item;
-        while ((item = PyIter_Next(answers)) != NULL) {
-            long index = PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
-            if (index >= 0 && index < (long)request_count && !answered[index]) {
-                succeeded[index] = send_answer(requests[index], PyTuple_GET_ITEM(item, 1));
-                answered[index] = true;
-            }
-            Py_DECREF(item);
-        }
-        if (PyErr_Occurred()) python_error_text(text, sizeof text);
-        Py_DECREF(answers);
+        python_execute(state, requests, request_count, exec_start, answered, succeeded, &compute_start, &compute_end,
+                       text, sizeof text);
     }
-    compute_end = now_ns();
-    /* The views into Triton's buffers end here: the requests are released below. */
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(views); i++) {
-        PyObject *released = PyObject_CallMethod(PyList_GET_ITEM(views, i), "release", NULL);
-        if (released == NULL) {
-            char leak[300];
-            python_error_text(leak, sizeof leak);
-            log_line(TS_LOG_ERROR, leak);
-        }
-        Py_XDECREF(released);
-    }
-    Py_DECREF(views);
-    Py_DECREF(batch);
-    PyGILState_Release(gil);
-
-    uint64_t exec_end = now_ns();
     uint64_t rows = 0;
-    {
-        PyGILState_STATE again = PyGILState_Ensure();
-        PyObject *scored = PyObject_GetAttrString(state->model, "rows");
-        if (scored && PyLong_Check(scored)) rows = PyLong_AsUnsignedLongLong(scored);
-        if (scored == NULL || PyErr_Occurred()) PyErr_Clear();
-        Py_XDECREF(scored);
-        PyGILState_Release(again);
-    }
+    PyObject *scored = PyObject_GetAttrString(state->model, "rows");
+    if (scored && PyLong_Check(scored)) rows = PyLong_AsUnsignedLongLong(scored);
+    if (scored == NULL || PyErr_Occurred()) PyErr_Clear();
+    Py_XDECREF(scored);
+    PyGILState_Release(gil);
+    uint64_t exec_end = now_ns();
+
     for (uint32_t r = 0; r < request_count; r++) {
         if (!answered[r]) { /* the Python side failed as a whole: every request still gets an answer */
             TRITONBACKEND_Response *response;

@@ -303,6 +303,19 @@ class Pipeline:
                 tensors.update(out)
         return {t.name: tensors[t.name] for t in schema.RANKER_OUTPUTS}
 
+    def chain_scores(self, dense: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
+        """:meth:`score_ids` through :attr:`kernel_chain` (which must exist), as one [outputs x B]
+        float32 array in ``schema.RANKER_OUTPUTS`` order; a batch :meth:`score_ids` would split over
+        two threads is split the same way."""
+        x = self.reads_wire.transform_dense(dense)
+        chain = self.kernel_chain
+        if not (self._parallel and len(x) >= self.PARALLEL_MIN_ROWS):
+            return chain.scores(x, category_ids)
+        half = _half(len(x))
+        later = self._worker().submit(chain.scores, x[half:], category_ids[half:])
+        early = chain.scores(x[:half], category_ids[:half])
+        return np.concatenate((early, later.result()), axis=1)
+
     def _chained(self, tensors: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
         return [self.kernel_chain(tensors[schema.DENSE_FEATURES.name], tensors[schema.CATEGORY_IDS.name])]
 
@@ -317,13 +330,17 @@ class Pipeline:
                     tensors: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
         """``run`` on the first half of the rows here and on the second half on the worker thread,
         outputs joined in row order (each row's score does not depend on its batch)."""
-        rows = len(next(iter(tensors.values())))
-        half = (rows // 2 + 15) // 16 * 16  # whole groups of the trees' 16 lanes
+        half = _half(len(next(iter(tensors.values()))))
         first = {k: v[:half] for k, v in tensors.items()}
         second = {k: v[half:] for k, v in tensors.items()}
         later = self._worker().submit(run, second)
         early = run(first)
         return [{k: np.concatenate((a[k], b[k])) for k in a} for a, b in zip(early, later.result())]
+
+
+def _half(rows: int) -> int:
+    """Where a batch split over two threads is cut: about half, in whole groups of the trees' 16 lanes."""
+    return (rows // 2 + 15) // 16 * 16
 
 
 def _levels(steps: list[StepRunner]) -> list[list[StepRunner]]:

@@ -132,3 +132,39 @@ def test_ranking_request_without_context_orders_the_flat_scores(layout_server, p
         want = expected[schema.SCORE.name][:100]
         assert np.max(np.abs(ranking.scores - want)) <= TOL
         assert list(ranking.order) == list(np.argsort(-want, kind="stable")[:5])
+
+
+def test_the_native_backend_answers_ordinary_requests_from_one_score_array(servers, rows, expected):
+    """The native layout's backend answers a call of ordinary requests from one score array
+    (``score_plain``, said in the server's log at load): each request gets its own rows of the
+    outputs it asked for, whatever it asked for."""
+    from pathlib import Path
+
+    import tritonclient.http as httpclient
+
+    from ensemble.models.registry import Layout
+
+    srv = servers(Layout.NATIVE)
+    assert "plain calls are answered from one score array" in Path(srv.log_file).read_text(errors="replace")
+    dense, cats = rows
+    wanted = [(schema.SCORE.name,), tuple(t.name for t in schema.RANKER_OUTPUTS[2:]), ()]
+    with cf.ThreadPoolExecutor(6) as pool:
+        def ask(k):  # requests in flight together, so Triton hands them to the backend in shared calls
+            start, n = 7 * k, 1 + k % 5
+            inputs = [httpclient.InferInput(schema.DENSE.name, [n, dense.shape[1]], "FP32"),
+                      httpclient.InferInput(schema.CATEGORICAL.name, [n, cats.shape[1]], "BYTES")]
+            inputs[0].set_data_from_numpy(np.ascontiguousarray(dense[start:start + n], np.float32))
+            inputs[1].set_data_from_numpy(cats[start:start + n])
+            names = wanted[k % 3]
+            client = httpclient.InferenceServerClient(srv.http_url)  # one per request: not shared by threads
+            try:
+                result = client.infer(schema.Model.RANKER.value, inputs,
+                                      outputs=[httpclient.InferRequestedOutput(m) for m in names] or None)
+            finally:
+                client.close()
+            got = {o["name"] for o in result.get_response()["outputs"]}
+            assert got == set(names or (t.name for t in schema.RANKER_OUTPUTS))
+            for name in got:
+                assert np.max(np.abs(result.as_numpy(name).ravel() - expected[name][start:start + n])) <= TOL, name
+
+        list(pool.map(ask, range(60)))

@@ -1,0 +1,100 @@
+"""The native backend's Python side (ensemble/serving/embedded.py) in this process, on the real exported
+ranker: a plain call (what fused_backend.c answers from ``score_plain``) gives what ``execute`` gives,
+bit for bit, with the same admission."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ensemble import schema
+from ensemble.serving import calls
+from tests.helpers import fresh_rows
+
+FP32, BYTES = 11, 13  # Triton's type codes, as the backend passes them
+
+
+@pytest.fixture(scope="module")
+def ranker_model(trained):
+    from google.protobuf import json_format
+
+    from ensemble.models.registry import Layout
+    from ensemble.repository import configs
+    from ensemble.serving import embedded
+    from ensemble.serving.runtime import latest_version
+
+    config = json_format.MessageToJson(configs.layout_configs(Layout.NATIVE)[schema.Model.RANKER.value],
+                                       preserving_proto_field_name=True)
+    folder = trained.repository / schema.Model.RANKER.value
+    model = embedded.Model(config, str(folder), int(latest_version(folder).name))
+    yield model
+    model.close()
+
+
+def _wire(cats: np.ndarray) -> bytes:
+    from clients.wire import serialize_bytes
+
+    return bytes(serialize_bytes(cats))
+
+
+def _call(sizes, seed, timeouts_us=None):
+    """Requests of ``sizes`` rows as execute takes them, and the same as score_plain takes them."""
+    dense, cats = fresh_rows(sum(sizes), seed=seed)
+    dense, cats = dense[-sum(sizes):], cats[-sum(sizes):]  # the edge cases come last
+    bounds = np.cumsum([0, *sizes])
+    timeouts_us = timeouts_us or [10_000_000] * len(sizes)
+    parts = [(np.ascontiguousarray(dense[a:b], np.float32).tobytes(), _wire(cats[a:b])) for a, b in zip(bounds, bounds[1:])]
+    requests = [(((FP32, (n, dense.shape[1]), memoryview(d)), (BYTES, (n, cats.shape[1]), memoryview(c))), t, False, (), None)
+                for n, t, (d, c) in zip(sizes, timeouts_us, parts)]
+    joined = (b"".join(d for d, _ in parts), b"".join(c for _, c in parts))
+    return requests, joined, bounds
+
+
+@pytest.mark.parametrize("sizes", [[1], [7], [1, 1, 1, 1], [3, 40, 2], [33], [300]])
+def test_a_plain_call_scores_what_execute_scores(ranker_model, sizes):
+    assert ranker_model.plain is not None  # the exported ranker has the chain and reads the wire
+    names = ranker_model.plain[3]
+    assert names == tuple(t.name for t in schema.RANKER_OUTPUTS)
+    requests, joined, bounds = _call(sizes, seed=sum(sizes))
+    answers = dict(ranker_model.execute(requests, 0.0))
+    scores, taken, refused = ranker_model.score_plain(joined, tuple(sizes), tuple(r[1] for r in requests))
+    ranker_model.finish_plain()
+    assert taken == tuple(range(len(sizes))) and refused == ()
+    assert scores.dtype == np.float32 and scores.shape == (len(names), sum(sizes)) and scores.flags.c_contiguous
+    assert ranker_model.rows == sum(sizes)
+    for i in range(len(sizes)):
+        kind, outputs = answers[i]
+        assert kind == "ok"
+        for k, (name, array) in enumerate(outputs):
+            assert name == names[k]
+            np.testing.assert_array_equal(array.reshape(-1), scores[k, bounds[i]:bounds[i + 1]])
+
+
+def test_a_plain_call_refuses_what_would_miss_its_deadline_and_scores_the_rest(ranker_model):
+    admission = ranker_model.ranker.admission
+    assert admission is not None  # the native layout serves with the latency objective
+    sizes = [2, 3, 4]
+    requests, joined, bounds = _call(sizes, seed=5, timeouts_us=[10_000_000, 1, 10_000_000])  # 1 us: cannot be met
+    scores, taken, refused = ranker_model.score_plain(joined, tuple(sizes), (10_000_000, 1, 10_000_000))
+    ranker_model.finish_plain()
+    assert taken == (0, 2)
+    assert [(i, code) for i, code, _ in refused] == [(1, calls.UNAVAILABLE)]
+    assert "deadline" in refused[0][2]
+    assert scores.shape[1] == 2 + 4 and ranker_model.rows == 6
+    assert admission._last[2] == 3  # the call was recorded: three requests
+    expected = dict(ranker_model.execute([requests[0], requests[2]], 0.0))
+    for j, i in enumerate((0, 2)):
+        start = 0 if j == 0 else sizes[0]
+        for k, (_, array) in enumerate(expected[j][1]):
+            np.testing.assert_array_equal(array.reshape(-1), scores[k, start:start + sizes[i]])
+
+
+def test_no_plain_path_without_the_kernel_chain(ranker_model):
+    pipeline = ranker_model.pipeline
+    chain = pipeline.kernel_chain
+    pipeline.__dict__["kernel_chain"] = None  # a release whose models do not all score in C here
+    try:
+        assert ranker_model._plain_spec() is None
+    finally:
+        pipeline.__dict__["kernel_chain"] = chain
+    assert ranker_model._plain_spec() is not None
