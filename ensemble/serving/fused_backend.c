@@ -493,6 +493,30 @@ static PyObject *request_object(ModelState *state, TRITONBACKEND_Request *reques
                          release_object);
 }
 
+/* Add one output tensor to a response, its bytes copied from `data`. */
+static TRITONSERVER_Error *add_output(TRITONBACKEND_Response *response, const char *name, TS_DataType datatype,
+                                      const int64_t *shape, uint32_t dims, const void *data, uint64_t size) {
+    TRITONBACKEND_Output *output;
+    void *buffer;
+    TS_MemoryType memory = TS_MEMORY_CPU;
+    int64_t memory_id = 0;
+    TRITONSERVER_Error *err = TRITONBACKEND_ResponseOutput(response, &output, name, datatype, shape, dims);
+    if (err == NULL) err = TRITONBACKEND_OutputBuffer(output, &buffer, size, &memory, &memory_id);
+    if (err == NULL) memcpy(buffer, data, (size_t)size);
+    return err;
+}
+
+/* Send a response as final, failed with `problem` when not NULL (deleted here); whether it succeeded. */
+static bool send_final(TRITONBACKEND_Response *response, TRITONSERVER_Error *problem) {
+    TRITONSERVER_Error *err = TRITONBACKEND_ResponseSend(response, TS_RESPONSE_COMPLETE_FINAL, problem);
+    if (err) TRITONSERVER_ErrorDelete(err);
+    if (problem) {
+        TRITONSERVER_ErrorDelete(problem);
+        return false;
+    }
+    return true;
+}
+
 /* Answer a request with an error (Triton's code, the message). */
 static void send_error(TRITONBACKEND_Request *request, int code, const char *message) {
     TRITONBACKEND_Response *response;
@@ -545,23 +569,10 @@ static bool send_answer(TRITONBACKEND_Request *request, PyObject *answer) {
             problem = fail(TS_ERROR_INTERNAL, "output '%s' is neither float32 nor int32", name);
             break;
         }
-        TRITONBACKEND_Output *output;
-        void *buffer;
-        TS_MemoryType memory = TS_MEMORY_CPU;
-        int64_t memory_id = 0;
-        problem = TRITONBACKEND_ResponseOutput(response, &output, name, datatype, shape, (uint32_t)dims);
-        if (problem == NULL)
-            problem = TRITONBACKEND_OutputBuffer(output, &buffer, (uint64_t)view.len, &memory, &memory_id);
-        if (problem == NULL) memcpy(buffer, view.buf, (size_t)view.len);
+        problem = add_output(response, name, datatype, shape, (uint32_t)dims, view.buf, (uint64_t)view.len);
         PyBuffer_Release(&view);
     }
-    err = TRITONBACKEND_ResponseSend(response, TS_RESPONSE_COMPLETE_FINAL, problem);
-    if (err) TRITONSERVER_ErrorDelete(err);
-    if (problem) {
-        TRITONSERVER_ErrorDelete(problem);
-        return false;
-    }
-    return true;
+    return send_final(response, problem);
 }
 
 /* ----- a plain call -----
@@ -658,23 +669,11 @@ static bool send_scores(const ModelState *state, TRITONBACKEND_Request *request,
     TRITONSERVER_Error *problem = NULL;
     int64_t shape[2] = {rows, 1};
     for (int k = 0; k < state->n_outputs && problem == NULL; k++) {
-        if (!(wanted & (1u << k))) continue;
-        TRITONBACKEND_Output *output;
-        void *buffer;
-        TS_MemoryType memory = TS_MEMORY_CPU;
-        int64_t memory_id = 0;
-        problem = TRITONBACKEND_ResponseOutput(response, &output, state->output_names[k], TS_TYPE_FP32, shape, 2);
-        if (problem == NULL)
-            problem = TRITONBACKEND_OutputBuffer(output, &buffer, (uint64_t)rows * sizeof(float), &memory, &memory_id);
-        if (problem == NULL) memcpy(buffer, scores + k * total + offset, (size_t)rows * sizeof(float));
+        if (wanted & (1u << k))
+            problem = add_output(response, state->output_names[k], TS_TYPE_FP32, shape, 2, scores + k * total + offset,
+                                 (uint64_t)rows * sizeof(float));
     }
-    err = TRITONBACKEND_ResponseSend(response, TS_RESPONSE_COMPLETE_FINAL, problem);
-    if (err) TRITONSERVER_ErrorDelete(err);
-    if (problem) {
-        TRITONSERVER_ErrorDelete(problem);
-        return false;
-    }
-    return true;
+    return send_final(response, problem);
 }
 
 /* A plain call, with the interpreter's lock held. A request left unanswered (the Python side
