@@ -78,3 +78,63 @@ def test_json_nan_and_infinity_are_missing_values(layout_server, pipeline):
     assert status == 200, reply
     score = {o["name"]: o["data"][0] for o in reply["outputs"]}["score"]
     assert abs(score - float(pipeline.score(row, cats)["score"][0, 0])) <= 1e-6
+
+
+def _wire(values) -> bytes:
+    return b"".join(len(v).to_bytes(4, "little") + v for v in values)
+
+
+MALFORMED_STRINGS = {
+    "a length past the end": _wire([b"68fd1e64"] * 25) + (100).to_bytes(4, "little") + b"68f",
+    "fewer strings than the shape": _wire([b"68fd1e64"] * 25),
+    "bytes after the last string": _wire([b"68fd1e64"] * 26) + b"\x00\x00",
+}
+
+
+def _binary_post(layout_server, cats_wire: bytes, rows: int = 1) -> tuple[int, dict]:
+    """A v2 request in the binary tensor extension (what the project's clients send), raw."""
+    import http.client
+
+    dense = np.ones((rows, 13), np.float32).tobytes()
+    header = json.dumps({"inputs": [
+        {"name": "dense", "shape": [rows, 13], "datatype": "FP32", "parameters": {"binary_data_size": len(dense)}},
+        {"name": "categorical", "shape": [rows, 26], "datatype": "BYTES",
+         "parameters": {"binary_data_size": len(cats_wire)}}], "outputs": [{"name": "score"}]}).encode()
+    host, port = layout_server.http_url.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        connection.request("POST", schema.RANKER_INFER_PATH, header + dense + cats_wire,
+                           {"Inference-Header-Content-Length": str(len(header))})
+        reply = connection.getresponse()
+        return reply.status, json.loads(reply.read())
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_STRINGS))
+def test_a_malformed_string_tensor_is_refused_and_requests_beside_it_are_answered(layout_server, case):
+    """A binary BYTES tensor whose strings do not fill its shape exactly gets a 400-class error;
+    well-formed requests in flight at the same time (so in the same model calls) are answered.
+
+    Triton counts the strings and their length prefixes itself; a last string whose length runs past
+    the buffer passes those checks, and Triton's python backend then answers its error to every
+    request of the call it was batched into (docs/serving.md, "The native layout"). So in the
+    python-backend layouts a request beside it may get that request's error, and nothing else; the
+    native layout answers it alone."""
+    import concurrent.futures as cf
+
+    from ensemble.models.registry import Layout
+
+    good = _wire([b"68fd1e64"] * 26)
+    shared = case == "a length past the end" and layout_server.options.layout is not Layout.NATIVE
+    with cf.ThreadPoolExecutor(8) as pool:
+        for _ in range(3):
+            others = [pool.submit(_binary_post, layout_server, good) for _ in range(7)]
+            status, reply = _binary_post(layout_server, MALFORMED_STRINGS[case])
+            assert 400 <= status < 500 and reply.get("error"), (status, reply)
+            for other in others:
+                ok_status, ok = other.result()
+                if shared and ok_status != 200:
+                    assert (ok_status, ok) == (status, reply)  # the malformed request's own error, no other
+                    continue
+                assert ok_status == 200 and 0 < ok["outputs"][0]["data"][0] < 1, (ok_status, ok)
