@@ -382,8 +382,9 @@ class _LightLoad:
             try:
                 client.infer("ranker", inputs)
                 self.sent += 1
-            except Exception as exc:  # noqa: BLE001 - every failure is reported
-                self.errors.append(repr(exc)[:300])
+            except Exception as exc:  # noqa: BLE001 - every failure is reported, with what the server said
+                status = getattr(exc, "status", lambda: None)()
+                self.errors.append(f"{module.__name__.rsplit('.', 1)[-1]} {type(exc).__name__} {status}: {exc}"[:300])
             time.sleep(0.01)
 
     def __enter__(self) -> "_LightLoad":
