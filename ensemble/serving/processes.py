@@ -130,6 +130,30 @@ def shm_regions(of: list[int] | None = None) -> set[str]:
     return found
 
 
+def remove_when_unmapped(names: set[str], wait_s: float = 10.0, shm_dir: Path = SHM_DIR) -> list[str]:
+    """Delete each of the python backend's shared-memory files ``names`` once no process maps it,
+    waiting up to ``wait_s`` for the processes that still do to exit; returns the names deleted (a
+    file still mapped after the wait is left)."""
+    pending, removed = set(names), []
+    deadline = time.monotonic() + wait_s
+    while pending:
+        mapped = shm_regions()
+        for name in sorted(pending - mapped):
+            pending.discard(name)
+            try:
+                (shm_dir / name).unlink()
+                removed.append(name)
+            except FileNotFoundError:
+                continue  # removed meanwhile (by Triton, on a clean exit)
+            except OSError:
+                continue
+        if pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+        else:
+            break
+    return removed
+
+
 def remove_orphan_regions(since: float, min_age: float = 0.5, shm_dir: Path = SHM_DIR) -> list[str]:
     """Delete the python backend's shared-memory files that no process maps any more, that this
     user owns and that were created (ctime, wall clock) at or after ``since`` and at least

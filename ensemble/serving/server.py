@@ -352,6 +352,7 @@ class TritonServer:
         return "\n".join(["--- errors ---", *errors[-10:], "--- last lines ---", *text[-lines:]])
 
     def stop(self, timeout: float = 20.0) -> int | None:
+        ours = processes.shm_regions(processes.group(self.process.pid)) if self.process is not None else set()
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -359,7 +360,7 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 pass
         self._kill_group()
-        self._remove_orphan_regions()
+        self._remove_orphan_regions(ours)
         # a clean shutdown leaves nothing in the temp folder; after a failure the log stays there
         self._cleanup(keep_log=self.process is None or self.process.returncode != 0)
         return None if self.process is None else self.process.returncode
@@ -368,15 +369,19 @@ class TritonServer:
         """SIGKILL the server and every process left in its process group (the backend stubs
         outlive a server that died: they would stay behind as orphans), then the python backend's
         shared memory they leave behind."""
+        ours = processes.shm_regions(processes.group(self.process.pid)) if self.process is not None else set()
         self._kill_group()
-        self._remove_orphan_regions()
+        self._remove_orphan_regions(ours)
         self._cleanup()
 
-    def _remove_orphan_regions(self) -> None:
+    def _remove_orphan_regions(self, ours: set[str] = frozenset()) -> None:
         """Delete the python backend's shared-memory files created since this server started that
-        no process maps now (Triton deletes them only on a clean exit)."""
+        no process maps now (Triton deletes them only on a clean exit), and ``ours`` (the files its
+        processes mapped before they were killed) as soon as no process maps them: a killed stub
+        can take longer to exit than the group's wait on a loaded machine."""
         if self._started_at is not None:
             processes.remove_orphan_regions(since=self._started_at)
+        processes.remove_when_unmapped(ours)
 
     def _kill_group(self) -> None:
         if self.process is None:
