@@ -1,6 +1,6 @@
 # Two commands: `make demo` and `make test`. Both set up .venv first (idempotent: the stamp file
-# is newer than requirements.txt, pyproject.toml, setup.py and the C extension, so a second run
-# installs nothing; pip also compiles ensemble/serving/_native.c).
+# is newer than requirements.txt, pyproject.toml, setup.py and the C sources, so a second run
+# installs nothing; pip also compiles the C extensions and the native backend).
 #
 # The venv is built on Debian's /usr/bin/python3.11 when it exists: the python-backend stub that
 # ships in the nvidia-pytriton wheel embeds the system libpython3.11, and stdlib extension
@@ -15,7 +15,7 @@ ARGS ?=
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml setup.py ensemble/serving/_native.c ensemble/serving/fused_backend.c ensemble/models/_trees.c ensemble/models/_dlrm.c
+$(STAMP): requirements.txt pyproject.toml setup.py $(wildcard ensemble/*.h ensemble/*/*.c ensemble/*/*.h)
 	test -x $(BIN)/python || $(PYTHON_BASE) -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check -q -r requirements.txt
 	$(BIN)/python -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e .

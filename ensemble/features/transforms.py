@@ -236,11 +236,12 @@ class LeanTransform:
         # threshold to the other branch.
         np.log(x, out=x)
         np.subtract(x, self.means, out=x)
-        np.divide(x, self._safe_stds, out=x)
+        np.divide(x, self.safe_stds, out=x)
         return x
 
     @functools.cached_property
-    def _safe_stds(self) -> np.ndarray:
+    def safe_stds(self) -> np.ndarray:
+        """The standard deviations the normalization divides by (1 for a column whose is 0)."""
         return np.where(self.stds > 0, self.stds, np.float32(1)).astype(np.float32)
 
     def transform_categorical(self, categorical: np.ndarray) -> np.ndarray:
@@ -274,11 +275,11 @@ class LeanTransform:
         if not self.reads_wire:
             raise ValueError("hashed or multi-hot columns are transformed from strings (transform_categorical)")
         ids = np.empty((rows, len(self.lookups)), dtype=np.int64)
-        self._vocabulary.lookup_wire(buffer, OOV_ID, ids.reshape(-1))
+        self.vocabulary.lookup_wire(buffer, OOV_ID, ids.reshape(-1))
         return ids
 
     @functools.cached_property
-    def _vocabulary(self):
+    def vocabulary(self):
         """The lookups as :class:`ensemble.serving.native.Vocabulary` (built on first use)."""
         return native.Vocabulary(tuple(self.lookups))
 

@@ -23,6 +23,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernel_api.h"
+
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
 typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
 
@@ -308,30 +310,24 @@ static int net_take(PyObject *bottom, PyObject *table, PyObject *offsets, PyObje
     return 0;
 }
 
-/* The rows of dense [B x n_dense] and ids [B x F] (buffers taken into io[0], io[1]) through net into out
- * (io[2], B floats); None, or NULL with an exception set. */
-static PyObject *net_forward(const Net *net, Buffer *io) {
-    const Py_ssize_t B = io[2].view.len / 4, F = net->F, dim = net->dim, width = net->width;
-    if (io[1].view.len / 8 != B * F || io[0].view.len / 4 != B * net->n_dense) {
-        PyErr_SetString(PyExc_ValueError, "dense must be [rows x the first layer's inputs], ids [rows x columns], "
-                                          "out [rows]");
-        return NULL;
-    }
+/* The rows of dense [B x n_dense] and ids [B x F] through net into out [B]: -1 when done, -2 out of
+ * memory, else the flat index into ids of an id outside its column's table (rows from its block on
+ * are not scored). No Python call: it runs without the interpreter's lock. */
+static int64_t net_run(const Net *net, const float *dense, const int64_t *ids, Py_ssize_t B, float *out) {
+    const Py_ssize_t F = net->F, dim = net->dim, width = net->width;
     const Py_ssize_t block = B < BLOCK_ROWS ? (B ? B : 1) : BLOCK_ROWS;
     /* a and b each end with OUT_SLACK floats for interact's spill */
     float *scratch = PyMem_RawMalloc(sizeof(float) * ((size_t)block * (size_t)(2 * width + (F + 1) * dim) + 2 * OUT_SLACK));
-    if (scratch == NULL) return PyErr_NoMemory();
-    const int64_t *ids = io[1].view.buf, *offsets = net->offsets;
-    float *out = io[2].view.buf;
-    Py_ssize_t bad = -1;
+    if (scratch == NULL) return -2;
+    const int64_t *offsets = net->offsets;
+    int64_t bad = -1;
     float *a = scratch, *b = scratch + block * width + OUT_SLACK, *stacked = b + block * width + OUT_SLACK;
     const float *table = net->table;
     const Py_ssize_t table_rows = net->table_rows;
     const int n_layers = net->n_bottom + net->n_top;
-    Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r0 = 0; r0 < B; r0 += block) {
         const Py_ssize_t nb = B - r0 < block ? B - r0 : block;
-        const float *x = (const float *)io[0].view.buf + r0 * net->n_dense;
+        const float *x = dense + r0 * net->n_dense;
         for (int l = 0; l < net->n_bottom; l++) {
             float *y = (l % 2 == 0) ? a : b;
             layer(nb, net->in[l], net->out[l], x, net->wt[l], net->bias[l], y, 1);
@@ -366,11 +362,28 @@ static PyObject *net_forward(const Net *net, Buffer *io) {
         }
         for (Py_ssize_t r = 0; r < nb; r++) out[r0 + r] = 1.0f / (1.0f + expf(-x[r]));
     }
-    Py_END_ALLOW_THREADS
     PyMem_RawFree(scratch);
+    return bad;
+}
+
+/* The rows of dense [B x n_dense] and ids [B x F] (buffers taken into io[0], io[1]) through net into out
+ * (io[2], B floats); None, or NULL with an exception set. */
+static PyObject *net_forward(const Net *net, Buffer *io) {
+    const Py_ssize_t B = io[2].view.len / 4, F = net->F;
+    if (io[1].view.len / 8 != B * F || io[0].view.len / 4 != B * net->n_dense) {
+        PyErr_SetString(PyExc_ValueError, "dense must be [rows x the first layer's inputs], ids [rows x columns], "
+                                          "out [rows]");
+        return NULL;
+    }
+    const int64_t *ids = io[1].view.buf;
+    int64_t bad;
+    Py_BEGIN_ALLOW_THREADS
+    bad = net_run(net, io[0].view.buf, ids, B, io[2].view.buf);
+    Py_END_ALLOW_THREADS
+    if (bad == -2) return PyErr_NoMemory();
     if (bad >= 0) {
-        PyErr_Format(PyExc_ValueError, "row %zd, column %zd: id %lld is outside its embedding table", bad / F, bad % F,
-                     (long long)ids[bad]);
+        PyErr_Format(PyExc_ValueError, "row %zd, column %zd: id %lld is outside its embedding table", (Py_ssize_t)(bad / F),
+                     (Py_ssize_t)(bad % F), (long long)ids[bad]);
         return NULL;
     }
     Py_RETURN_NONE;
@@ -456,6 +469,15 @@ static PyTypeObject WeightsType = {
     .tp_call = weights_call,
 };
 
+/* The C entry point (kernel_api.h), over a Weights object its caller holds. */
+static int64_t api_n_dense(PyObject *weights) { return ((Weights *)weights)->net.n_dense; }
+static int64_t api_n_ids(PyObject *weights) { return ((Weights *)weights)->net.F; }
+static int64_t api_forward(PyObject *weights, const float *dense, const int64_t *ids, int64_t rows, float *out) {
+    return net_run(&((Weights *)weights)->net, dense, ids, rows, out);
+}
+
+static const EnsembleDlrmApi API = {api_n_dense, api_n_ids, api_forward};
+
 static PyObject *vectorized(PyObject *self, PyObject *unused) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
     __builtin_cpu_init();
@@ -478,9 +500,9 @@ PyMODINIT_FUNC PyInit__dlrm(void) {
     if (PyType_Ready(&WeightsType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    Py_INCREF(&WeightsType);
-    if (PyModule_AddObject(m, "Weights", (PyObject *)&WeightsType) < 0) {
-        Py_DECREF(&WeightsType);
+    PyObject *capsule = PyCapsule_New((void *)&API, ENSEMBLE_DLRM_CAPSULE, NULL);
+    if (PyModule_AddObjectRef(m, "Weights", (PyObject *)&WeightsType) < 0 || PyModule_AddObject(m, "_C_API", capsule) < 0) {
+        Py_XDECREF(capsule);
         Py_DECREF(m);
         return NULL;
     }

@@ -60,6 +60,11 @@ class Blender:
         # One pass in C over the rows (numpy's form when it was not built): every request runs this.
         return native.blend(scores, self.weights, self.bias, _EPS).reshape(-1, 1)
 
+    @property
+    def eps(self) -> float:
+        """How far from 0 and 1 a score is clipped before its logit."""
+        return _EPS
+
     def into(self, scores: tuple[np.ndarray, ...], out: np.ndarray) -> None:
         """:meth:`__call__` into ``out`` (B float32), for C-contiguous float32 [B] ``scores`` as they are."""
         native.blend_into(scores, self.weights, self.bias, _EPS, out)

@@ -49,6 +49,12 @@ class DLRMWeights:
         only its rows); built on the first call, so shapes that do not chain raise there (ValueError)."""
         return _dlrm.Weights(self.bottom, self.table, self.offsets, self.pair_i, self.pair_j, self.top)
 
+    @property
+    def native(self):
+        """The ``_dlrm.Weights`` object the C forward pass runs on (what a C caller hands ``_dlrm``'s entry
+        points, ``ensemble/kernel_api.h``)."""
+        return self._forward
+
     def into(self, dense_features: np.ndarray, category_ids: np.ndarray, out: np.ndarray) -> None:
         """:meth:`__call__` into ``out`` (B float32), for C-contiguous float32 / int64 inputs as they are."""
         self._forward(dense_features, category_ids, out)

@@ -17,6 +17,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernel_api.h"
+
 static uint32_t read_u32le(const unsigned char *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
@@ -136,6 +138,14 @@ static PyObject *lookup(PyObject *self, PyObject *args) {
  * it: a value that is not finite becomes ``fill``, then max(value, clip_min), then value + 1. The
  * caller takes the logarithm with numpy (its float32 log is the one the workflow was fitted with).
  */
+static void prepare(const float *x, float *y, size_t n, float fill, float clip_min) {
+    for (size_t i = 0; i < n; i++) {
+        float v = isfinite(x[i]) ? x[i] : fill;
+        v = v < clip_min ? clip_min : v;
+        y[i] = v + 1.0f;
+    }
+}
+
 static PyObject *dense_prepare(PyObject *self, PyObject *args) {
     Py_buffer src, out;
     double fill, clip_min;
@@ -146,14 +156,7 @@ static PyObject *dense_prepare(PyObject *self, PyObject *args) {
         PyBuffer_Release(&out);
         return NULL;
     }
-    const float *x = src.buf;
-    float *y = out.buf;
-    const float f = (float)fill, lo = (float)clip_min;
-    for (Py_ssize_t i = 0, n = src.len / (Py_ssize_t)sizeof(float); i < n; i++) {
-        float v = isfinite(x[i]) ? x[i] : f;
-        v = v < lo ? lo : v;
-        y[i] = v + 1.0f;
-    }
+    prepare(src.buf, out.buf, (size_t)src.len / sizeof(float), (float)fill, (float)clip_min);
     PyBuffer_Release(&src);
     PyBuffer_Release(&out);
     Py_RETURN_NONE;
@@ -166,6 +169,20 @@ static PyObject *dense_prepare(PyObject *self, PyObject *args) {
  * like the blender's numpy form, rounded to float32 once at the end.
  */
 #define BLEND_MAX 16
+static void blend_rows(const float *const *scores, int models, const double *w, double bias, double eps, float *y,
+                       size_t rows) {
+    for (size_t b = 0; b < rows; b++) {
+        double z = 0.0;
+        for (int m = 0; m < models; m++) {
+            double p = scores[m][b];
+            p = p < eps ? eps : (p > 1.0 - eps ? 1.0 - eps : p);
+            z += (log(p) - log1p(-p)) * w[m];
+        }
+        z += bias;
+        y[b] = (float)(1.0 / (1.0 + exp(-z)));
+    }
+}
+
 static PyObject *blend(PyObject *self, PyObject *args) {
     PyObject *scores, *weights;
     double bias, eps;
@@ -189,17 +206,9 @@ static PyObject *blend(PyObject *self, PyObject *args) {
             goto fail;
         }
     }
-    float *y = out.buf;
-    for (Py_ssize_t b = 0; b < rows; b++) {
-        double z = 0.0;
-        for (Py_ssize_t m = 0; m < models; m++) {
-            double p = ((const float *)views[m].buf)[b];
-            p = p < eps ? eps : (p > 1.0 - eps ? 1.0 - eps : p);
-            z += (log(p) - log1p(-p)) * w[m];
-        }
-        z += bias;
-        y[b] = (float)(1.0 / (1.0 + exp(-z)));
-    }
+    const float *columns[BLEND_MAX];
+    for (Py_ssize_t m = 0; m < models; m++) columns[m] = views[m].buf;
+    blend_rows(columns, (int)models, w, bias, eps, out.buf, (size_t)rows);
     for (Py_ssize_t m = 0; m < taken; m++) PyBuffer_Release(&views[m]);
     PyBuffer_Release(&out);
     Py_RETURN_NONE;
@@ -357,36 +366,30 @@ typedef struct {
     Py_ssize_t length;
 } WireValue;
 
-/* Vocabulary.lookup_wire(buffer, fallback: int, out: writable int64 buffer) -> None
- *
- * out[i] = tables[i % columns].get(value i of the BYTES wire buffer, fallback); the buffer must
- * hold exactly len(out) values. */
-static PyObject *vocabulary_lookup_wire(Vocabulary *self, PyObject *args) {
-    Py_buffer wire, out;
-    long long fallback;
-    if (!PyArg_ParseTuple(args, "y*Lw*", &wire, &fallback, &out)) return NULL;
-    const unsigned char *data = wire.buf;
-    Py_ssize_t size = wire.len, offset = 0, count = out.len / (Py_ssize_t)sizeof(int64_t), i = 0, j = 0;
-    int64_t *ids = out.buf;
-    WireValue *values = NULL;
+/* out[i] = tables[i % columns].get(value i of the BYTES wire buffer, fallback); the buffer must hold
+ * exactly count values. 0, or -1 with the reason in error. No Python call. */
+static int lookup_wire(const Vocabulary *self, const unsigned char *data, size_t size_, int64_t fallback, int64_t *ids,
+                       size_t count_, char *error, size_t error_size) {
+    const Py_ssize_t size = (Py_ssize_t)size_, count = (Py_ssize_t)count_;
+    Py_ssize_t offset = 0, i = 0, j = 0;
     if (self->columns == 0) {
-        PyErr_SetString(PyExc_ValueError, "lookup_wire: no columns");
-        goto fail;
+        snprintf(error, error_size, "lookup_wire: no columns");
+        return -1;
     }
-    values = PyMem_RawMalloc(sizeof(WireValue) * (size_t)(count ? count : 1));
+    WireValue *values = PyMem_RawMalloc(sizeof(WireValue) * (size_t)(count ? count : 1));
     if (values == NULL) {
-        PyErr_NoMemory();
-        goto fail;
+        snprintf(error, error_size, "lookup_wire: out of memory");
+        return -1;
     }
     /* Pass 1: check the buffer, hash each value and prefetch the slot its probe starts at. */
     for (; offset < size; i++, j = (j + 1 == self->columns) ? 0 : j + 1) {
         if (size - offset < 4) {
-            PyErr_Format(PyExc_ValueError, "BYTES tensor truncated at byte %zd of %zd", offset, size);
+            snprintf(error, error_size, "BYTES tensor truncated at byte %zd of %zd", offset, size);
             goto fail;
         }
         Py_ssize_t n = read_u32le(data + offset);
         if (n > size - offset - 4) {
-            PyErr_Format(PyExc_ValueError, "BYTES tensor truncated at byte %zd of %zd", offset, size);
+            snprintf(error, error_size, "BYTES tensor truncated at byte %zd of %zd", offset, size);
             goto fail;
         }
         const Py_ssize_t start = offset + 4;
@@ -397,7 +400,7 @@ static PyObject *vocabulary_lookup_wire(Vocabulary *self, PyObject *args) {
         __builtin_prefetch(&self->tables[j].slots[h & self->tables[j].mask]);
     }
     if (i != count) {
-        PyErr_Format(PyExc_ValueError, "%zd values in the BYTES tensor, %zd expected", i, count);
+        snprintf(error, error_size, "%zd values in the BYTES tensor, %zd expected", i, count);
         goto fail;
     }
     /* Pass 2: probe. */
@@ -418,14 +421,30 @@ static PyObject *vocabulary_lookup_wire(Vocabulary *self, PyObject *args) {
         ids[i] = id;
     }
     PyMem_RawFree(values);
-    PyBuffer_Release(&wire);
-    PyBuffer_Release(&out);
-    Py_RETURN_NONE;
+    return 0;
 fail:
     PyMem_RawFree(values);
+    return -1;
+}
+
+/* Vocabulary.lookup_wire(buffer, fallback: int, out: writable int64 buffer) -> None
+ *
+ * out[i] = tables[i % columns].get(value i of the BYTES wire buffer, fallback); the buffer must
+ * hold exactly len(out) values. */
+static PyObject *vocabulary_lookup_wire(Vocabulary *self, PyObject *args) {
+    Py_buffer wire, out;
+    long long fallback;
+    if (!PyArg_ParseTuple(args, "y*Lw*", &wire, &fallback, &out)) return NULL;
+    char error[ENSEMBLE_ERROR_SIZE];
+    const int failed = lookup_wire(self, wire.buf, (size_t)wire.len, fallback, out.buf,
+                                   (size_t)out.len / sizeof(int64_t), error, sizeof error);
     PyBuffer_Release(&wire);
     PyBuffer_Release(&out);
-    return NULL;
+    if (failed) {
+        PyErr_SetString(PyExc_ValueError, error);
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef vocabulary_methods[] = {
@@ -564,13 +583,23 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
 
+/* The C entry points (kernel_api.h). */
+static int64_t api_columns(PyObject *vocabulary) { return ((Vocabulary *)vocabulary)->columns; }
+static int api_lookup_wire(PyObject *vocabulary, const unsigned char *data, size_t size, int64_t fallback, int64_t *out,
+                           size_t count, char *error, size_t error_size) {
+    return lookup_wire((const Vocabulary *)vocabulary, data, size, fallback, out, count, error, error_size);
+}
+
+static const EnsembleNativeApi API = {api_columns, api_lookup_wire, prepare, blend_rows};
+
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&VocabularyType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    Py_INCREF(&VocabularyType);
-    if (PyModule_AddObject(m, "Vocabulary", (PyObject *)&VocabularyType) < 0) {
-        Py_DECREF(&VocabularyType);
+    PyObject *capsule = PyCapsule_New((void *)&API, ENSEMBLE_NATIVE_CAPSULE, NULL);
+    if (PyModule_AddObjectRef(m, "Vocabulary", (PyObject *)&VocabularyType) < 0 ||
+        PyModule_AddObject(m, "_C_API", capsule) < 0) {
+        Py_XDECREF(capsule);
         Py_DECREF(m);
         return NULL;
     }

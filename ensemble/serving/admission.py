@@ -44,6 +44,11 @@ import numpy as np
 
 from ensemble import schema
 
+try:
+    from ensemble.serving import _admission
+except ImportError:  # built without a C compiler: the Python policy serves
+    _admission = None
+
 
 @dataclass(frozen=True)
 class CostPrior:
@@ -196,10 +201,15 @@ class Plan:
 OBJECTIVE, TIMEOUT = "the server's latency objective", "the request's timeout"
 
 
+# A refusal's text, given (predicted ms, deadline ms, what sets the deadline): one template for the
+# Python policy and the compiled one.
+REFUSAL_FORMAT = (schema.OVERLOAD_REFUSAL.replace("%", "%%")
+                  + "it would miss its deadline (predicted %.1f ms > %.1f ms, %s); retry with backoff")
+
+
 def refusal(predicted_s: float, deadline_s: float, which: str) -> str:
     """The text of a refusal for a request that would miss its deadline."""
-    return (f"{schema.OVERLOAD_REFUSAL}it would miss its deadline (predicted {predicted_s * 1e3:.1f} ms > "
-            f"{deadline_s * 1e3:.1f} ms, {which}); retry with backoff")
+    return REFUSAL_FORMAT % (predicted_s * 1e3, deadline_s * 1e3, which)
 
 
 AT_CAPACITY = (f"{schema.OVERLOAD_REFUSAL}the ranker is at capacity (a call that refuses takes no more than lets "
@@ -323,6 +333,48 @@ class Admission:
         if scored:
             self.cost.observe(rows, scored, end - start)
         self._last = (start, end, requests)
+
+    @property
+    def last_call(self) -> tuple[float, float, int] | None:
+        """(start, end, requests) of the last call recorded, or None."""
+        return self._last
+
+
+class NativeAdmission:
+    """An :class:`Admission` in C (``ensemble/serving/_admission.c``), starting from ``policy``'s
+    state: the same arithmetic in the same order, so the same plans and fits (tested side by side),
+    and :attr:`native`, the object the native backend plans calls through with no Python call."""
+
+    def __init__(self, policy: Admission) -> None:
+        cost, hand_off = policy.cost, policy.hand_off
+        state = (cost.prior.fixed, cost.prior.per_row, cost.prior.per_request, cost.decay, *cost._ridge, *cost._xx,
+                 *cost._xy, cost.fixed, cost.per_row, cost.per_request, cost.tail,
+                 hand_off.decay, hand_off._seconds, hand_off._requests)
+        self.objective_s = policy.objective_s
+        self.native = _admission.Admission(policy.objective_s, tuple(float(v) for v in state),
+                                           (REFUSAL_FORMAT, OBJECTIVE, TIMEOUT, AT_CAPACITY))
+
+    def plan(self, requests: Sequence[Request], now: float | None = None) -> Plan:
+        """:meth:`Admission.plan`."""
+        first, bulk, refused, crowded = self.native.plan(
+            tuple(int(r.rows) for r in requests), tuple(float(r.timeout_s) for r in requests),
+            tuple(bool(r.bulk) for r in requests), time.perf_counter() if now is None else now)
+        return Plan(list(first), list(bulk), dict(refused), list(crowded))
+
+    def finished(self, start: float, end: float, requests: int, rows: int, scored: int) -> None:
+        """:meth:`Admission.finished`."""
+        self.native.finished(start, end, requests, rows, scored)
+
+    @property
+    def last_call(self) -> tuple[float, float, int] | None:
+        """(start, end, requests) of the last call recorded, or None."""
+        return self.native.state()[4]
+
+
+def serving_policy(objective_s: float, cost: CostModel) -> Admission | NativeAdmission:
+    """The policy a served ranker runs: in C when the extension was built, else in Python."""
+    policy = Admission(objective_s, cost)
+    return NativeAdmission(policy) if _admission is not None else policy
 
 
 def calibrate(score, rows: tuple[int, int] = (1, 256), repeats: int = 5) -> CostPrior:

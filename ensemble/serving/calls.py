@@ -67,7 +67,7 @@ class Ranker:
         self.admission = None
         if objective_ms:
             prior = admission.calibrate(self._score_missing)
-            self.admission = admission.Admission(objective_ms / 1e3, admission.CostModel(prior))
+            self.admission = admission.serving_policy(objective_ms / 1e3, admission.CostModel(prior))
         self.rows = 0  # rows scored by the last call
 
     def _score_missing(self, rows: int) -> None:

@@ -20,6 +20,11 @@ from ensemble.models.blend import Blender
 from ensemble.schema import Model
 from ensemble.serving import native
 
+try:
+    from ensemble.serving import _chain
+except ImportError:  # built without a C compiler (or without numpy's headers): no chain in C
+    _chain = None
+
 # The steps the chain replaces, in the order of the outputs it writes after the blend's.
 _MODELS = (Model.XGB, Model.DLRM_TORCH, Model.DLRM_TF)
 
@@ -77,3 +82,21 @@ class KernelChain:
         self._tf.into(x, ids, out[3])
         self._blender.into((out[1], out[2], out[3]), out[0])
         return out
+
+    def native(self, transform) -> "object | None":
+        """This chain with ``transform`` (a :class:`ensemble.features.transforms.LeanTransform` that reads the
+        wire) before it, as one C object (``_chain.Chain``, ``ensemble/serving/_chain.c``): raw float32
+        dense values and Triton's BYTES wire buffers in, the outputs out, with no Python call, for the
+        native backend. None when ``_chain`` or the C vocabulary was not built. Unchecked:
+        :attr:`ensemble.serving.runtime.Pipeline.native_chain` compares it with the Python chain."""
+        from ensemble.features.transforms import OOV_ID
+
+        vocabulary = transform.vocabulary
+        if _chain is None or not isinstance(vocabulary, native.Vocabulary) or not native.COMPILED:
+            return None
+        trees, blender = self._trees, self._blender
+        return _chain.Chain(vocabulary, OOV_ID, transform.fill_value, transform.clip_min,
+                            np.ascontiguousarray(transform.means, np.float32), transform.safe_stds,
+                            trees.node_column, trees.node_threshold, trees.leaves, trees.depth, trees.base_margin,
+                            self._torch.native, self._tf.native, tuple(float(w) for w in blender.weights),
+                            float(blender.bias), blender.eps)

@@ -5,10 +5,12 @@ The backend hands :meth:`Model.execute` one call's requests as plain tuples (Tri
 read-only memoryviews, valid during the call) and sends each answer the generator yields, in the
 order yielded; the call itself is the python backend's (:class:`ensemble.serving.calls.Ranker`:
 admission, validation, one batch, errors per request). A call whose requests the backend found
-ordinary (each input in its served type and width, in one buffer, not bulk) goes through
-:meth:`RankerModel.score_plain` instead: the same admission and scores, as one array the backend
-answers every request from, without a Python object per request or per answer (1-row requests:
-~0.6x the Python time of :meth:`RankerModel.execute`, build VM).
+ordinary (each input in its served type and width, in one buffer, not bulk) the backend plans and
+scores in C with no Python call, through the objects :attr:`RankerModel.plain` hands it (the chain in
+C, checked at load against the Python chain to the bit, and the compiled admission policy); a call
+the Python path splits over two threads, or a release without the chain in C, goes through
+:meth:`RankerModel.score_plain`: the same admission and scores, as one array the backend answers
+every request from, without a Python object per request or per answer.
 
 The same backend serves the ``rank`` model in the native layout (:class:`RankModel`): ranking
 requests scored by the pipeline of a ranker version loaded in this process (the release a fleet's
@@ -93,10 +95,13 @@ class RankerModel:
                 yield i, ("error", answer.code, answer.message)
 
     def _plain_spec(self) -> tuple | None:
-        """What the backend needs to answer a *plain* call itself (:meth:`score_plain`), or None when
-        this release has no such path (no kernel chain here, or features that need Python per value):
-        (score_plain, finish_plain, ((Triton type, width) per input in ``input_names`` order),
-        (output names, in the order of the score array's rows))."""
+        """What the backend needs to answer a *plain* call itself, or None when this release has no
+        such path (no kernel chain here, or features that need Python per value): (score_plain,
+        finish_plain, ((Triton type, width) per input in ``input_names`` order), (output names, in the
+        order of the score array's rows), the chain in C or None, the admission policy in C or None,
+        the rows from which a call goes through :meth:`score_plain` to be split over two threads (0:
+        never)). With the chain in C, the backend plans and scores a plain call without Python (the
+        policy must then be the compiled one, or none, so both paths update one policy)."""
         if self._transform is None or self.pipeline.kernel_chain is None:
             return None
         outputs = tuple(t.name for t in schema.RANKER_OUTPUTS)
@@ -105,8 +110,12 @@ class RankerModel:
                 or [t.dtype for t in self.step.inputs] != [schema.DType.FP32, schema.DType.STRING]
                 or any(len(t.dims) != 1 for t in self.step.inputs)):
             return None
+        policy = self.ranker.admission
+        native_policy = policy.native if isinstance(policy, admission.NativeAdmission) else None
+        chain = self.pipeline.native_chain if policy is None or native_policy is not None else None
         return (self.score_plain, self.finish_plain,
-                tuple((_TRITON_TYPES[t.dtype], t.dims[0]) for t in self.step.inputs), outputs)
+                tuple((_TRITON_TYPES[t.dtype], t.dims[0]) for t in self.step.inputs), outputs, chain, native_policy,
+                self.pipeline.PARALLEL_MIN_ROWS if self.pipeline.parallel else 0)
 
     def score_plain(self, inputs: tuple, counts: tuple, timeouts_us: tuple) -> tuple:
         """One call of *plain* requests, which the backend answers from what this returns: every

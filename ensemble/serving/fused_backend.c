@@ -4,8 +4,11 @@
  *
  * The ranker's model code runs in a Python interpreter embedded here (ensemble.serving.embedded):
  * this file moves tensors between Triton and that code, answers each request, and reports the
- * statistics Triton's metrics and perf_analyzer read. It holds the interpreter's lock only while the
- * Python side plans and scores a call. A call of ordinary requests (see "a plain call" below) costs
+ * statistics Triton's metrics and perf_analyzer read. A call of ordinary requests (see "a plain call"
+ * below) is planned and scored in C, with no Python call and without the interpreter's lock, through
+ * the C entry points the model's modules hand over at load (ensemble/kernel_api.h: the admission
+ * policy and the whole chain, checked at load against the Python chain to the bit); when the model has
+ * no such path, or the call is large enough for the Python path to split it over two threads, it costs
  * one Python call that returns one score array; any other call goes through the model's execute.
  */
 #define PY_SSIZE_T_CLEAN
@@ -22,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernel_api.h"
 #include "triton_api.h"
 
 #ifndef PYTHON_LIBRARY /* setup.py names the one this interpreter was built with */
@@ -128,15 +132,43 @@ typedef struct {
     int64_t plain_width[PLAIN_INPUTS];
     int n_outputs;
     char *output_names[PLAIN_OUTPUTS];
+    /* The plain path in C (see native_execute), when the model offers it: the chain and the admission
+     * policy (None: none), held, read through their modules' entry points; and from how many rows a
+     * call goes to the Python path instead, which splits it over two threads (0: never). */
+    PyObject *chain, *admission;
+    const EnsembleChainApi *chain_api;
+    const EnsembleAdmissionApi *admission_api;
+    int64_t split_rows;
 } ModelState;
+
+/* The plain path in C from the model's chain and admission objects (None: none), when both modules
+ * offer their entry points; else nothing is set. */
+static void native_spec(ModelState *state, PyObject *chain, PyObject *admission, long long split_rows) {
+    if (chain == Py_None) return;
+    const EnsembleChainApi *chain_api = PyCapsule_Import(ENSEMBLE_CHAIN_CAPSULE, 0);
+    const EnsembleAdmissionApi *admission_api =
+        admission == Py_None ? NULL : PyCapsule_Import(ENSEMBLE_ADMISSION_CAPSULE, 0);
+    if (chain_api == NULL || (admission != Py_None && admission_api == NULL) ||
+        chain_api->outputs(chain) != state->n_outputs) {
+        PyErr_Clear();
+        return;
+    }
+    state->chain = Py_NewRef(chain);
+    state->admission = admission == Py_None ? NULL : Py_NewRef(admission);
+    state->chain_api = chain_api;
+    state->admission_api = admission_api;
+    state->split_rows = split_rows;
+}
 
 /* The model's plain path from its ``plain`` attribute (None: it has none; then nothing is set). */
 static void plain_spec(ModelState *state, const char *name) {
     PyObject *spec = PyObject_GetAttrString(state->model, "plain");
     if (spec == NULL) PyErr_Clear();
-    PyObject *score, *finish, *inputs, *outputs;
-    if (spec == NULL || spec == Py_None || !PyArg_ParseTuple(spec, "OOO!O!", &score, &finish, &PyTuple_Type, &inputs,
-                                                                &PyTuple_Type, &outputs)) {
+    PyObject *score, *finish, *inputs, *outputs, *chain, *admission;
+    long long split_rows;
+    if (spec == NULL || spec == Py_None ||
+        !PyArg_ParseTuple(spec, "OOO!O!OOL", &score, &finish, &PyTuple_Type, &inputs, &PyTuple_Type, &outputs, &chain,
+                          &admission, &split_rows)) {
         PyErr_Clear();
         Py_XDECREF(spec);
         return;
@@ -160,8 +192,10 @@ static void plain_spec(ModelState *state, const char *name) {
     if (usable) {
         state->plain_score = Py_NewRef(score);
         state->plain_finish = Py_NewRef(finish);
+        native_spec(state, chain, admission, split_rows);
         char line[300];
-        snprintf(line, sizeof line, "model '%s': plain calls are answered from one score array (score_plain)", name);
+        snprintf(line, sizeof line, "model '%s': plain calls are answered from one score array, %s", name,
+                 state->chain ? "planned and scored in C" : "scored by score_plain");
         log_line(TS_LOG_INFO, line);
     }
     Py_DECREF(spec);
@@ -238,6 +272,8 @@ TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
     Py_XDECREF(result);
     Py_XDECREF(state->plain_score);
     Py_XDECREF(state->plain_finish);
+    Py_XDECREF(state->chain);
+    Py_XDECREF(state->admission);
     Py_DECREF(state->model);
     PyGILState_Release(gil);
     for (int k = 0; k < state->n_outputs; k++) free(state->output_names[k]);
@@ -748,6 +784,86 @@ static void plain_execute(ModelState *state, TRITONBACKEND_Request **requests, u
     Py_XDECREF(done);
 }
 
+/* A plain call in C, without the interpreter's lock: the admission plan, the refusals answered, one
+ * chain call over the taken requests' buffers in the plan's order, each taken request answered from
+ * the score array, the call recorded for the admission's fits (as score_plain and finish_plain do).
+ * Sets *rows to the rows scored; a request left unanswered gets `text` as its error from the caller. */
+static void native_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_t count,
+                           const PlainRequest *plain, bool *answered, bool *succeeded, uint64_t *rows, char *text,
+                           size_t text_size) {
+    const EnsembleAdmissionApi *policy = state->admission ? state->admission_api : NULL;
+    const double started = policy ? policy->now() : 0.0;
+    int32_t *lists = malloc(3 * (size_t)count * sizeof(int32_t));
+    char *refused = calloc(count, 1);
+    char(*message)[ENSEMBLE_MESSAGE_SIZE] = policy ? malloc((size_t)count * ENSEMBLE_MESSAGE_SIZE) : NULL;
+    EnsembleAdmitted *admitted = policy ? malloc(count * sizeof *admitted) : NULL;
+    const float **dense = malloc(count * sizeof *dense);
+    const unsigned char **wire = malloc(count * sizeof *wire);
+    uint64_t *wire_size = malloc(count * sizeof *wire_size);
+    int64_t *part_rows = malloc(count * sizeof *part_rows);
+    float *scores = NULL;
+    EnsemblePlan plan = {lists, lists + count, lists + 2 * (size_t)count, 0, 0, 0, refused, message};
+    if (lists == NULL || refused == NULL || dense == NULL || wire == NULL || wire_size == NULL || part_rows == NULL ||
+        (policy && (message == NULL || admitted == NULL))) {
+        snprintf(text, text_size, "out of memory for a call of %u requests", count);
+        goto done;
+    }
+    if (policy) {
+        for (uint32_t r = 0; r < count; r++)
+            admitted[r] = (EnsembleAdmitted){plain[r].rows, (double)plain[r].timeout_us * 1e-6, 0};
+        if (policy->plan(state->admission, admitted, (int32_t)count, started, &plan) < 0) {
+            snprintf(text, text_size, "out of memory planning a call of %u requests", count);
+            goto done;
+        }
+        for (uint32_t r = 0; r < count; r++) {
+            if (refused[r]) {
+                send_error(requests[r], TS_ERROR_UNAVAILABLE, message[r]);
+                answered[r] = true;
+            }
+        }
+    } else {
+        for (uint32_t r = 0; r < count; r++) plan.first[r] = (int32_t)r;
+        plan.n_first = (int32_t)count;
+    }
+    /* the taken requests in the plan's order: the interactive ones, then the bulk ones */
+    const int32_t taken = plan.n_first + plan.n_bulk;
+    int64_t total = 0;
+    for (int32_t k = 0; k < taken; k++) {
+        const PlainRequest *p = &plain[k < plan.n_first ? plan.first[k] : plan.bulk[k - plan.n_first]];
+        dense[k] = p->data[0];
+        wire[k] = p->data[1];
+        wire_size[k] = p->size[1];
+        part_rows[k] = p->rows;
+        total += p->rows;
+    }
+    scores = malloc((size_t)(total ? total : 1) * (size_t)state->n_outputs * sizeof(float));
+    if (scores == NULL) {
+        snprintf(text, text_size, "out of memory for %lld rows", (long long)total);
+    } else if (taken && state->chain_api->score(state->chain, taken, dense, wire, wire_size, part_rows, scores, text,
+                                                text_size) == 0) {
+        int64_t offset = 0;
+        for (int32_t k = 0; k < taken; k++) {
+            const int32_t r = k < plan.n_first ? plan.first[k] : plan.bulk[k - plan.n_first];
+            succeeded[r] = send_scores(state, requests[r], scores, total, offset, plain[r].rows, plain[r].wanted);
+            answered[r] = true;
+            offset += plain[r].rows;
+        }
+        *rows = (uint64_t)total;
+    }
+    if (policy)
+        policy->finished(state->admission, started, policy->now(), count, (int64_t)*rows, *rows ? taken : 0);
+done:
+    free(lists);
+    free(refused);
+    free(message);
+    free(admitted);
+    free(dense);
+    free(wire);
+    free(wire_size);
+    free(part_rows);
+    free(scores);
+}
+
 /* Any other call, with the interpreter's lock held: the model's execute answers each request. */
 static void python_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_t request_count,
                            uint64_t exec_start, bool *answered, bool *succeeded, uint64_t *compute_start,
@@ -825,22 +941,30 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
             plain = NULL;
         }
     }
-    PyGILState_STATE gil = PyGILState_Ensure();
-    if (plain != NULL) {
+    uint64_t rows = 0, total = 0;
+    for (uint32_t r = 0; plain != NULL && r < request_count; r++) total += (uint64_t)plain[r].rows;
+    if (plain != NULL && state->chain != NULL && (state->split_rows == 0 || total < (uint64_t)state->split_rows)) {
         compute_start = now_ns();
-        plain_execute(state, requests, request_count, plain, answered, succeeded, text, sizeof text);
+        native_execute(state, requests, request_count, plain, answered, succeeded, &rows, text, sizeof text);
         compute_end = now_ns();
         free(plain);
     } else {
-        python_execute(state, requests, request_count, exec_start, answered, succeeded, &compute_start, &compute_end,
-                       text, sizeof text);
+        PyGILState_STATE gil = PyGILState_Ensure();
+        if (plain != NULL) {
+            compute_start = now_ns();
+            plain_execute(state, requests, request_count, plain, answered, succeeded, text, sizeof text);
+            compute_end = now_ns();
+            free(plain);
+        } else {
+            python_execute(state, requests, request_count, exec_start, answered, succeeded, &compute_start,
+                           &compute_end, text, sizeof text);
+        }
+        PyObject *scored = PyObject_GetAttrString(state->model, "rows");
+        if (scored && PyLong_Check(scored)) rows = PyLong_AsUnsignedLongLong(scored);
+        if (scored == NULL || PyErr_Occurred()) PyErr_Clear();
+        Py_XDECREF(scored);
+        PyGILState_Release(gil);
     }
-    uint64_t rows = 0;
-    PyObject *scored = PyObject_GetAttrString(state->model, "rows");
-    if (scored && PyLong_Check(scored)) rows = PyLong_AsUnsignedLongLong(scored);
-    if (scored == NULL || PyErr_Occurred()) PyErr_Clear();
-    Py_XDECREF(scored);
-    PyGILState_Release(gil);
     uint64_t exec_end = now_ns();
 
     for (uint32_t r = 0; r < request_count; r++) {

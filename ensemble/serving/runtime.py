@@ -184,6 +184,11 @@ class Pipeline:
                    widths=widths, device=device)
 
     @property
+    def parallel(self) -> bool:
+        """Whether batches of :attr:`PARALLEL_MIN_ROWS` rows or more are split over two threads."""
+        return self._parallel
+
+    @property
     def widths(self) -> schema.Widths:
         """The dataset's input widths (the features step's inputs) and its context's."""
         if self._widths is not None:
@@ -285,6 +290,34 @@ class Pipeline:
             return None
         return chain
 
+    @functools.cached_property
+    def native_chain(self):
+        """The whole chain in C from raw dense values and Triton's BYTES wire buffers
+        (:meth:`ensemble.serving.chain.KernelChain.native`), which the native backend scores plain calls
+        with, when it builds here and gives :meth:`chain_scores`' outputs bit for bit on a sample of
+        random, edge-case and in-vocabulary rows, whole and in parts; else None. Built on first use."""
+        transform, chain = self.reads_wire, self.kernel_chain
+        compiled = chain.native(transform) if transform is not None and chain is not None else None
+        if compiled is None:
+            return None
+        dense, wire, rows = _check_rows(transform, self.widths)
+        expected = self.chain_scores(dense, transform.ids_from_wire(wire, rows))
+        whole, halves = np.empty_like(expected), np.empty_like(expected)
+        dense_bytes = dense.tobytes()
+        half, values = rows // 2, [bytes(v) for v in native.split_wire(wire)]
+        columns = len(values) // rows
+        try:
+            compiled.score(((dense_bytes, wire, rows),), whole)
+            compiled.score(((dense[:half].tobytes(), native.join_wire(values[:half * columns]), half),
+                            (dense[half:].tobytes(), native.join_wire(values[half * columns:]), rows - half)), halves)
+        except ValueError as exc:
+            LOG.warning("the chain in C could not run (%s); calls are scored through Python", exc)
+            return None
+        if not (np.array_equal(whole, expected) and np.array_equal(halves, expected)):
+            LOG.warning("the chain in C does not give the Python chain's scores; calls are scored through Python")
+            return None
+        return compiled
+
     def _run(self, tensors: dict[str, np.ndarray], levels: list[list[StepRunner]], chain: bool = True) -> dict[str, np.ndarray]:
         parallel = self._parallel and len(next(iter(tensors.values()))) >= self.PARALLEL_MIN_ROWS
         for level in levels:
@@ -336,6 +369,27 @@ class Pipeline:
         later = self._worker().submit(run, second)
         early = run(first)
         return [{k: np.concatenate((a[k], b[k])) for k in a} for a, b in zip(early, later.result())]
+
+
+def _check_rows(transform, widths: schema.Widths, rows: int = 61) -> tuple[np.ndarray, bytes, int]:
+    """Rows to check a chain on: raw dense values from ordinary counts to every kind of odd float (NaN,
+    infinities, negatives, huge, tiny, subnormal, negative zero), and categorical values from each
+    column's vocabulary, unseen or empty. ([rows x dense] float32, their BYTES wire buffer, rows)."""
+    rng = np.random.default_rng(11)
+    odd = np.array([np.nan, np.inf, -np.inf, -1.0, -0.0, 0.0, 0.5, 1e-45, 1e-38, 3.0e38, 1e30, -1e9, 2.0**24 + 1],
+                   np.float32)
+    dense = np.where(rng.random((rows, widths.dense)) < 0.3, rng.choice(odd, (rows, widths.dense)),
+                     np.expm1(rng.uniform(0, 12, (rows, widths.dense))).round()).astype(np.float32)
+    dense[1::7] = rng.uniform(-3, 3, (len(dense[1::7]), widths.dense)).astype(np.float32)  # fractional values
+    columns = len(transform.lookups)
+    known = [list(lookup)[:50] for lookup in transform.lookups]
+    values = []
+    for i in range(rows * columns):
+        pick = rng.random()
+        seen = known[i % columns]
+        values.append(seen[int(rng.integers(len(seen)))] if pick < 0.6 and seen
+                      else b"" if pick < 0.7 else b"%08x" % int(rng.integers(2**32)))
+    return dense, native.join_wire(values), rows
 
 
 def _half(rows: int) -> int:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from ensemble import schema
-from ensemble.serving.admission import AT_CAPACITY, DOOR_S, Admission, CostModel, CostPrior, HandOff, Request, calibrate
+from ensemble.serving.admission import (AT_CAPACITY, DOOR_S, Admission, CostModel, CostPrior, HandOff, NativeAdmission, Request,
+                                        calibrate)
 
 TRUE = CostPrior(fixed=6e-4, per_row=2e-5, per_request=4e-5)
 HAND_OFF = 1e-4  # seconds per request outside the model's code
@@ -222,3 +223,51 @@ def test_an_idle_call_takes_a_request_the_prior_prices_within_its_deadline_after
     idle = admission.plan([Request(1), Request(1)], now=60.0)  # an idle instance: the first is taken
     assert idle.first == [0] and list(idle.refused) == [1]
     assert not admission.plan([Request(1, timeout_s=1e-4)], now=120.0).taken  # one that cannot make it stays refused
+
+
+def test_the_compiled_policy_is_built_here_and_serves():
+    from ensemble.serving import admission as module
+
+    assert module._admission is not None  # pip install -e . compiles it (setup.py)
+    assert isinstance(module.serving_policy(0.5, CostModel(TRUE)), NativeAdmission)
+    assert abs(module._admission.now() - time.perf_counter()) < 1e-3  # one clock for both
+
+
+def _random_calls(seed: int, calls: int):
+    """Calls as a server sees them under mixed load: idle and back-to-back starts, 1-40 requests of
+    1-5,000 rows, some with tight or no timeouts, some bulk, calls that run fast or far too slow."""
+    rng = np.random.default_rng(seed)
+    now = 0.0
+    for _ in range(calls):
+        n = int(rng.choice([1, 1, 2, 4, 16, 40]))
+        requests = [Request(int(rng.choice([1, 1, 32, 100, 256, 4096, 5000])),
+                            float(rng.choice([0.0, 1e-4, 2e-3, 0.02, 60.0])), bool(rng.random() < 0.1))
+                    for _ in range(n)]
+        gap = float(rng.choice([1e-5, 2e-4, 3e-3, 0.5]))  # back to back, or after an idle instance
+        slowness = float(rng.choice([0.5, 1.0, 1.3, 4.0, 40.0]))
+        yield requests, gap, slowness
+        now += gap
+
+
+@pytest.mark.parametrize("objective_ms", [3, 10, 20, 500])
+def test_the_compiled_policy_plans_and_fits_exactly_as_the_python_one(objective_ms):
+    seen = {"refused": 0, "crowded": 0, "bulk": 0, "first": 0}
+    for seed in range(4):
+        python = Admission(objective_ms / 1e3, CostModel(TRUE), HandOff(HAND_OFF))
+        compiled = NativeAdmission(Admission(objective_ms / 1e3, CostModel(TRUE), HandOff(HAND_OFF)))
+        now = 1000.0
+        for requests, gap, slowness in _random_calls(seed, 300):
+            now += gap
+            expected, got = python.plan(requests, now), compiled.plan(requests, now)
+            assert got == expected  # first, bulk, crowded in order; each refusal with its text
+            rows = sum(requests[i].rows for i in expected.taken)
+            end = now + slowness * (TRUE.fixed + TRUE.per_row * rows + TRUE.per_request * len(expected.taken))
+            python.finished(now, end, len(requests), rows, len(expected.taken))
+            compiled.finished(now, end, len(requests), rows, len(expected.taken))
+            assert compiled.native.state() == (python.cost.fixed, python.cost.per_row, python.cost.tail,
+                                               python.hand_off.per_request, python.last_call)
+            now = end
+            for key in seen:
+                seen[key] += bool(getattr(expected, key))
+    if objective_ms in (10, 20):  # these objectives exercise every branch of the plan
+        assert all(seen.values()), seen

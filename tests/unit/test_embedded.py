@@ -81,7 +81,7 @@ def test_a_plain_call_refuses_what_would_miss_its_deadline_and_scores_the_rest(r
     assert [(i, code) for i, code, _ in refused] == [(1, calls.UNAVAILABLE)]
     assert "deadline" in refused[0][2]
     assert scores.shape[1] == 2 + 4 and ranker_model.rows == 6
-    assert admission._last[2] == 3  # the call was recorded: three requests
+    assert admission.last_call[2] == 3  # the call was recorded: three requests
     expected = dict(ranker_model.execute([requests[0], requests[2]], 0.0))
     for j, i in enumerate((0, 2)):
         start = 0 if j == 0 else sizes[0]
@@ -98,3 +98,28 @@ def test_no_plain_path_without_the_kernel_chain(ranker_model):
     finally:
         pipeline.__dict__["kernel_chain"] = chain
     assert ranker_model._plain_spec() is not None
+
+
+def test_the_plain_path_offers_the_chain_and_the_policy_in_c(ranker_model):
+    """What the backend plans and scores plain calls with, without Python: the checked chain in C and
+    the compiled admission policy (the one every other path of this model updates too)."""
+    from ensemble.serving import admission
+
+    chain, policy, split_rows = ranker_model.plain[4:]
+    assert chain is not None and chain is ranker_model.pipeline.native_chain
+    assert isinstance(ranker_model.ranker.admission, admission.NativeAdmission)
+    assert policy is ranker_model.ranker.admission.native
+    assert split_rows == (ranker_model.pipeline.PARALLEL_MIN_ROWS if ranker_model.pipeline.parallel else 0)
+
+
+def test_no_chain_in_c_beside_a_python_policy(ranker_model):
+    """The backend may plan in C only with the policy every other call of the model updates."""
+    from ensemble.serving import admission
+
+    compiled = ranker_model.ranker.admission
+    ranker_model.ranker.admission = admission.Admission(compiled.objective_s)
+    try:
+        assert ranker_model._plain_spec()[4:6] == (None, None)
+    finally:
+        ranker_model.ranker.admission = compiled
+

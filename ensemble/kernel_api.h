@@ -1,0 +1,93 @@
+/* The C entry points the project's extension modules hand each other, so that a served call can run
+ * from Triton's buffers to the answers with no Python call in between (ensemble/serving/fused_backend.c).
+ *
+ * Each module that offers some publishes one table of function pointers as a capsule named
+ * "<module>._C_API" (PyCapsule_Import finds it). A function that takes a PyObject * reads only the
+ * C fields of that object (of the type the comment names): it may be called without the interpreter's
+ * lock as long as the caller keeps a reference to the object. None of them calls into Python.
+ */
+#ifndef ENSEMBLE_KERNEL_API_H
+#define ENSEMBLE_KERNEL_API_H
+
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define ENSEMBLE_ERROR_SIZE 512
+
+/* ensemble.models._trees._C_API: the trees as arrays (ensemble.models.xgb.TreeArrays). */
+#define ENSEMBLE_TREES_CAPSULE "ensemble.models._trees._C_API"
+typedef struct {
+    /* The floats of scratch that predict needs for rows of n_features features. */
+    size_t (*scratch_floats)(int64_t n_features);
+    /* P(click) of each row of x [rows x n_features] into out [rows]. */
+    void (*predict)(const float *x, int64_t rows, int64_t n_features, int64_t n_trees, int depth,
+                    const uint32_t *node_column, const float *node_threshold, const float *leaves,
+                    float base_margin, float *scratch, float *out);
+} EnsembleTreesApi;
+
+/* ensemble.models._dlrm._C_API: a DLRM's forward pass over a _dlrm.Weights object. */
+#define ENSEMBLE_DLRM_CAPSULE "ensemble.models._dlrm._C_API"
+typedef struct {
+    /* The dense inputs and the id columns a row has for this net. */
+    int64_t (*n_dense)(PyObject *weights);
+    int64_t (*n_ids)(PyObject *weights);
+    /* P(click) of rows of dense [rows x n_dense] float32 and ids [rows x n_ids] int64 into out [rows]:
+     * -1 when done; -2 out of memory; else the flat index into ids of an id outside its table (the
+     * rows from its block on are not scored). */
+    int64_t (*forward)(PyObject *weights, const float *dense, const int64_t *ids, int64_t rows, float *out);
+} EnsembleDlrmApi;
+
+/* ensemble.serving._native._C_API: the categorical lookup and the elementwise steps. */
+#define ENSEMBLE_NATIVE_CAPSULE "ensemble.serving._native._C_API"
+typedef struct {
+    /* The id columns of a _native.Vocabulary. */
+    int64_t (*columns)(PyObject *vocabulary);
+    /* out[i] = the id of value i of a BYTES wire buffer in column i % columns (fallback when absent);
+     * the buffer must hold exactly count values. 0, or -1 with the reason in error. */
+    int (*lookup_wire)(PyObject *vocabulary, const unsigned char *data, size_t size, int64_t fallback, int64_t *out,
+                       size_t count, char *error, size_t error_size);
+    /* out[i] = max(x[i] if finite else fill, clip_min) + 1, in float32. */
+    void (*dense_prepare)(const float *x, float *out, size_t n, float fill, float clip_min);
+    /* out[b] = sigmoid(bias + sum_m weights[m] * logit(clip(scores[m][b], eps, 1 - eps))), in float64. */
+    void (*blend)(const float *const *scores, int models, const double *weights, double bias, double eps, float *out,
+                  size_t rows);
+} EnsembleNativeApi;
+
+/* ensemble.serving._admission._C_API: the ranker's admission (ensemble.serving.admission). */
+#define ENSEMBLE_ADMISSION_CAPSULE "ensemble.serving._admission._C_API"
+#define ENSEMBLE_MESSAGE_SIZE 256
+typedef struct {
+    int64_t rows;
+    double timeout_s; /* 0: none sent */
+    int bulk;         /* marked bulk by its client */
+} EnsembleAdmitted;
+typedef struct { /* arrays of the call's request count, the caller's */
+    int32_t *first, *bulk, *crowded;
+    int32_t n_first, n_bulk, n_crowded;
+    char *refused;                          /* per request: 1 refused */
+    char (*message)[ENSEMBLE_MESSAGE_SIZE]; /* per refused request: why */
+} EnsemblePlan;
+typedef struct {
+    /* The clock plan and finished read (time.perf_counter's: CLOCK_MONOTONIC), in seconds. */
+    double (*now)(void);
+    /* The plan for a call of n requests handed over at now, into plan (over a _admission.Admission).
+     * 0, or -1 out of memory (then nothing was decided and the state is unchanged). */
+    int (*plan)(PyObject *admission, const EnsembleAdmitted *requests, int32_t n, double now, EnsemblePlan *plan);
+    /* Records a call handed requests requests at start, of which scored (rows rows) were scored by end. */
+    void (*finished)(PyObject *admission, double start, double end, int64_t requests, int64_t rows, int64_t scored);
+} EnsembleAdmissionApi;
+
+/* ensemble.serving._chain._C_API: the ranker's whole chain over Triton's buffers (a _chain.Chain). */
+#define ENSEMBLE_CHAIN_CAPSULE "ensemble.serving._chain._C_API"
+typedef struct {
+    /* The outputs (blend, then each model) of the rows of parts requests into out [outputs x total
+     * rows]: part p has rows[p] rows, dense[p] [rows x n_dense] float32 raw features, and wire[p] the
+     * BYTES wire buffer (wire_size[p] bytes) of its [rows x columns] categorical strings. 0, or -1
+     * with the reason in error. */
+    int (*score)(PyObject *chain, int32_t parts, const float *const *dense, const unsigned char *const *wire,
+                 const uint64_t *wire_size, const int64_t *rows, float *out, char *error, size_t error_size);
+    int64_t (*outputs)(PyObject *chain);
+} EnsembleChainApi;
+
+#endif

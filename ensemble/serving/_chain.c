@@ -1,0 +1,350 @@
+/* The ranker's whole chain over a call's buffers, in C: Triton's raw dense values and BYTES strings
+ * in, the four outputs out, with no Python call, so the native backend (fused_backend.c) can answer a
+ * call without the interpreter.
+ *
+ * It runs the same code the Python path runs, in the same order: the lean feature transform (the
+ * categorical lookup of _native.c straight from the wire; the dense fill, clip and +1 of _native.c,
+ * then numpy's own float32 log loop, then the normalization in float32), the trees of _trees.c on the
+ * same design matrix, both DLRMs through _dlrm.c, the blend of _native.c. Those modules hand their
+ * entry points over as capsules (kernel_api.h); numpy's log is the loop np.log runs for float32, taken
+ * from the ufunc, because NVTabular's values (and the trees' thresholds on them) are numpy's to the
+ * bit. ensemble/serving/chain.py builds a Chain from a loaded release and checks, before anything
+ * uses it, that it gives the Python chain's scores bit for bit.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdio.h>
+#include <string.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/ndarraytypes.h>
+#include <numpy/ufuncobject.h>
+
+#include "kernel_api.h"
+
+#define MODELS 3 /* trees, torch DLRM, TF DLRM: the outputs after the blend */
+
+typedef struct {
+    PyObject_HEAD
+    const EnsembleNativeApi *native;
+    const EnsembleTreesApi *trees;
+    const EnsembleDlrmApi *dlrm;
+    PyObject *vocabulary, *torch, *tf; /* held: the kernels read their C fields */
+    Py_buffer means, stds, node_column, node_threshold, leaves;
+    int held; /* how many of those buffers are held */
+    int64_t n_dense, columns, fallback, n_trees;
+    int depth;
+    float fill, clip_min, base_margin;
+    double weights[MODELS], bias, eps;
+    PyUFuncGenericFunction log_loop;
+    void *log_data;
+} Chain;
+
+/* numpy's inner loop of np.log for float32 -> float32 (the first such loop, the one numpy picks). */
+static int numpy_log(Chain *c) {
+    PyObject *numpy = PyImport_ImportModule("numpy");
+    PyObject *log = numpy ? PyObject_GetAttrString(numpy, "log") : NULL;
+    Py_XDECREF(numpy);
+    if (log == NULL) return -1;
+    int found = 0;
+    if (strcmp(Py_TYPE(log)->tp_name, "numpy.ufunc") == 0) {
+        const PyUFuncObject *u = (const PyUFuncObject *)log;
+        for (int i = 0; u->nin == 1 && u->nout == 1 && i < u->ntypes && !found; i++) {
+            if (u->types[2 * i] == NPY_FLOAT && u->types[2 * i + 1] == NPY_FLOAT && u->functions[i] != NULL) {
+                c->log_loop = u->functions[i];
+                c->log_data = u->data ? u->data[i] : NULL;
+                found = 1;
+            }
+        }
+    }
+    Py_DECREF(log); /* numpy keeps the ufunc, and its loops, for the process's life */
+    if (!found) PyErr_SetString(PyExc_TypeError, "Chain: numpy.log has no float32 loop here");
+    return found ? 0 : -1;
+}
+
+static const void *api_of(const char *capsule) {
+    return PyCapsule_Import(capsule, 0);
+}
+
+/* A contiguous buffer of count items of itemsize bytes (count < 0: any number); raw: any buffer of that
+ * many bytes (bytes objects, Triton's memory), else one whose items are that size (numpy arrays). */
+static int take_items(PyObject *obj, Py_buffer *view, Py_ssize_t count, int itemsize, int raw, const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if ((raw ? view->len % itemsize != 0 : view->itemsize != itemsize) || (count >= 0 && view->len / itemsize != count)) {
+        PyErr_Format(PyExc_ValueError, "Chain: %s must hold %zd items of %d bytes", name, count, itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static void chain_dealloc(PyObject *obj) {
+    Chain *c = (Chain *)obj;
+    Py_buffer *views[] = {&c->means, &c->stds, &c->node_column, &c->node_threshold, &c->leaves};
+    for (int i = 0; i < c->held; i++) PyBuffer_Release(views[i]);
+    Py_XDECREF(c->vocabulary);
+    Py_XDECREF(c->torch);
+    Py_XDECREF(c->tf);
+    Py_TYPE(obj)->tp_free(obj);
+}
+
+/* Chain(vocabulary, fallback, fill, clip_min, means, stds,
+ *       node_column, node_threshold, leaves, depth, base_margin,
+ *       torch_weights, tf_weights, blend_weights, blend_bias, blend_eps) */
+static PyObject *chain_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *vocabulary, *means, *stds, *node_column, *node_threshold, *leaves, *torch, *tf, *weights;
+    long long fallback;
+    double fill, clip_min, base_margin, bias, eps;
+    int depth;
+    if (!PyArg_ParseTuple(args, "OLddOOOOOidOOO!dd:Chain", &vocabulary, &fallback, &fill, &clip_min, &means, &stds,
+                          &node_column, &node_threshold, &leaves, &depth, &base_margin, &torch, &tf, &PyTuple_Type,
+                          &weights, &bias, &eps))
+        return NULL;
+    Chain *c = (Chain *)type->tp_alloc(type, 0);
+    if (c == NULL) return NULL;
+    c->native = api_of(ENSEMBLE_NATIVE_CAPSULE);
+    c->trees = c->native ? api_of(ENSEMBLE_TREES_CAPSULE) : NULL;
+    c->dlrm = c->trees ? api_of(ENSEMBLE_DLRM_CAPSULE) : NULL;
+    if (c->dlrm == NULL || numpy_log(c) < 0) goto fail;
+    if (strcmp(Py_TYPE(vocabulary)->tp_name, "ensemble.serving._native.Vocabulary") != 0 ||
+        strcmp(Py_TYPE(torch)->tp_name, "ensemble.models._dlrm.Weights") != 0 ||
+        strcmp(Py_TYPE(tf)->tp_name, "ensemble.models._dlrm.Weights") != 0) {
+        PyErr_SetString(PyExc_TypeError, "Chain: a _native.Vocabulary and two _dlrm.Weights");
+        goto fail;
+    }
+    c->vocabulary = Py_NewRef(vocabulary);
+    c->torch = Py_NewRef(torch);
+    c->tf = Py_NewRef(tf);
+    c->columns = c->native->columns(vocabulary);
+    c->n_dense = c->dlrm->n_dense(torch);
+    if (take_items(means, &c->means, c->n_dense, 4, 0, "means") < 0) goto fail;
+    c->held++;
+    if (take_items(stds, &c->stds, c->n_dense, 4, 0, "stds") < 0) goto fail;
+    c->held++;
+    if (depth < 1 || depth > 20) {
+        PyErr_SetString(PyExc_ValueError, "Chain: the trees' depth must be 1..20");
+        goto fail;
+    }
+    const Py_ssize_t n_internal = ((Py_ssize_t)1 << depth) - 1;
+    if (take_items(node_column, &c->node_column, -1, 4, 0, "node_column") < 0) goto fail;
+    c->held++;
+    c->n_trees = c->node_column.len / 4 / n_internal;
+    if (take_items(node_threshold, &c->node_threshold, c->n_trees * n_internal, 4, 0, "node_threshold") < 0) goto fail;
+    c->held++;
+    if (take_items(leaves, &c->leaves, c->n_trees * (n_internal + 1), 4, 0, "leaves") < 0) goto fail;
+    c->held++;
+    if (c->n_trees < 1 || c->node_column.len / 4 != c->n_trees * n_internal || c->dlrm->n_dense(tf) != c->n_dense ||
+        c->dlrm->n_ids(torch) != c->columns || c->dlrm->n_ids(tf) != c->columns || PyTuple_GET_SIZE(weights) != MODELS) {
+        PyErr_SetString(PyExc_ValueError, "Chain: the trees, both DLRMs and the vocabulary do not take the same "
+                                          "features, or the blend does not weigh three scores");
+        goto fail;
+    }
+    /* Each node's column is below 2 x (dense + columns): TreeArrays checked it for its own features. */
+    const uint32_t *nc = c->node_column.buf;
+    for (Py_ssize_t i = 0; i < c->node_column.len / 4; i++) {
+        if (nc[i] >= 2 * (uint32_t)(c->n_dense + c->columns)) {
+            PyErr_SetString(PyExc_ValueError, "Chain: a tree reads a feature beyond the dense values and ids");
+            goto fail;
+        }
+    }
+    for (int m = 0; m < MODELS; m++) {
+        c->weights[m] = PyFloat_AsDouble(PyTuple_GET_ITEM(weights, m));
+        if (PyErr_Occurred()) goto fail;
+    }
+    c->fallback = fallback;
+    c->fill = (float)fill;
+    c->clip_min = (float)clip_min;
+    c->depth = depth;
+    c->base_margin = (float)base_margin;
+    c->bias = bias;
+    c->eps = eps;
+    return (PyObject *)c;
+fail:
+    Py_DECREF(c);
+    return NULL;
+}
+
+/* The continuous features of rows x into x itself: numpy's float32 log, then (x - mean) / std in float32. */
+static void finish_dense(const Chain *c, float *x, int64_t rows) {
+    npy_intp n = (npy_intp)(rows * c->n_dense), steps[2] = {sizeof(float), sizeof(float)};
+    char *args[2] = {(char *)x, (char *)x};
+    c->log_loop(args, &n, steps, c->log_data);
+    const float *means = c->means.buf, *stds = c->stds.buf;
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = x + r * c->n_dense;
+        for (int64_t j = 0; j < c->n_dense; j++) {
+            const float centred = row[j] - means[j];
+            row[j] = centred / stds[j];
+        }
+    }
+}
+
+static int score(PyObject *obj, int32_t parts, const float *const *dense, const unsigned char *const *wire,
+                 const uint64_t *wire_size, const int64_t *rows, float *out, char *error, size_t error_size) {
+    const Chain *c = (const Chain *)obj;
+    const int64_t D = c->n_dense, C = c->columns, W = D + C;
+    int64_t total = 0;
+    for (int32_t p = 0; p < parts; p++) total += rows[p];
+    if (total == 0) return 0;
+    const size_t tree_scratch = c->trees->scratch_floats(W);
+    char *memory = PyMem_RawMalloc((size_t)total * (size_t)(D * 4 + C * 8 + W * 4) + tree_scratch * 4);
+    if (memory == NULL) {
+        snprintf(error, error_size, "out of memory for %lld rows", (long long)total);
+        return -1;
+    }
+    int64_t *ids = (int64_t *)memory;
+    float *x = (float *)(ids + total * C), *design = x + total * D, *scratch = design + total * W;
+    int64_t at = 0;
+    for (int32_t p = 0; p < parts; p++) {
+        c->native->dense_prepare(dense[p], x + at * D, (size_t)(rows[p] * D), c->fill, c->clip_min);
+        if (c->native->lookup_wire(c->vocabulary, wire[p], wire_size[p], c->fallback, ids + at * C, (size_t)(rows[p] * C),
+                                   error, error_size) < 0)
+            goto fail;
+        at += rows[p];
+    }
+    finish_dense(c, x, total);
+    for (int64_t r = 0; r < total; r++) { /* the trees' input: the features, then the ids as values */
+        memcpy(design + r * W, x + r * D, sizeof(float) * (size_t)D);
+        for (int64_t j = 0; j < C; j++) design[r * W + D + j] = (float)ids[r * C + j];
+    }
+    float *models = out + total; /* out: the blend's row, then one per model */
+    c->trees->predict(design, total, W, c->n_trees, c->depth, c->node_column.buf, c->node_threshold.buf,
+                      c->leaves.buf, c->base_margin, scratch, models);
+    PyObject *dlrms[2] = {c->torch, c->tf};
+    for (int k = 0; k < 2; k++) {
+        const int64_t bad = c->dlrm->forward(dlrms[k], x, ids, total, models + (k + 1) * total);
+        if (bad != -1) {
+            if (bad == -2)
+                snprintf(error, error_size, "out of memory for %lld rows", (long long)total);
+            else
+                snprintf(error, error_size, "row %lld, column %lld: id %lld is outside its embedding table",
+                         (long long)(bad / C), (long long)(bad % C), (long long)ids[bad]);
+            goto fail;
+        }
+    }
+    const float *scores[MODELS] = {models, models + total, models + 2 * total};
+    c->native->blend(scores, MODELS, c->weights, c->bias, c->eps, out, (size_t)total);
+    PyMem_RawFree(memory);
+    return 0;
+fail:
+    PyMem_RawFree(memory);
+    return -1;
+}
+
+static int64_t outputs(PyObject *obj) { return 1 + MODELS; }
+
+static const EnsembleChainApi API = {score, outputs};
+
+/* ----- the Python face: what tests and the load-time check call ----- */
+
+/* score(parts: tuple of (dense, wire, rows), out: writable float32 [outputs x total rows]) -> None */
+static PyObject *chain_score(Chain *self, PyObject *args) {
+    PyObject *parts_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "O!O", &PyTuple_Type, &parts_obj, &out_obj)) return NULL;
+    const Py_ssize_t parts = PyTuple_GET_SIZE(parts_obj);
+    if (parts > INT32_MAX / 2) {
+        PyErr_SetString(PyExc_ValueError, "score: too many parts");
+        return NULL;
+    }
+    const size_t n = (size_t)(parts ? parts : 1);
+    Py_buffer *views = PyMem_Calloc(2 * n + 1, sizeof(Py_buffer));
+    const float **dense = PyMem_Calloc(n, sizeof *dense);
+    const unsigned char **wire = PyMem_Calloc(n, sizeof *wire);
+    uint64_t *wire_size = PyMem_Calloc(n, sizeof *wire_size);
+    int64_t *rows = PyMem_Calloc(n, sizeof *rows), total = 0;
+    Py_ssize_t held = 0;
+    PyObject *result = NULL;
+    if (views == NULL || dense == NULL || wire == NULL || wire_size == NULL || rows == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t p = 0; p < parts; p++) {
+        PyObject *dense_obj, *wire_obj;
+        long long count;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(parts_obj, p), "OOL", &dense_obj, &wire_obj, &count)) goto done;
+        if (count < 0 || take_items(dense_obj, &views[held], count * self->n_dense, 4, 1, "dense") < 0) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "score: a part of negative rows");
+            goto done;
+        }
+        dense[p] = views[held++].buf;
+        if (PyObject_GetBuffer(wire_obj, &views[held], PyBUF_C_CONTIGUOUS) < 0) goto done;
+        wire[p] = views[held].buf;
+        wire_size[p] = (uint64_t)views[held++].len;
+        rows[p] = count;
+        total += count;
+    }
+    if (take_items(out_obj, &views[held], (1 + MODELS) * total, 4, 1, "out") < 0) goto done;
+    Py_buffer *out = &views[held++];
+    if (out->readonly) {
+        PyErr_SetString(PyExc_ValueError, "score: out must be writable");
+        goto done;
+    }
+    char error[ENSEMBLE_ERROR_SIZE];
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = score((PyObject *)self, (int32_t)parts, dense, wire, wire_size, rows, out->buf, error, sizeof error);
+    Py_END_ALLOW_THREADS
+    if (failed)
+        PyErr_SetString(PyExc_ValueError, error);
+    else
+        result = Py_NewRef(Py_None);
+done:
+    for (Py_ssize_t i = 0; views != NULL && i < held; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(dense);
+    PyMem_Free(wire);
+    PyMem_Free(wire_size);
+    PyMem_Free(rows);
+    return result;
+}
+
+/* transform_dense(dense, out): the lean transform's continuous features, from raw values. */
+static PyObject *chain_transform_dense(Chain *self, PyObject *args) {
+    Py_buffer src, out;
+    if (!PyArg_ParseTuple(args, "y*w*", &src, &out)) return NULL;
+    PyObject *result = NULL;
+    if (src.len != out.len || src.len % (4 * self->n_dense) != 0) {
+        PyErr_SetString(PyExc_ValueError, "transform_dense: [rows x dense] float32 in and out");
+    } else {
+        const int64_t rows = src.len / (4 * self->n_dense);
+        self->native->dense_prepare(src.buf, out.buf, (size_t)(rows * self->n_dense), self->fill, self->clip_min);
+        finish_dense(self, out.buf, rows);
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyMethodDef chain_methods[] = {
+    {"score", (PyCFunction)chain_score, METH_VARARGS,
+     "score(((dense, wire, rows), ...), out): the outputs of every part's rows into out [outputs x rows]"},
+    {"transform_dense", (PyCFunction)chain_transform_dense, METH_VARARGS,
+     "transform_dense(dense, out): the continuous features of raw float32 values"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ChainType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ensemble.serving._chain.Chain",
+    .tp_basicsize = sizeof(Chain),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The ranker's chain in C over raw dense values and BYTES wire buffers.",
+    .tp_new = chain_new,
+    .tp_dealloc = chain_dealloc,
+    .tp_methods = chain_methods,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_chain", "The ranker's chain in C.", -1, NULL};
+
+PyMODINIT_FUNC PyInit__chain(void) {
+    if (PyType_Ready(&ChainType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    PyObject *capsule = PyCapsule_New((void *)&API, ENSEMBLE_CHAIN_CAPSULE, NULL);
+    if (PyModule_AddObjectRef(m, "Chain", (PyObject *)&ChainType) < 0 || PyModule_AddObject(m, "_C_API", capsule) < 0) {
+        Py_XDECREF(capsule);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
