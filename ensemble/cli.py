@@ -95,6 +95,7 @@ def _server_options(args):
     from ensemble.serving.control import ADMIN_KEY_ENV
 
     from ensemble.serving.monitoring import LatencySummaries
+    from ensemble.serving.allocator import Allocator
 
     return ServerOptions(Path(args.repository), host=args.host, http_port=args.http_port,
                          grpc_port=args.grpc_port, metrics_port=args.metrics_port,
@@ -102,7 +103,7 @@ def _server_options(args):
                          log_file=Path(args.log_file) if args.log_file else None,
                          admin_key=os.environ.get(ADMIN_KEY_ENV) or None,
                          latency_summaries=LatencySummaries(not args.no_latency_summaries, args.latency_quantiles),
-                         latency_objective_ms=args.latency_objective_ms)
+                         latency_objective_ms=args.latency_objective_ms, allocator=Allocator(args.allocator))
 
 
 def cmd_synth(args) -> int:
@@ -164,6 +165,7 @@ def cmd_serve(args) -> int:
     if args.replica_ports is not None or args.gateway_admin_port is not None:
         print("error: --replica-ports and --gateway-admin-port apply to a fleet (--replicas 2 or more)", file=sys.stderr)
         return 2
+    from ensemble.serving import allocator
     from ensemble.serving.server import ServerError, TritonServer
     from ensemble.serving.lifecycle import run_until_signal
     from ensemble.serving.supervise import Supervisor
@@ -175,7 +177,8 @@ def cmd_serve(args) -> int:
         def supervise(stopped) -> None:
             server.start()
             print(f"ready: HTTP http://{server.http_url}  gRPC grpc://{server.grpc_url}  metrics {server.metrics_url}")
-            print(f"log: {server.log_file}", flush=True)
+            preloaded = allocator.library(server.options.allocator) or "the system's"
+            print(f"log: {server.log_file}; allocator: {preloaded}", flush=True)
             supervisor.run(stopped)
 
         run_until_signal(on_tick=supervise)
@@ -455,6 +458,9 @@ def _add_server(p: argparse.ArgumentParser) -> None:
                    help="quantiles (with allowed rank error) of the latency summaries on the metrics port")
     p.add_argument("--no-latency-summaries", action="store_true",
                    help="export only Triton's cumulative latency counters (no *_summary_us quantiles)")
+    p.add_argument("--allocator", choices=["auto", "jemalloc", "system"], default="auto",
+                   help="tritonserver's memory allocator: auto preloads jemalloc when installed (Debian: "
+                        "libjemalloc2), else runs on the system's")
 
 
 def _replica_count(text: str) -> int:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ensemble.repository.configs import LATENCY_OBJECTIVE_PARAMETER, config_file, config_name
-from ensemble.serving import lifecycle, processes
+from ensemble.serving import allocator, lifecycle, processes
+from ensemble.serving.allocator import Allocator
 from ensemble.serving.control import ADMIN_HEADER, RELEASE_HEADER, Control, ControlError
 from ensemble.models.registry import Layout
 from ensemble import schema
@@ -63,6 +64,7 @@ class ServerOptions:
         latency_objective_ms: the fused ranker's latency objective (:mod:`ensemble.serving.admission`):
             the ranker is loaded with it in its config. None: the repository config's own
             (``configs.DEFAULT_OBJECTIVE_MS`` as exported).
+        allocator: the memory allocator tritonserver runs with (:mod:`ensemble.serving.allocator`).
     """
 
     repository: Path
@@ -77,6 +79,7 @@ class ServerOptions:
     admin_key: str | None = None
     latency_summaries: LatencySummaries = LatencySummaries()
     latency_objective_ms: float | None = None
+    allocator: Allocator = Allocator.AUTO
 
     @property
     def loopback(self) -> bool:
@@ -247,7 +250,7 @@ class TritonServer:
         # the next fork then waits on a thread that never ends (seen: `rank` stubs starting after the
         # native ranker loaded, about 1 start in 9). The models here compute on one thread anyway.
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
-        return env
+        return allocator.preloaded(env, self.options.allocator)
 
     def start(self) -> "TritonServer":
         layout = Layout(self.options.layout)
@@ -256,6 +259,10 @@ class TritonServer:
                               "ensemble layout does not refuse requests)")
         if layout is Layout.NATIVE:
             _check_native_backend(Path(self.options.repository))
+        try:
+            allocator.library(self.options.allocator)
+        except FileNotFoundError as exc:
+            raise ServerError(str(exc)) from None
         if self.options.latency_objective_ms is not None and not self.options.latency_objective_ms > 0:
             raise ServerError(f"the latency objective must be > 0 ms, got {self.options.latency_objective_ms:g}")
         if not self.options.loopback and not self.options.admin_key:

@@ -9,9 +9,11 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
+from ensemble.serving import allocator, processes
 from ensemble.serving.server import free_port
 
 
@@ -22,6 +24,11 @@ def _serve(repository, *extra):
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), ports
 
 
+def _server_pid(serve: subprocess.Popen, http_port: int) -> int:
+    """The tritonserver ``ensemble serve`` started on ``http_port`` (its command line names the port)."""
+    return next(iter(processes.arguments_ending(serve.pid, f"--http-port={http_port}")))
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_serve_until_signal(trained, sig):
     proc, ports = _serve(trained.repository)
@@ -29,6 +36,10 @@ def test_serve_until_signal(trained, sig):
         line = proc.stdout.readline()
         assert line.startswith("ready:"), (line, proc.stderr.read() if proc.poll() is not None else "")
         assert f"127.0.0.1:{ports[0]}" in line
+        preloaded = allocator.library(allocator.Allocator.AUTO)  # jemalloc when this machine has it
+        assert proc.stdout.readline().rstrip().endswith(f"allocator: {preloaded or 'the system' + chr(39) + 's'}")
+        maps = Path(f"/proc/{_server_pid(proc, ports[0])}/maps").read_text()
+        assert ("libjemalloc" in maps) == (preloaded is not None)
         with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/models/ranker/ready", timeout=5) as reply:
             assert reply.status == 200
         proc.send_signal(sig)
@@ -51,3 +62,15 @@ def test_serve_fails_with_log_tail(trained, tmp_path):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode != 0
     assert "checksum mismatch" in err and "blend" in err
+
+
+def test_serve_refuses_an_allocator_it_cannot_find(trained, monkeypatch):
+    monkeypatch.setattr(allocator.ctypes.util, "find_library", lambda name: None)
+    from ensemble.serving.server import ServerError, ServerOptions, TritonServer
+
+    with pytest.raises(ServerError, match="libjemalloc2"):
+        TritonServer(ServerOptions(trained.repository, http_port=free_port(), grpc_port=free_port(),
+                                   metrics_port=free_port(), allocator=allocator.Allocator.JEMALLOC)).start()
+    assert allocator.library(allocator.Allocator.AUTO) is None  # then auto runs on the system's allocator
+    assert allocator.preloaded({"LD_PRELOAD": "x.so"}, allocator.Allocator.AUTO) == {"LD_PRELOAD": "x.so"}
+
