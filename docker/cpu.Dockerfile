@@ -8,10 +8,10 @@ FROM debian:bookworm-slim
 # Debian's package versions move with security updates; pinning them (DL3008) would break
 # rebuilds, so the release (bookworm) is the pin.
 # gcc + libc6-dev: `ensemble export` compiles the trees to native code (TL2cgen).
-# libjemalloc2: the allocator `ensemble serve` preloads into tritonserver (ensemble/serving/allocator.py).
+# libtcmalloc-minimal4: the allocator `ensemble serve` preloads into tritonserver (ensemble/serving/allocator.py).
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3.11 python3.11-venv libpython3.11 libpython3.11-dev libgomp1 make gcc libc6-dev libjemalloc2 \
+    && apt-get install -y --no-install-recommends python3.11 python3.11-venv libpython3.11 libpython3.11-dev libgomp1 make gcc libc6-dev libtcmalloc-minimal4 \
     && rm -rf /var/lib/apt/lists/*
 
 # PyTorch's own index of CPU-only wheels (torch==X+cpu): torch from the package index is the CUDA

@@ -458,9 +458,9 @@ def _add_server(p: argparse.ArgumentParser) -> None:
                    help="quantiles (with allowed rank error) of the latency summaries on the metrics port")
     p.add_argument("--no-latency-summaries", action="store_true",
                    help="export only Triton's cumulative latency counters (no *_summary_us quantiles)")
-    p.add_argument("--allocator", choices=["auto", "jemalloc", "system"], default="auto",
-                   help="tritonserver's memory allocator: auto preloads jemalloc when installed (Debian: "
-                        "libjemalloc2), else runs on the system's")
+    p.add_argument("--allocator", choices=["auto", "tcmalloc", "system"], default="auto",
+                   help="tritonserver's memory allocator: auto preloads tcmalloc when installed (Debian: "
+                        "libtcmalloc-minimal4), else runs on the system's")
 
 
 def _replica_count(text: str) -> int:

@@ -36,10 +36,10 @@ def test_serve_until_signal(trained, sig):
         line = proc.stdout.readline()
         assert line.startswith("ready:"), (line, proc.stderr.read() if proc.poll() is not None else "")
         assert f"127.0.0.1:{ports[0]}" in line
-        preloaded = allocator.library(allocator.Allocator.AUTO)  # jemalloc when this machine has it
+        preloaded = allocator.library(allocator.Allocator.AUTO)  # tcmalloc when this machine has it
         assert proc.stdout.readline().rstrip().endswith(f"allocator: {preloaded or 'the system' + chr(39) + 's'}")
         maps = Path(f"/proc/{_server_pid(proc, ports[0])}/maps").read_text()
-        assert ("libjemalloc" in maps) == (preloaded is not None)
+        assert ("libtcmalloc" in maps) == (preloaded is not None)
         with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/models/ranker/ready", timeout=5) as reply:
             assert reply.status == 200
         proc.send_signal(sig)
@@ -68,9 +68,9 @@ def test_serve_refuses_an_allocator_it_cannot_find(trained, monkeypatch):
     monkeypatch.setattr(allocator.ctypes.util, "find_library", lambda name: None)
     from ensemble.serving.server import ServerError, ServerOptions, TritonServer
 
-    with pytest.raises(ServerError, match="libjemalloc2"):
+    with pytest.raises(ServerError, match=allocator.PACKAGE):
         TritonServer(ServerOptions(trained.repository, http_port=free_port(), grpc_port=free_port(),
-                                   metrics_port=free_port(), allocator=allocator.Allocator.JEMALLOC)).start()
+                                   metrics_port=free_port(), allocator=allocator.Allocator.TCMALLOC)).start()
     assert allocator.library(allocator.Allocator.AUTO) is None  # then auto runs on the system's allocator
     assert allocator.preloaded({"LD_PRELOAD": "x.so"}, allocator.Allocator.AUTO) == {"LD_PRELOAD": "x.so"}
 
