@@ -83,10 +83,11 @@ typedef struct {
 typedef struct {
     /* The outputs (blend, then each model) of the rows of parts requests into out [outputs x total
      * rows]: part p has rows[p] rows, dense[p] [rows x n_dense] float32 raw features, and wire[p] the
-     * BYTES wire buffer (wire_size[p] bytes) of its [rows x columns] categorical strings. 0, or -1
-     * with the reason in error. */
+     * BYTES wire buffer (wire_size[p] bytes) of its [rows x columns] categorical strings; on two
+     * threads when threads is 2 (the same outputs). 0, or -1 with the reason in error. */
     int (*score)(PyObject *chain, int32_t parts, const float *const *dense, const unsigned char *const *wire,
-                 const uint64_t *wire_size, const int64_t *rows, float *out, char *error, size_t error_size);
+                 const uint64_t *wire_size, const int64_t *rows, int threads, float *out, char *error,
+                 size_t error_size);
     int64_t (*outputs)(PyObject *chain);
 } EnsembleChainApi;
 

@@ -10,9 +10,15 @@
  * from the ufunc, because NVTabular's values (and the trees' thresholds on them) are numpy's to the
  * bit. ensemble/serving/chain.py builds a Chain from a loaded release and checks, before anything
  * uses it, that it gives the Python chain's scores bit for bit.
+ *
+ * A call may use two threads: the rows are cut in two (as the Python pipeline cuts a batch) and a
+ * helper thread the Chain keeps scores the second part, lookups and transform included, while the
+ * caller scores the first. Every row's outputs are the same either way (each row is scored alone).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -23,6 +29,29 @@
 #include "kernel_api.h"
 
 #define MODELS 3 /* trees, torch DLRM, TF DLRM: the outputs after the blend */
+
+/* One part list of a call: what score takes. */
+typedef struct {
+    int32_t parts;
+    const float *const *dense;
+    const unsigned char *const *wire;
+    const uint64_t *wire_size;
+    const int64_t *rows;
+} Parts;
+
+/* The helper thread and the one job it may hold. */
+typedef struct {
+    pthread_t thread;
+    pthread_mutex_t lock; /* guards the fields below */
+    pthread_cond_t wake;
+    bool started, posted, done, stop;
+    Parts job;
+    float *out;
+    int64_t stride;
+    int result;
+    char error[ENSEMBLE_ERROR_SIZE];
+    pthread_mutex_t busy; /* held by the call using the helper: another call meanwhile scores alone */
+} Helper;
 
 typedef struct {
     PyObject_HEAD
@@ -38,6 +67,7 @@ typedef struct {
     double weights[MODELS], bias, eps;
     PyUFuncGenericFunction log_loop;
     void *log_data;
+    Helper helper;
 } Chain;
 
 /* numpy's inner loop of np.log for float32 -> float32 (the first such loop, the one numpy picks). */
@@ -78,8 +108,23 @@ static int take_items(PyObject *obj, Py_buffer *view, Py_ssize_t count, int item
     return 0;
 }
 
+static void helper_stop(Helper *h) {
+    if (h->started) {
+        pthread_mutex_lock(&h->lock);
+        h->stop = true;
+        pthread_cond_broadcast(&h->wake);
+        pthread_mutex_unlock(&h->lock);
+        pthread_join(h->thread, NULL);
+        h->started = false;
+    }
+}
+
 static void chain_dealloc(PyObject *obj) {
     Chain *c = (Chain *)obj;
+    helper_stop(&c->helper);
+    pthread_cond_destroy(&c->helper.wake);
+    pthread_mutex_destroy(&c->helper.lock);
+    pthread_mutex_destroy(&c->helper.busy);
     Py_buffer *views[] = {&c->means, &c->stds, &c->node_column, &c->node_threshold, &c->leaves};
     for (int i = 0; i < c->held; i++) PyBuffer_Release(views[i]);
     Py_XDECREF(c->vocabulary);
@@ -102,6 +147,9 @@ static PyObject *chain_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     Chain *c = (Chain *)type->tp_alloc(type, 0);
     if (c == NULL) return NULL;
+    pthread_mutex_init(&c->helper.lock, NULL);
+    pthread_mutex_init(&c->helper.busy, NULL);
+    pthread_cond_init(&c->helper.wake, NULL);
     c->native = api_of(ENSEMBLE_NATIVE_CAPSULE);
     c->trees = c->native ? api_of(ENSEMBLE_TREES_CAPSULE) : NULL;
     c->dlrm = c->trees ? api_of(ENSEMBLE_DLRM_CAPSULE) : NULL;
@@ -179,12 +227,11 @@ static void finish_dense(const Chain *c, float *x, int64_t rows) {
     }
 }
 
-static int score(PyObject *obj, int32_t parts, const float *const *dense, const unsigned char *const *wire,
-                 const uint64_t *wire_size, const int64_t *rows, float *out, char *error, size_t error_size) {
-    const Chain *c = (const Chain *)obj;
+/* The outputs of the parts' rows into out: output k of row r at out[k * stride + r]. */
+static int score_rows(const Chain *c, const Parts *in, float *out, int64_t stride, char *error, size_t error_size) {
     const int64_t D = c->n_dense, C = c->columns, W = D + C;
     int64_t total = 0;
-    for (int32_t p = 0; p < parts; p++) total += rows[p];
+    for (int32_t p = 0; p < in->parts; p++) total += in->rows[p];
     if (total == 0) return 0;
     const size_t tree_scratch = c->trees->scratch_floats(W);
     char *memory = PyMem_RawMalloc((size_t)total * (size_t)(D * 4 + C * 8 + W * 4) + tree_scratch * 4);
@@ -195,24 +242,24 @@ static int score(PyObject *obj, int32_t parts, const float *const *dense, const 
     int64_t *ids = (int64_t *)memory;
     float *x = (float *)(ids + total * C), *design = x + total * D, *scratch = design + total * W;
     int64_t at = 0;
-    for (int32_t p = 0; p < parts; p++) {
-        c->native->dense_prepare(dense[p], x + at * D, (size_t)(rows[p] * D), c->fill, c->clip_min);
-        if (c->native->lookup_wire(c->vocabulary, wire[p], wire_size[p], c->fallback, ids + at * C, (size_t)(rows[p] * C),
-                                   error, error_size) < 0)
+    for (int32_t p = 0; p < in->parts; p++) {
+        c->native->dense_prepare(in->dense[p], x + at * D, (size_t)(in->rows[p] * D), c->fill, c->clip_min);
+        if (c->native->lookup_wire(c->vocabulary, in->wire[p], in->wire_size[p], c->fallback, ids + at * C,
+                                   (size_t)(in->rows[p] * C), error, error_size) < 0)
             goto fail;
-        at += rows[p];
+        at += in->rows[p];
     }
     finish_dense(c, x, total);
     for (int64_t r = 0; r < total; r++) { /* the trees' input: the features, then the ids as values */
         memcpy(design + r * W, x + r * D, sizeof(float) * (size_t)D);
         for (int64_t j = 0; j < C; j++) design[r * W + D + j] = (float)ids[r * C + j];
     }
-    float *models = out + total; /* out: the blend's row, then one per model */
+    float *models = out + stride; /* out: the blend's row, then one per model */
     c->trees->predict(design, total, W, c->n_trees, c->depth, c->node_column.buf, c->node_threshold.buf,
                       c->leaves.buf, c->base_margin, scratch, models);
     PyObject *dlrms[2] = {c->torch, c->tf};
     for (int k = 0; k < 2; k++) {
-        const int64_t bad = c->dlrm->forward(dlrms[k], x, ids, total, models + (k + 1) * total);
+        const int64_t bad = c->dlrm->forward(dlrms[k], x, ids, total, models + (k + 1) * stride);
         if (bad != -1) {
             if (bad == -2)
                 snprintf(error, error_size, "out of memory for %lld rows", (long long)total);
@@ -222,7 +269,7 @@ static int score(PyObject *obj, int32_t parts, const float *const *dense, const 
             goto fail;
         }
     }
-    const float *scores[MODELS] = {models, models + total, models + 2 * total};
+    const float *scores[MODELS] = {models, models + stride, models + 2 * stride};
     c->native->blend(scores, MODELS, c->weights, c->bias, c->eps, out, (size_t)total);
     PyMem_RawFree(memory);
     return 0;
@@ -231,16 +278,120 @@ fail:
     return -1;
 }
 
+static void *helper_main(void *arg) {
+    Chain *c = arg;
+    Helper *h = &c->helper;
+    pthread_mutex_lock(&h->lock);
+    for (;;) {
+        while (!h->posted && !h->stop) pthread_cond_wait(&h->wake, &h->lock);
+        if (h->stop) break;
+        h->posted = false;
+        pthread_mutex_unlock(&h->lock);
+        const int result = score_rows(c, &h->job, h->out, h->stride, h->error, sizeof h->error);
+        pthread_mutex_lock(&h->lock);
+        h->result = result;
+        h->done = true;
+        pthread_cond_broadcast(&h->wake);
+    }
+    pthread_mutex_unlock(&h->lock);
+    return NULL;
+}
+
+/* The byte offset in a BYTES wire buffer after its first count values (the buffer holds at least that
+ * many: the caller checked it, or the lookup refuses it and this stops at its end). */
+static uint64_t wire_offset(const unsigned char *wire, uint64_t size, int64_t count) {
+    uint64_t at = 0;
+    for (int64_t i = 0; i < count && size - at >= 4; i++) {
+        const uint32_t length = (uint32_t)wire[at] | (uint32_t)wire[at + 1] << 8 | (uint32_t)wire[at + 2] << 16 |
+                                (uint32_t)wire[at + 3] << 24;
+        at += 4;
+        if (size - at < length) return size;
+        at += length;
+    }
+    return at;
+}
+
+static int score(PyObject *obj, int32_t parts, const float *const *dense, const unsigned char *const *wire,
+                 const uint64_t *wire_size, const int64_t *rows, int threads, float *out, char *error,
+                 size_t error_size) {
+    Chain *c = (Chain *)obj;
+    const Parts all = {parts, dense, wire, wire_size, rows};
+    int64_t total = 0;
+    for (int32_t p = 0; p < parts; p++) total += rows[p];
+    const int64_t cut = (total / 2 + 15) / 16 * 16; /* the Python pipeline's cut: whole groups of 16 rows */
+    Helper *h = &c->helper;
+    if (threads < 2 || cut <= 0 || cut >= total || pthread_mutex_trylock(&h->busy) != 0)
+        return score_rows(c, &all, out, total, error, error_size);
+    if (!h->started) {
+        pthread_mutex_lock(&h->lock);
+        h->started = pthread_create(&h->thread, NULL, helper_main, c) == 0;
+        pthread_mutex_unlock(&h->lock);
+        if (!h->started) {
+            pthread_mutex_unlock(&h->busy);
+            return score_rows(c, &all, out, total, error, error_size);
+        }
+    }
+    /* The parts cut at row `cut`: [0, k] for this thread (part k's first `head` rows), [k, parts) for the
+     * helper (part k's remaining rows), each list of at most parts + 1 entries. */
+    const size_t n = (size_t)parts + 1;
+    const float **d = malloc(2 * n * sizeof *d);
+    const unsigned char **w = malloc(2 * n * sizeof *w);
+    uint64_t *ws = malloc(2 * n * sizeof *ws);
+    int64_t *r = malloc(2 * n * sizeof *r);
+    if (d == NULL || w == NULL || ws == NULL || r == NULL) {
+        free(d), free(w), free(ws), free(r);
+        pthread_mutex_unlock(&h->busy);
+        return score_rows(c, &all, out, total, error, error_size);
+    }
+    int32_t k = 0;
+    int64_t before = 0;
+    while (before + rows[k] <= cut) before += rows[k++];
+    const int64_t head = cut - before; /* part k's rows on this thread (0: it starts the helper's) */
+    for (int32_t p = 0; p < k; p++) d[p] = dense[p], w[p] = wire[p], ws[p] = wire_size[p], r[p] = rows[p];
+    int32_t first = k;
+    const uint64_t split = head ? wire_offset(wire[k], wire_size[k], head * c->columns) : 0;
+    if (head) d[first] = dense[k], w[first] = wire[k], ws[first] = split, r[first] = head, first++;
+    const float **d2 = d + n;
+    const unsigned char **w2 = w + n;
+    uint64_t *ws2 = ws + n;
+    int64_t *r2 = r + n;
+    d2[0] = dense[k] + head * c->n_dense, w2[0] = wire[k] + split, ws2[0] = wire_size[k] - split;
+    r2[0] = rows[k] - head;
+    for (int32_t p = k + 1; p < parts; p++)
+        d2[p - k] = dense[p], w2[p - k] = wire[p], ws2[p - k] = wire_size[p], r2[p - k] = rows[p];
+    pthread_mutex_lock(&h->lock);
+    h->job = (Parts){parts - k, d2, w2, ws2, r2};
+    h->out = out + cut;
+    h->stride = total;
+    h->done = false;
+    h->posted = true;
+    pthread_cond_broadcast(&h->wake);
+    pthread_mutex_unlock(&h->lock);
+    const Parts mine = {first, d, w, ws, r};
+    int result = score_rows(c, &mine, out, total, error, error_size);
+    pthread_mutex_lock(&h->lock);
+    while (!h->done) pthread_cond_wait(&h->wake, &h->lock);
+    if (result == 0 && h->result != 0) {
+        result = h->result;
+        snprintf(error, error_size, "%s", h->error);
+    }
+    pthread_mutex_unlock(&h->lock);
+    pthread_mutex_unlock(&h->busy);
+    free(d), free(w), free(ws), free(r);
+    return result;
+}
+
 static int64_t outputs(PyObject *obj) { return 1 + MODELS; }
 
 static const EnsembleChainApi API = {score, outputs};
 
 /* ----- the Python face: what tests and the load-time check call ----- */
 
-/* score(parts: tuple of (dense, wire, rows), out: writable float32 [outputs x total rows]) -> None */
+/* score(parts: tuple of (dense, wire, rows), out: writable float32 [outputs x total rows], threads=1) -> None */
 static PyObject *chain_score(Chain *self, PyObject *args) {
     PyObject *parts_obj, *out_obj;
-    if (!PyArg_ParseTuple(args, "O!O", &PyTuple_Type, &parts_obj, &out_obj)) return NULL;
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "O!O|i", &PyTuple_Type, &parts_obj, &out_obj, &threads)) return NULL;
     const Py_ssize_t parts = PyTuple_GET_SIZE(parts_obj);
     if (parts > INT32_MAX / 2) {
         PyErr_SetString(PyExc_ValueError, "score: too many parts");
@@ -282,7 +433,8 @@ static PyObject *chain_score(Chain *self, PyObject *args) {
     char error[ENSEMBLE_ERROR_SIZE];
     int failed;
     Py_BEGIN_ALLOW_THREADS
-    failed = score((PyObject *)self, (int32_t)parts, dense, wire, wire_size, rows, out->buf, error, sizeof error);
+    failed = score((PyObject *)self, (int32_t)parts, dense, wire, wire_size, rows, threads, out->buf, error,
+                   sizeof error);
     Py_END_ALLOW_THREADS
     if (failed)
         PyErr_SetString(PyExc_ValueError, error);
@@ -318,7 +470,8 @@ static PyObject *chain_transform_dense(Chain *self, PyObject *args) {
 
 static PyMethodDef chain_methods[] = {
     {"score", (PyCFunction)chain_score, METH_VARARGS,
-     "score(((dense, wire, rows), ...), out): the outputs of every part's rows into out [outputs x rows]"},
+     "score(((dense, wire, rows), ...), out, threads=1): the outputs of every part's rows into out "
+     "[outputs x rows], on one thread or two"},
     {"transform_dense", (PyCFunction)chain_transform_dense, METH_VARARGS,
      "transform_dense(dense, out): the continuous features of raw float32 values"},
     {NULL, NULL, 0, NULL},

@@ -7,10 +7,10 @@ order yielded; the call itself is the python backend's (:class:`ensemble.serving
 admission, validation, one batch, errors per request). A call whose requests the backend found
 ordinary (each input in its served type and width, in one buffer, not bulk) the backend plans and
 scores in C with no Python call, through the objects :attr:`RankerModel.plain` hands it (the chain in
-C, checked at load against the Python chain to the bit, and the compiled admission policy); a call
-the Python path splits over two threads, or a release without the chain in C, goes through
-:meth:`RankerModel.score_plain`: the same admission and scores, as one array the backend answers
-every request from, without a Python object per request or per answer.
+C, checked at load against the Python chain to the bit, and the compiled admission policy); with a
+release without the chain in C, it goes through :meth:`RankerModel.score_plain`: the same admission
+and scores, as one array the backend answers every request from, without a Python object per request
+or per answer.
 
 The same backend serves the ``rank`` model in the native layout (:class:`RankModel`): ranking
 requests scored by the pipeline of a ranker version loaded in this process (the release a fleet's
@@ -99,7 +99,7 @@ class RankerModel:
         such path (no kernel chain here, or features that need Python per value): (score_plain,
         finish_plain, ((Triton type, width) per input in ``input_names`` order), (output names, in the
         order of the score array's rows), the chain in C or None, the admission policy in C or None,
-        the rows from which a call goes through :meth:`score_plain` to be split over two threads (0:
+        the rows from which the chain scores a call on two threads, as the pipeline splits a batch (0:
         never)). With the chain in C, the backend plans and scores a plain call without Python (the
         policy must then be the compiled one, or none, so both paths update one policy)."""
         if self._transform is None or self.pipeline.kernel_chain is None:

@@ -8,8 +8,8 @@
  * below) is planned and scored in C, with no Python call and without the interpreter's lock, through
  * the C entry points the model's modules hand over at load (ensemble/kernel_api.h: the admission
  * policy and the whole chain, checked at load against the Python chain to the bit); when the model has
- * no such path, or the call is large enough for the Python path to split it over two threads, it costs
- * one Python call that returns one score array; any other call goes through the model's execute.
+ * no such path, it costs one Python call that returns one score array; any other call goes through the
+ * model's execute.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -133,8 +133,8 @@ typedef struct {
     int n_outputs;
     char *output_names[PLAIN_OUTPUTS];
     /* The plain path in C (see native_execute), when the model offers it: the chain and the admission
-     * policy (None: none), held, read through their modules' entry points; and from how many rows a
-     * call goes to the Python path instead, which splits it over two threads (0: never). */
+     * policy (None: none), held, read through their modules' entry points; and from how many rows the
+     * chain scores a call on two threads (0: never). */
     PyObject *chain, *admission;
     const EnsembleChainApi *chain_api;
     const EnsembleAdmissionApi *admission_api;
@@ -785,7 +785,8 @@ static void plain_execute(ModelState *state, TRITONBACKEND_Request **requests, u
 }
 
 /* A plain call in C, without the interpreter's lock: the admission plan, the refusals answered, one
- * chain call over the taken requests' buffers in the plan's order, each taken request answered from
+ * chain call over the taken requests' buffers in the plan's order (on two threads from split_rows rows,
+ * where the Python pipeline splits a batch too), each taken request answered from
  * the score array, the call recorded for the admission's fits (as score_plain and finish_plain do).
  * Sets *rows to the rows scored; a request left unanswered gets `text` as its error from the caller. */
 static void native_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_t count,
@@ -839,8 +840,9 @@ static void native_execute(ModelState *state, TRITONBACKEND_Request **requests, 
     scores = malloc((size_t)(total ? total : 1) * (size_t)state->n_outputs * sizeof(float));
     if (scores == NULL) {
         snprintf(text, text_size, "out of memory for %lld rows", (long long)total);
-    } else if (taken && state->chain_api->score(state->chain, taken, dense, wire, wire_size, part_rows, scores, text,
-                                                text_size) == 0) {
+    } else if (taken && state->chain_api->score(state->chain, taken, dense, wire, wire_size, part_rows,
+                                                state->split_rows && total >= state->split_rows ? 2 : 1, scores,
+                                                text, text_size) == 0) {
         int64_t offset = 0;
         for (int32_t k = 0; k < taken; k++) {
             const int32_t r = k < plan.n_first ? plan.first[k] : plan.bulk[k - plan.n_first];
@@ -943,7 +945,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
     }
     uint64_t rows = 0, total = 0;
     for (uint32_t r = 0; plain != NULL && r < request_count; r++) total += (uint64_t)plain[r].rows;
-    if (plain != NULL && state->chain != NULL && (state->split_rows == 0 || total < (uint64_t)state->split_rows)) {
+    if (plain != NULL && state->chain != NULL) {
         compute_start = now_ns();
         native_execute(state, requests, request_count, plain, answered, succeeded, &rows, text, sizeof text);
         compute_end = now_ns();

@@ -295,7 +295,8 @@ class Pipeline:
         """The whole chain in C from raw dense values and Triton's BYTES wire buffers
         (:meth:`ensemble.serving.chain.KernelChain.native`), which the native backend scores plain calls
         with, when it builds here and gives :meth:`chain_scores`' outputs bit for bit on a sample of
-        random, edge-case and in-vocabulary rows, whole and in parts; else None. Built on first use."""
+        random, edge-case and in-vocabulary rows, whole on one thread and in parts on two; else None.
+        Built on first use."""
         transform, chain = self.reads_wire, self.kernel_chain
         compiled = chain.native(transform) if transform is not None and chain is not None else None
         if compiled is None:
@@ -309,7 +310,8 @@ class Pipeline:
         try:
             compiled.score(((dense_bytes, wire, rows),), whole)
             compiled.score(((dense[:half].tobytes(), native.join_wire(values[:half * columns]), half),
-                            (dense[half:].tobytes(), native.join_wire(values[half * columns:]), rows - half)), halves)
+                            (dense[half:].tobytes(), native.join_wire(values[half * columns:]), rows - half)), halves,
+                           2)
         except ValueError as exc:
             LOG.warning("the chain in C could not run (%s); calls are scored through Python", exc)
             return None

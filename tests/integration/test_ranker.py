@@ -137,8 +137,8 @@ def test_ranking_request_without_context_orders_the_flat_scores(layout_server, p
 def test_the_native_backend_answers_ordinary_requests_from_one_score_array(servers, rows, expected):
     """The native layout's backend answers a call of ordinary requests from one score array, planned
     and scored in C (said in the server's log at load; a call of 32 rows or more on a server with two
-    cores goes through ``score_plain``, which splits it over two threads): each request gets its own
-    rows of the outputs it asked for, whatever it asked for, in calls of either kind."""
+    cores is scored on two threads): each request gets its own rows of the outputs it asked for,
+    whatever it asked for, in calls of either size."""
     from pathlib import Path
 
     import tritonclient.http as httpclient

@@ -29,12 +29,14 @@ def test_the_chain_in_c_is_built_here_and_passes_its_check(pipeline):
     assert native.COMPILED and pipeline.native_chain is not None
 
 
-@pytest.mark.parametrize("sizes", [[1], [7], [1, 1, 1, 1], [3, 40, 2], [33], [308], [0, 5, 0]])
-def test_the_chain_in_c_scores_what_the_pipeline_scores(pipeline, one_thread, sizes):
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("sizes", [[1], [7], [1, 1, 1, 1], [3, 40, 2], [16, 17], [33], [308], [0, 5, 0], [0, 40, 0]])
+def test_the_chain_in_c_scores_what_the_pipeline_scores(pipeline, one_thread, sizes, threads):
+    """On two threads the rows are cut in two, inside a request or between two (the cut at 16 rows)."""
     dense, cats = fresh_rows(max(sum(sizes) - 8, 1), seed=sum(sizes) + 40)  # with unseen values and edge cases
     dense, cats = dense[-sum(sizes):] if sum(sizes) else dense[:0], cats[-sum(sizes):] if sum(sizes) else cats[:0]
     out = np.full((len(schema.RANKER_OUTPUTS), sum(sizes)), -1, np.float32)
-    pipeline.native_chain.score(_parts(dense, cats, sizes), out)
+    pipeline.native_chain.score(_parts(dense, cats, sizes), out, threads)
     for reference in (pipeline, one_thread):  # two threads and one
         want = reference.score(dense, cats)
         for k, tensor in enumerate(schema.RANKER_OUTPUTS):
@@ -61,6 +63,11 @@ def test_the_chain_in_c_refuses_what_does_not_add_up(pipeline):
     out = np.empty((len(schema.RANKER_OUTPUTS), 3), np.float32)
     with pytest.raises(ValueError, match="truncated"):
         pipeline.native_chain.score(((d, wire[:-1], rows),), out)
+    big = _parts(*fresh_rows(40, seed=10), [48])  # on two threads: the helper's part fails
+    (bd, bwire, brows), = big
+    with pytest.raises(ValueError, match="truncated"):
+        pipeline.native_chain.score(((bd, bwire[:-1], brows),), np.empty((len(schema.RANKER_OUTPUTS), 48), np.float32), 2)
+    pipeline.native_chain.score(big, np.empty((len(schema.RANKER_OUTPUTS), 48), np.float32), 2)  # and it recovers
     with pytest.raises(ValueError, match="values in the BYTES tensor"):
         pipeline.native_chain.score(((d, wire + native.join_wire([b"x"]), rows),), out)
     with pytest.raises(ValueError, match="dense"):
