@@ -2,7 +2,10 @@
  * from Triton's buffers to the answers with no Python call in between (ensemble/serving/fused_backend.c).
  *
  * Each module that offers some publishes one table of function pointers as a capsule named
- * "<module>._C_API" (PyCapsule_Import finds it). A function that takes a PyObject * reads only the
+ * "<module>._C_API_<version>" (PyCapsule_Import finds it). The version changes with any table's
+ * shape, so a caller built against another one (a release folder's backend, copied there by an
+ * earlier install) finds no table and keeps its Python path instead of calling through a table of
+ * another shape. A function that takes a PyObject * reads only the
  * C fields of that object (of the type the comment names): it may be called without the interpreter's
  * lock as long as the caller keeps a reference to the object. None of them calls into Python.
  */
@@ -14,9 +17,11 @@
 #include <stdint.h>
 
 #define ENSEMBLE_ERROR_SIZE 512
+#define ENSEMBLE_API_VERSION "2"
+#define ENSEMBLE_API_ATTRIBUTE "_C_API_" ENSEMBLE_API_VERSION
 
-/* ensemble.models._trees._C_API: the trees as arrays (ensemble.models.xgb.TreeArrays). */
-#define ENSEMBLE_TREES_CAPSULE "ensemble.models._trees._C_API"
+/* ensemble.models._trees: the trees as arrays (ensemble.models.xgb.TreeArrays). */
+#define ENSEMBLE_TREES_CAPSULE "ensemble.models._trees." ENSEMBLE_API_ATTRIBUTE
 typedef struct {
     /* The floats of scratch that predict needs for rows of n_features features. */
     size_t (*scratch_floats)(int64_t n_features);
@@ -26,8 +31,8 @@ typedef struct {
                     float base_margin, float *scratch, float *out);
 } EnsembleTreesApi;
 
-/* ensemble.models._dlrm._C_API: a DLRM's forward pass over a _dlrm.Weights object. */
-#define ENSEMBLE_DLRM_CAPSULE "ensemble.models._dlrm._C_API"
+/* ensemble.models._dlrm: a DLRM's forward pass over a _dlrm.Weights object. */
+#define ENSEMBLE_DLRM_CAPSULE "ensemble.models._dlrm." ENSEMBLE_API_ATTRIBUTE
 typedef struct {
     /* The dense inputs and the id columns a row has for this net. */
     int64_t (*n_dense)(PyObject *weights);
@@ -38,8 +43,8 @@ typedef struct {
     int64_t (*forward)(PyObject *weights, const float *dense, const int64_t *ids, int64_t rows, float *out);
 } EnsembleDlrmApi;
 
-/* ensemble.serving._native._C_API: the categorical lookup and the elementwise steps. */
-#define ENSEMBLE_NATIVE_CAPSULE "ensemble.serving._native._C_API"
+/* ensemble.serving._native: the categorical lookup and the elementwise steps. */
+#define ENSEMBLE_NATIVE_CAPSULE "ensemble.serving._native." ENSEMBLE_API_ATTRIBUTE
 typedef struct {
     /* The id columns of a _native.Vocabulary. */
     int64_t (*columns)(PyObject *vocabulary);
@@ -54,8 +59,8 @@ typedef struct {
                   size_t rows);
 } EnsembleNativeApi;
 
-/* ensemble.serving._admission._C_API: the ranker's admission (ensemble.serving.admission). */
-#define ENSEMBLE_ADMISSION_CAPSULE "ensemble.serving._admission._C_API"
+/* ensemble.serving._admission: the ranker's admission (ensemble.serving.admission). */
+#define ENSEMBLE_ADMISSION_CAPSULE "ensemble.serving._admission." ENSEMBLE_API_ATTRIBUTE
 #define ENSEMBLE_MESSAGE_SIZE 256
 typedef struct {
     int64_t rows;
@@ -78,8 +83,8 @@ typedef struct {
     void (*finished)(PyObject *admission, double start, double end, int64_t requests, int64_t rows, int64_t scored);
 } EnsembleAdmissionApi;
 
-/* ensemble.serving._chain._C_API: the ranker's whole chain over Triton's buffers (a _chain.Chain). */
-#define ENSEMBLE_CHAIN_CAPSULE "ensemble.serving._chain._C_API"
+/* ensemble.serving._chain: the ranker's whole chain over Triton's buffers (a _chain.Chain). */
+#define ENSEMBLE_CHAIN_CAPSULE "ensemble.serving._chain." ENSEMBLE_API_ATTRIBUTE
 typedef struct {
     /* The outputs (blend, then each model) of the rows of parts requests into out [outputs x total
      * rows]: part p has rows[p] rows, dense[p] [rows x n_dense] float32 raw features, and wire[p] the

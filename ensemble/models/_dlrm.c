@@ -501,7 +501,7 @@ PyMODINIT_FUNC PyInit__dlrm(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     PyObject *capsule = PyCapsule_New((void *)&API, ENSEMBLE_DLRM_CAPSULE, NULL);
-    if (PyModule_AddObjectRef(m, "Weights", (PyObject *)&WeightsType) < 0 || PyModule_AddObject(m, "_C_API", capsule) < 0) {
+    if (PyModule_AddObjectRef(m, "Weights", (PyObject *)&WeightsType) < 0 || PyModule_AddObject(m, ENSEMBLE_API_ATTRIBUTE, capsule) < 0) {
         Py_XDECREF(capsule);
         Py_DECREF(m);
         return NULL;

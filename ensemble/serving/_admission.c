@@ -399,7 +399,7 @@ PyMODINIT_FUNC PyInit__admission(void) {
     if (m == NULL) return NULL;
     PyObject *capsule = PyCapsule_New((void *)&API, ENSEMBLE_ADMISSION_CAPSULE, NULL);
     if (PyModule_AddObjectRef(m, "Admission", (PyObject *)&AdmissionType) < 0 ||
-        PyModule_AddObject(m, "_C_API", capsule) < 0) {
+        PyModule_AddObject(m, ENSEMBLE_API_ATTRIBUTE, capsule) < 0) {
         Py_XDECREF(capsule);
         Py_DECREF(m);
         return NULL;

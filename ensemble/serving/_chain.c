@@ -494,7 +494,7 @@ PyMODINIT_FUNC PyInit__chain(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     PyObject *capsule = PyCapsule_New((void *)&API, ENSEMBLE_CHAIN_CAPSULE, NULL);
-    if (PyModule_AddObjectRef(m, "Chain", (PyObject *)&ChainType) < 0 || PyModule_AddObject(m, "_C_API", capsule) < 0) {
+    if (PyModule_AddObjectRef(m, "Chain", (PyObject *)&ChainType) < 0 || PyModule_AddObject(m, ENSEMBLE_API_ATTRIBUTE, capsule) < 0) {
         Py_XDECREF(capsule);
         Py_DECREF(m);
         return NULL;

@@ -151,6 +151,9 @@ static void native_spec(ModelState *state, PyObject *chain, PyObject *admission,
     if (chain_api == NULL || (admission != Py_None && admission_api == NULL) ||
         chain_api->outputs(chain) != state->n_outputs) {
         PyErr_Clear();
+        log_line(TS_LOG_WARN, "the installed modules offer no C entry points of version " ENSEMBLE_API_VERSION
+                              " (this backend was built by another install of the project: export the release "
+                              "again); plain calls are scored through Python");
         return;
     }
     state->chain = Py_NewRef(chain);

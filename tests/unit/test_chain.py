@@ -90,3 +90,23 @@ def test_a_chain_in_c_that_disagrees_is_not_used(pipeline, monkeypatch, caplog):
         assert off.native_chain is None
     assert "does not give the Python chain's scores" in caplog.text
     off.close()
+
+
+def test_every_module_offers_its_c_entry_points_under_the_headers_version():
+    """The tables of C entry points carry the version of ensemble/kernel_api.h in their names: a backend
+    built against another version (a release folder's copy from an earlier install) finds none and
+    scores through Python, instead of calling through a table of another shape."""
+    import ctypes
+    import importlib
+    import re
+    from pathlib import Path
+
+    header = (Path(__file__).resolve().parents[2] / "ensemble" / "kernel_api.h").read_text()
+    version = re.search(r'#define ENSEMBLE_API_VERSION "(\d+)"', header).group(1)
+    is_valid = ctypes.pythonapi.PyCapsule_IsValid
+    is_valid.argtypes, is_valid.restype = (ctypes.py_object, ctypes.c_char_p), ctypes.c_int
+    for name in ("ensemble.models._trees", "ensemble.models._dlrm", "ensemble.serving._native",
+                 "ensemble.serving._admission", "ensemble.serving._chain"):
+        module = importlib.import_module(name)
+        assert [a for a in dir(module) if a.startswith("_C_API")] == [f"_C_API_{version}"], name
+        assert is_valid(getattr(module, f"_C_API_{version}"), f"{name}._C_API_{version}".encode()), name
