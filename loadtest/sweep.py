@@ -1,10 +1,11 @@
-"""`python -m loadtest.sweep`: the fused ranker's dynamic-batching settings, measured.
+"""`python -m loadtest.sweep`: the ranker's dynamic-batching settings, measured.
 
-For each (queue delay, instance count) it writes the fused layout's ``ranker`` config from the
-typed builder (:func:`ensemble.repository.configs.layout_specs`, with the two fields replaced) into a
-scratch copy of the repository, starts tritonserver on it pinned like ``ensemble loadtest``
-(server on the last core, locust on the others), and runs one locust scenario per rows/request.
-Prints a table and writes ``sweep.json`` and ``sweep.md``. A benchmark, not a test.
+For each (queue delay, instance count) it writes the ``ranker`` config of the layout asked for
+(``--layout``: the native one by default, or the fused one) from the typed builder
+(:func:`ensemble.repository.configs.layout_specs`, with the two fields replaced) into a scratch copy of
+the repository, starts tritonserver on it pinned like ``ensemble loadtest`` (server on the last core,
+locust on the others), and runs one locust scenario per rows/request. Prints a table and writes
+``sweep.json`` and ``sweep.md``. A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ from ensemble.models.registry import Layout
 from ensemble.schema import Model
 
 
-def _repository_with(source: Path, into: Path, queue_delay_us: int, instances: int) -> Path:
+def _repository_with(source: Path, into: Path, layout: Layout, queue_delay_us: int, instances: int) -> Path:
     repo = into / "repo"
     shutil.rmtree(repo, ignore_errors=True)
     shutil.copytree(source, repo, symlinks=True)
-    (models, _) = configs.layout_specs(Layout.FUSED)
-    spec = replace(models[0], queue_delay_us=queue_delay_us, instances=instances)
-    (repo / Model.RANKER.value / configs.config_file(Layout.FUSED)).write_text(
-        configs.to_text(configs.model_config(spec)))
+    (models, _) = configs.layout_specs(layout)
+    ranker = next(m for m in models if m.name == Model.RANKER.value)
+    spec = replace(ranker, queue_delay_us=queue_delay_us, instances=instances)
+    (repo / Model.RANKER.value / configs.config_file(layout)).write_text(configs.to_text(configs.model_config(spec)))
     return repo
 
 
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m loadtest.sweep", description=__doc__.splitlines()[0])
     p.add_argument("--repository", default="model_repository", help="an exported repository")
+    p.add_argument("--layout", choices=[Layout.NATIVE.value, Layout.FUSED.value], default=Layout.NATIVE.value)
     p.add_argument("--out", default="build/loadtest/sweep", help="result folder")
     p.add_argument("--queue-delays", nargs="+", type=int, default=[0, 200, 1000], help="microseconds")
     p.add_argument("--instances", nargs="+", type=int, default=[1, 2])
@@ -56,10 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sweep-") as scratch:
         for delay in args.queue_delays:
             for instances in args.instances:
-                repo = _repository_with(Path(args.repository), Path(scratch), delay, instances)
+                repo = _repository_with(Path(args.repository), Path(scratch), Layout(args.layout), delay, instances)
                 server = TritonServer(ServerOptions(repo, http_port=free_port(), grpc_port=free_port(),
                                                     metrics_port=free_port(), cpu_list=pinning.server,
-                                                    log_file=out / "raw" / "tritonserver.log", layout=Layout.FUSED))
+                                                    log_file=out / "raw" / "tritonserver.log", layout=Layout(args.layout)))
                 with server:
                     url = f"http://{server.http_url}"
                     for rows in args.rows:
@@ -84,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                                                 "pinning": {"server": pinning.server, "load": pinning.load},
                                                 "results": results}, indent=1))
     m = describe()
-    lines = [f"Measured on {m['arch']}, {m['cores']} cores ({m['cpu']}), no GPU, server on CPU {pinning.server}, locust on "
+    lines = [f"The {args.layout} layout, measured on {m['arch']}, {m['cores']} cores ({m['cpu']}), no GPU, server on CPU "
+             f"{pinning.server}, locust on "
              f"CPU {pinning.load}, {args.users} users, {args.duration:g} s per scenario: `{command}`", "",
              "| queue delay (us) | instances | rows/request | rows/s | p50 ms | p99 ms | failures |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
