@@ -21,6 +21,7 @@ cost, with no second process or inference hop.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -34,6 +35,10 @@ from ensemble.serving import admission, calls, ranking, runtime
 _TRITON_TYPES = {schema.DType.FP32: 11, schema.DType.INT64: 9, schema.DType.STRING: 13}
 _TRITON_TYPES[schema.DType.INT32] = 8
 _NAMES = {code: dtype for dtype, code in _TRITON_TYPES.items()}
+
+# Set to 0 in tritonserver's environment, the backend answers plain calls through score_plain (one Python
+# call each) instead of in C: a switch for an operator who suspects the C path, without a rebuild.
+CALLS_IN_C = "ENSEMBLE_CALLS_IN_C"
 
 # The ranker versions loaded in this process, oldest first: the rank model scores with the last
 # (Triton loads a release before it unloads the one it replaces, on deploy and on rollback alike).
@@ -112,7 +117,8 @@ class RankerModel:
             return None
         policy = self.ranker.admission
         native_policy = policy.native if isinstance(policy, admission.NativeAdmission) else None
-        chain = self.pipeline.native_chain if policy is None or native_policy is not None else None
+        in_c = os.environ.get(CALLS_IN_C, "1") != "0" and (policy is None or native_policy is not None)
+        chain = self.pipeline.native_chain if in_c else None
         return (self.score_plain, self.finish_plain,
                 tuple((_TRITON_TYPES[t.dtype], t.dims[0]) for t in self.step.inputs), outputs, chain, native_policy,
                 self.pipeline.PARALLEL_MIN_ROWS if self.pipeline.parallel else 0)

@@ -170,3 +170,40 @@ def test_the_native_backend_answers_ordinary_requests_from_one_score_array(serve
                 assert np.max(np.abs(result.as_numpy(name).ravel() - expected[name][start:start + n])) <= TOL, name
 
         list(pool.map(ask, range(60)))
+
+
+def test_the_native_backend_scores_plain_calls_through_python_when_told(trained, tmp_path, monkeypatch, rows, expected):
+    """With ``ENSEMBLE_CALLS_IN_C=0`` in the server's environment the backend answers plain calls with
+    one Python call each (``score_plain``, also its path for a release without the chain in C): the
+    same answers, in calls of several requests and of 32 rows or more."""
+    import tritonclient.http as httpclient
+
+    from ensemble.models.registry import Layout
+    from ensemble.serving.embedded import CALLS_IN_C
+    from ensemble.serving.server import ServerOptions, TritonServer, free_port
+
+    monkeypatch.setenv(CALLS_IN_C, "0")
+    log = tmp_path / "tritonserver.log"
+    srv = TritonServer(ServerOptions(trained.repository, http_port=free_port(), grpc_port=free_port(),
+                                     metrics_port=free_port(), log_file=log, layout=Layout.NATIVE))
+    with srv:
+        assert "plain calls are answered from one score array, scored by score_plain" in log.read_text(errors="replace")
+        dense, cats = rows
+
+        def ask(k):
+            start, n = 7 * k, 40 if k % 4 == 3 else 1 + k % 3
+            inputs = [httpclient.InferInput(schema.DENSE.name, [n, dense.shape[1]], "FP32"),
+                      httpclient.InferInput(schema.CATEGORICAL.name, [n, cats.shape[1]], "BYTES")]
+            inputs[0].set_data_from_numpy(np.ascontiguousarray(dense[start:start + n], np.float32))
+            inputs[1].set_data_from_numpy(cats[start:start + n])
+            client = httpclient.InferenceServerClient(srv.http_url)
+            try:
+                result = client.infer(schema.Model.RANKER.value, inputs)
+            finally:
+                client.close()
+            for name in (t.name for t in schema.RANKER_OUTPUTS):
+                assert np.max(np.abs(result.as_numpy(name).ravel() - expected[name][start:start + n])) <= TOL, name
+
+        with cf.ThreadPoolExecutor(4) as pool:
+            list(pool.map(ask, range(24)))
+
