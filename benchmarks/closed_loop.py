@@ -83,7 +83,8 @@ def run(args) -> list[dict]:
     script = work / "post.lua"
     script.write_text(_LUA)
     paths = bodies(work, tuple(args.rows))
-    options = RunnerOptions(repository=Path(args.repository), out=work, targets=tuple(args.targets))
+    options = RunnerOptions(repository=Path(args.repository), out=work, targets=tuple(args.targets),
+                            latency_summaries=args.latency_summaries)
     results = []
     with Servers(options, Pinning(args.server_cpus, args.client_cpus), work) as servers:
         urls = {target: servers.url(target) for target in args.targets}
@@ -152,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--server-cpus", default="1", help="taskset CPU list of every server ('' for none)")
     p.add_argument("--client-cpus", default="0", help="taskset CPU list of wrk ('' for none)")
+    p.add_argument("--latency-summaries", action="store_true",
+                   help="Triton with its latency summaries on (ensemble serve --latency-summaries)")
     p.add_argument("--out", default="docs/results", help="folder of closed-loop-wrk.json")
     args = p.parse_args(argv)
     if shutil.which("wrk") is None:

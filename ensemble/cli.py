@@ -89,12 +89,19 @@ def _add_slipstream(p: argparse.ArgumentParser) -> None:
                    help="steps trained on every input before the first snapshot")
 
 
+def _latency_summaries(args):
+    """Off unless asked for: ``--latency-summaries``, or quantiles given without ``--no-latency-summaries``."""
+    from ensemble.serving.monitoring import DEFAULT_QUANTILES, LatencySummaries
+
+    enabled = args.latency_summaries if args.latency_summaries is not None else args.latency_quantiles is not None
+    return LatencySummaries(enabled, args.latency_quantiles or DEFAULT_QUANTILES)
+
+
 def _server_options(args):
     from ensemble.serving.server import ServerOptions
 
     from ensemble.serving.control import ADMIN_KEY_ENV
 
-    from ensemble.serving.monitoring import LatencySummaries
     from ensemble.serving.allocator import Allocator
 
     return ServerOptions(Path(args.repository), host=args.host, http_port=args.http_port,
@@ -102,7 +109,7 @@ def _server_options(args):
                          layout=Layout(args.layout),
                          log_file=Path(args.log_file) if args.log_file else None,
                          admin_key=os.environ.get(ADMIN_KEY_ENV) or None,
-                         latency_summaries=LatencySummaries(not args.no_latency_summaries, args.latency_quantiles),
+                         latency_summaries=_latency_summaries(args),
                          latency_objective_ms=args.latency_objective_ms, allocator=Allocator(args.allocator))
 
 
@@ -453,11 +460,14 @@ def _add_server(p: argparse.ArgumentParser) -> None:
                         "predicts would complete later than this after it arrived, or than its client's timeout "
                         "if sooner "
                         f"(default: the repository config's, {DEFAULT_OBJECTIVE_MS:g} ms as exported)")
-    p.add_argument("--latency-quantiles", type=_quantiles, metavar="Q:ERR,...",
-                   default=monitoring.format_quantiles(monitoring.DEFAULT_QUANTILES),
-                   help="quantiles (with allowed rank error) of the latency summaries on the metrics port")
-    p.add_argument("--no-latency-summaries", action="store_true",
-                   help="export only Triton's cumulative latency counters (no *_summary_us quantiles)")
+    p.add_argument("--latency-summaries", action=argparse.BooleanOptionalAction, default=None,
+                   help="export Triton's latency summaries (*_summary_us quantiles, the dashboard's latency "
+                        "panels) on the metrics port; off by default, as in Triton: on a busy core their upkeep "
+                        "costs more than a 1-row request's own work (the cumulative counters are always on)")
+    p.add_argument("--latency-quantiles", type=_quantiles, metavar="Q:ERR,...", default=None,
+                   help="quantiles (with allowed rank error) of the latency summaries; implies "
+                        "--latency-summaries (default: "
+                        f"{monitoring.format_quantiles(monitoring.DEFAULT_QUANTILES)})")
     p.add_argument("--allocator", choices=["auto", "tcmalloc", "system"], default="auto",
                    help="tritonserver's memory allocator: auto preloads tcmalloc when installed (Debian: "
                         "libtcmalloc-minimal4), else runs on the system's")

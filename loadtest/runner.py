@@ -85,6 +85,7 @@ class RunnerOptions:
     urls: dict[str, str] = field(default_factory=dict)  # target -> URL of a running server
     overload_seconds: float = 10.0  # open-loop run at 2x capacity against triton-http (0: skip)
     perf_analyzer: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # its concurrency sweep on triton-http/grpc (): skip
+    latency_summaries: bool = False  # the tritonservers it starts export Triton's latency summaries
 
     @classmethod
     def from_args(cls, args) -> "RunnerOptions":
@@ -94,7 +95,8 @@ class RunnerOptions:
                    args.duration, args.warmup, args.sla_ms, args.fail_ratio, not args.no_pin,
                    Path(args.data_file) if args.data_file else None, urls,
                    overload_seconds=args.overload_seconds,
-                   perf_analyzer=() if args.no_perf_analyzer else tuple(args.perf_analyzer_concurrency))
+                   perf_analyzer=() if args.no_perf_analyzer else tuple(args.perf_analyzer_concurrency),
+                   latency_summaries=args.latency_summaries)
 
 
 def add_arguments(p) -> None:
@@ -125,6 +127,8 @@ def add_arguments(p) -> None:
     p.add_argument("--perf-analyzer-concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32],
                    help="Triton's perf_analyzer sweep on triton-http and triton-grpc: clients in flight")
     p.add_argument("--no-perf-analyzer", action="store_true", help="skip the perf_analyzer sweep")
+    p.add_argument("--latency-summaries", action="store_true",
+                   help="start the tritonservers with Triton's latency summaries on (ensemble serve --latency-summaries)")
 
 
 @dataclass(frozen=True)
@@ -176,6 +180,7 @@ class Servers:
         return self.urls[target]
 
     def _start_triton(self, layout: Layout) -> None:
+        from ensemble.serving.monitoring import LatencySummaries
         from ensemble.serving.server import ServerOptions, TritonServer, free_port
 
         log = self.log_dir / f"tritonserver-{layout.value}.log"
@@ -183,7 +188,8 @@ class Servers:
               flush=True)
         started = time.monotonic()
         options = ServerOptions(self.options.repository, http_port=free_port(), grpc_port=free_port(),
-                                metrics_port=free_port(), log_file=log, cpu_list=self.pinning.server, layout=layout)
+                                metrics_port=free_port(), log_file=log, cpu_list=self.pinning.server, layout=layout,
+                                latency_summaries=LatencySummaries(self.options.latency_summaries))
         server = TritonServer(options).start()
         print(f"tritonserver ({layout.value}) ready after {time.monotonic() - started:.1f} s", flush=True)
         self.triton[layout] = server

@@ -296,7 +296,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
  * When the reporter falls behind (a full queue: a saturated core), the answering thread reports
  * itself, so the memory held by unreleased requests stays bounded. Statistics therefore trail the
  * answers by as long as the reporter waits for a free core. A server allowed only one core (taskset)
- * reports on the answering thread as before: there the reporter would compete for the same core,
+ * reports on the answering thread: there the reporter would compete for the same core,
  * and measured with a closed loop on one core its tail was longer, not shorter. */
 
 #define REPORT_QUEUE 1024

@@ -58,12 +58,16 @@ def format_quantiles(quantiles: tuple[tuple[float, float], ...]) -> str:
 class LatencySummaries:
     """Whether tritonserver exports latency summaries, and with which quantiles.
 
+    Off by default, as in Triton: on a busy core their upkeep costs more than the native ranker's
+    own work on a 1-row request and sets its tail (docs/serving.md, "The 1-row tail"). The
+    compose services, which ship the dashboard, turn them on.
+
     Attributes:
         enabled: export ``nv_inference_{request,queue,compute_input,compute_infer,compute_output}_summary_us``.
         quantiles: (quantile, allowed rank error) pairs.
     """
 
-    enabled: bool = True
+    enabled: bool = False
     quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES
 
     def server_args(self) -> list[str]:

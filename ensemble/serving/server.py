@@ -59,7 +59,7 @@ class ServerOptions:
             deploy`` and the supervisor use) answers only requests carrying it in the
             ``ensemble-admin-key`` header (:mod:`ensemble.serving.control`). Required to bind a
             non-loopback address.
-        latency_summaries: Prometheus latency summaries on the metrics port (on by default; see
+        latency_summaries: Prometheus latency summaries on the metrics port (off by default; see
             :mod:`ensemble.serving.monitoring`).
         latency_objective_ms: the fused ranker's latency objective (:mod:`ensemble.serving.admission`):
             the ranker is loaded with it in its config. None: the repository config's own

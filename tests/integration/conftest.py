@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ensemble.models.registry import Layout
+from ensemble.serving.monitoring import LatencySummaries
 from ensemble.serving.server import DEFAULT_LAYOUT, ServerOptions, TritonServer, free_port
 
 CPU_LAYOUTS = (Layout.FUSED, Layout.NATIVE, Layout.ENSEMBLE)
@@ -13,14 +14,17 @@ CPU_LAYOUTS = (Layout.FUSED, Layout.NATIVE, Layout.ENSEMBLE)
 
 @pytest.fixture(scope="session")
 def servers(trained, tmp_path_factory):
-    """``servers(layout)`` -> a running server of that layout (started on first call)."""
+    """``servers(layout)`` -> a running server of that layout (started on first call), with the
+    latency summaries on, as the deployments that ship the dashboard run it (test_metrics.py
+    checks every metric the dashboard reads; test_serve_cli.py the default, without them)."""
     started: dict[Layout, TritonServer] = {}
 
     def get(layout: Layout) -> TritonServer:
         if layout not in started:
             log = tmp_path_factory.mktemp(f"server-{layout.value}") / "tritonserver.log"
             srv = TritonServer(ServerOptions(trained.repository, http_port=free_port(), grpc_port=free_port(),
-                                             metrics_port=free_port(), log_file=log, layout=layout))
+                                             metrics_port=free_port(), log_file=log, layout=layout,
+                                             latency_summaries=LatencySummaries(True)))
             srv.start()  # raises ServerError with the log tail if it cannot start
             started[layout] = srv
         return started[layout]

@@ -15,6 +15,7 @@ from ensemble import schema
 from ensemble.fleet.fleet import Fleet, FleetOptions
 from ensemble.fleet.prometheus import GATEWAY_JOB, TRITON_JOB, Prometheus, scrape_config
 from ensemble.serving.monitoring import DASHBOARD, dashboard_queries
+from ensemble.serving.monitoring import LatencySummaries
 from ensemble.serving.server import ServerOptions, free_port
 from tests.helpers import fleet_ports, fresh_rows
 
@@ -37,7 +38,8 @@ def observed(trained, tmp_path_factory):
     lines: list[str] = []
     http, grpc, metrics = fleet_ports(2)
     options = FleetOptions(ServerOptions(trained.repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                                         log_file=root / "serve.log"), replicas=2)
+                                         log_file=root / "serve.log", latency_summaries=LatencySummaries(True)),
+                           replicas=2)  # summaries on: the dashboard's latency panels read them
     fleet = Fleet(options, log=lines.append).start()
     stop = threading.Event()
     supervising = threading.Thread(target=fleet.run, args=(stop.is_set,), daemon=True)

@@ -29,9 +29,18 @@ def _server_pid(serve: subprocess.Popen, http_port: int) -> int:
     return next(iter(processes.arguments_ending(serve.pid, f"--http-port={http_port}")))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_serve_until_signal(trained, sig):
-    proc, ports = _serve(trained.repository)
+def _metric_families(metrics_port: int) -> set[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+
+
+# Latency summaries: off by default (Triton's own default), on when asked for or when quantiles are given.
+@pytest.mark.parametrize("sig, extra, summaries", [(signal.SIGTERM, (), False),
+                                                   (signal.SIGINT, ("--latency-quantiles", "0.5:0.05,0.99:0.01"), True)],
+                         ids=["sigterm-default", "sigint-quantiles"])
+def test_serve_until_signal(trained, sig, extra, summaries):
+    proc, ports = _serve(trained.repository, *extra)
     try:
         line = proc.stdout.readline()
         assert line.startswith("ready:"), (line, proc.stderr.read() if proc.poll() is not None else "")
@@ -42,6 +51,9 @@ def test_serve_until_signal(trained, sig):
         assert ("libtcmalloc" in maps) == (preloaded is not None)
         with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/models/ranker/ready", timeout=5) as reply:
             assert reply.status == 200
+        families = _metric_families(ports[2])
+        assert {"nv_inference_request_success", "nv_inference_request_duration_us"} <= families
+        assert ("nv_inference_request_summary_us" in families) == summaries, sorted(families)
         proc.send_signal(sig)
         assert proc.wait(timeout=60) == 0
         assert "stopped" in proc.stdout.read()

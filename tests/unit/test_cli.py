@@ -59,7 +59,7 @@ def test_cli_reference_names_every_subcommand_and_option():
         section = page.split(f"## ensemble {name}\n", 1)[1].split("\n## ", 1)[0]
         for action in parser._actions:
             if action.option_strings and action.dest != "help":
-                assert f"`{action.option_strings[-1]}" in section, f"ensemble {name} {action.option_strings[-1]}"
+                assert f"`{action.option_strings[0]}" in section, f"ensemble {name} {action.option_strings[0]}"
 
 
 def test_help_answers_without_importing_pandas():

@@ -145,6 +145,7 @@ def test_cpu_profile_serves_the_embedded_configuration(compose):
     assert cpu["build"]["dockerfile"] == "docker/cpu.Dockerfile" and not _gpu_reserved(cpu)
     assert cpu["command"][:3] == ["serve", "--repository", "/models"] and "--model-config-name" not in cpu["command"]
     assert "triton" in cpu["networks"]["default"]["aliases"]  # locust and clients use one host name
+    assert "--latency-summaries" in cpu["command"]  # the dashboard's latency panels read them
     # bound to 0.0.0.0, `ensemble serve` starts only with an admin key: the service passes the host's on
     if "--host" in cpu["command"] and cpu["command"][cpu["command"].index("--host") + 1] != "127.0.0.1":
         assert cpu["environment"]["ENSEMBLE_ADMIN_KEY"] == "${ENSEMBLE_ADMIN_KEY:-}"

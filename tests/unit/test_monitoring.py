@@ -24,28 +24,32 @@ def test_quantiles_round_trip_and_bad_values_are_named():
             parse_quantiles(bad)
 
 
-def test_server_flags_on_by_default_and_off_on_request():
+def test_server_flags_off_by_default_and_on_on_request():
     def command(summaries: LatencySummaries) -> list[str]:
         options = ServerOptions(Path("repo"), latency_summaries=summaries)
         return TritonServer(options).command(Path("/bin/tritonserver"), Path("/backends"))
 
-    on = command(LatencySummaries())
+    assert "--metrics-config=summary_latencies=false" in command(LatencySummaries())
+    on = command(LatencySummaries(True))
     assert "--metrics-config=summary_latencies=true" in on
     assert "--metrics-config=summary_quantiles=0.5:0.05,0.9:0.01,0.95:0.005,0.99:0.001" in on
     off = command(LatencySummaries(enabled=False))
     assert "--metrics-config=summary_latencies=false" in off and not any("summary_quantiles" in a for a in off)
     with pytest.raises(ValueError):  # the binary would only log it and start without quantiles
-        command(LatencySummaries(quantiles=((1.5, 0.1),)))
+        command(LatencySummaries(True, ((1.5, 0.1),)))
 
 
 def test_serve_flags_reach_the_server_options():
     from ensemble.cli import _server_options, build_parser
 
-    args = build_parser().parse_args(["serve", "--latency-quantiles", "0.5:0.05,0.99:0.001"])
-    assert _server_options(args).latency_summaries == LatencySummaries(True, ((0.5, 0.05), (0.99, 0.001)))
-    args = build_parser().parse_args(["serve", "--no-latency-summaries"])
-    assert _server_options(args).latency_summaries.enabled is False
-    assert build_parser().parse_args(["serve"]).latency_quantiles == DEFAULT_QUANTILES
+    def summaries(*argv: str) -> LatencySummaries:
+        return _server_options(build_parser().parse_args(["serve", *argv])).latency_summaries
+
+    assert summaries() == LatencySummaries(False, DEFAULT_QUANTILES)
+    assert summaries("--latency-summaries") == LatencySummaries(True, DEFAULT_QUANTILES)
+    assert summaries("--latency-quantiles", "0.5:0.05,0.99:0.001") == LatencySummaries(True, ((0.5, 0.05), (0.99, 0.001)))
+    assert summaries("--no-latency-summaries", "--latency-quantiles", "0.99:0.001").enabled is False
+    assert summaries("--latency-summaries", "--no-latency-summaries").enabled is False
 
 
 @pytest.mark.parametrize("expr, names", [
@@ -133,4 +137,4 @@ def test_gpu_triton_service_exports_the_same_summaries():
     from tests.unit.test_compose import COMPOSE
 
     triton = yaml.safe_load(COMPOSE.read_text())["services"]["triton"]
-    assert set(LatencySummaries().server_args()) <= set(triton["command"])
+    assert set(LatencySummaries(True).server_args()) <= set(triton["command"])
