@@ -101,3 +101,17 @@ def test_perf_analyzer_measures_concurrent_clients_without_an_error(served):
                                       stability_percent=10_000)
         print(f"\nperf_analyzer {protocol} 100 rows x 16: {point}")
         assert point.measured, point.error
+
+
+def test_the_plain_client_benchmark_counts_every_answer(served):
+    """``loadtest.plain_clients`` (the documented plain-client run) against this server: every
+    request answered, and a server that is not there counted as errors, not as answers."""
+    from ensemble.serving.server import free_port
+    from loadtest.plain_clients import point
+
+    dense, cats = fresh_rows(300, seed=83)
+    for protocol, url in ((Protocol.HTTP, served.http_url), (Protocol.GRPC, served.grpc_url)):
+        r = point(url, protocol, threads=4, requests=5, rows=20, dense=dense, cats=cats)
+        assert (r["sent"], r["answered"], r["errors"]) == (20, 20, 0), r["first_errors"]
+    nobody = point(f"127.0.0.1:{free_port()}", Protocol.HTTP, threads=2, requests=2, rows=1, dense=dense, cats=cats)
+    assert (nobody["answered"], nobody["errors"]) == (0, 4)
