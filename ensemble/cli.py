@@ -91,10 +91,8 @@ def _add_slipstream(p: argparse.ArgumentParser) -> None:
 
 def _latency_summaries(args):
     """Off unless asked for: ``--latency-summaries``, or quantiles given without ``--no-latency-summaries``."""
-    from ensemble.serving.monitoring import DEFAULT_QUANTILES, LatencySummaries
-
     enabled = args.latency_summaries if args.latency_summaries is not None else args.latency_quantiles is not None
-    return LatencySummaries(enabled, args.latency_quantiles or DEFAULT_QUANTILES)
+    return monitoring.LatencySummaries(enabled, args.latency_quantiles or monitoring.DEFAULT_QUANTILES)
 
 
 def _server_options(args):

@@ -17,6 +17,21 @@
 #include <stdint.h>
 
 #define ENSEMBLE_ERROR_SIZE 512
+
+/* The byte offset in a Triton BYTES wire buffer (per value a 4-byte little-endian length, then its
+ * bytes) just after its first count values, or UINT64_MAX when the size bytes do not hold them. */
+static inline uint64_t ensemble_wire_offset(const unsigned char *wire, uint64_t size, int64_t count) {
+    uint64_t at = 0;
+    for (int64_t i = 0; i < count; i++) {
+        if (size - at < 4) return UINT64_MAX;
+        const uint32_t length = (uint32_t)wire[at] | (uint32_t)wire[at + 1] << 8 | (uint32_t)wire[at + 2] << 16 |
+                                (uint32_t)wire[at + 3] << 24;
+        at += 4;
+        if (size - at < length) return UINT64_MAX;
+        at += length;
+    }
+    return at;
+}
 #define ENSEMBLE_API_VERSION "2"
 #define ENSEMBLE_API_ATTRIBUTE "_C_API_" ENSEMBLE_API_VERSION
 

@@ -23,6 +23,15 @@ from ensemble.features import transforms
 from ensemble.machine import summary
 
 
+def infer_once(client, module, protocol: Protocol, dense, cats) -> None:
+    """One ranker request through a plain tritonclient ``client`` of ``module`` (tritonclient.http or
+    .grpc), as a Triton user writes it; raises on an error or a score of the wrong shape."""
+    result = client.infer(schema.Model.RANKER.value, build_inputs(module, protocol, True, dense, cats),
+                          outputs=build_outputs(module, protocol, True, False))
+    if result.as_numpy(schema.SCORE.name).shape != (len(dense), 1):
+        raise ValueError(f"score shape {result.as_numpy(schema.SCORE.name).shape}")
+
+
 def point(url: str, protocol: Protocol, threads: int, requests: int, rows: int, dense, cats) -> dict:
     """``threads`` plain clients, ``requests`` each of ``rows`` rows: answered, errors, seconds."""
     import tritonclient.grpc as grpc_client
@@ -41,12 +50,7 @@ def point(url: str, protocol: Protocol, threads: int, requests: int, rows: int, 
             for i in range(requests):
                 start = (u * requests + i) * rows % (len(dense) - rows)
                 try:
-                    result = client.infer(schema.Model.RANKER.value,
-                                          build_inputs(module, protocol, True, dense[start:start + rows],
-                                                       cats[start:start + rows]),
-                                          outputs=build_outputs(module, protocol, True, False))
-                    if result.as_numpy(schema.SCORE.name).shape != (rows, 1):
-                        raise ValueError(f"score shape {result.as_numpy(schema.SCORE.name).shape}")
+                    infer_once(client, module, protocol, dense[start:start + rows], cats[start:start + rows])
                     answered[u] += 1
                 except Exception as exc:  # noqa: BLE001 - every failure is counted and shown
                     errors.append(f"{type(exc).__name__}: {exc}"[:300])

@@ -297,18 +297,11 @@ static void *helper_main(void *arg) {
     return NULL;
 }
 
-/* The byte offset in a BYTES wire buffer after its first count values (the buffer holds at least that
- * many: the caller checked it, or the lookup refuses it and this stops at its end). */
+/* The byte offset in a BYTES wire buffer after its first count values, or its end when it does not
+ * hold them (the lookup then refuses the part that runs short). */
 static uint64_t wire_offset(const unsigned char *wire, uint64_t size, int64_t count) {
-    uint64_t at = 0;
-    for (int64_t i = 0; i < count && size - at >= 4; i++) {
-        const uint32_t length = (uint32_t)wire[at] | (uint32_t)wire[at + 1] << 8 | (uint32_t)wire[at + 2] << 16 |
-                                (uint32_t)wire[at + 3] << 24;
-        at += 4;
-        if (size - at < length) return size;
-        at += length;
-    }
-    return at;
+    const uint64_t at = ensemble_wire_offset(wire, size, count);
+    return at == UINT64_MAX ? size : at;
 }
 
 static int score(PyObject *obj, int32_t parts, const float *const *dense, const unsigned char *const *wire,

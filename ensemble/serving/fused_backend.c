@@ -631,18 +631,9 @@ typedef struct {
     uint32_t wanted; /* bit k: output k asked for */
 } PlainRequest;
 
-/* Whether a BYTES tensor's buffer holds exactly `count` strings (each a 4-byte little-endian length
- * and its bytes). */
+/* Whether a BYTES tensor's buffer holds exactly `count` strings. */
 static bool wire_holds(const unsigned char *p, uint64_t size, int64_t count) {
-    uint64_t at = 0;
-    for (int64_t i = 0; i < count; i++) {
-        if (size - at < 4) return false;
-        uint32_t length = (uint32_t)p[at] | (uint32_t)p[at + 1] << 8 | (uint32_t)p[at + 2] << 16 | (uint32_t)p[at + 3] << 24;
-        at += 4;
-        if (size - at < length) return false;
-        at += length;
-    }
-    return at == size;
+    return ensemble_wire_offset(p, size, count) == size;
 }
 
 /* Whether a request is plain; if so, what the call needs of it. */

@@ -12,9 +12,10 @@ import time
 import numpy as np
 import pytest
 
-from clients.triton import Protocol, build_inputs, build_outputs
+from clients.triton import Protocol, build_inputs
 from ensemble import schema
 from ensemble.models.registry import Layout
+from loadtest.plain_clients import infer_once
 from tests.helpers import fresh_rows
 
 ROW_CHOICES = (1, 20, 100)
@@ -37,10 +38,7 @@ def _closed_loop(url: str, protocol: Protocol, users: int, seconds: float, dense
             rows = int(rng.choice(ROW_CHOICES))
             start = int(rng.integers(0, len(dense) - rows))
             try:
-                result = client.infer(schema.Model.RANKER.value,
-                                      build_inputs(module, protocol, True, dense[start:start + rows], cats[start:start + rows]),
-                                      outputs=build_outputs(module, protocol, True, False))
-                assert result.as_numpy(schema.SCORE.name).shape == (rows, 1)
+                infer_once(client, module, protocol, dense[start:start + rows], cats[start:start + rows])
                 answered[u] += 1
             except Exception as exc:  # noqa: BLE001 - every failure is reported
                 errors.append(f"{type(exc).__name__}: {exc}"[:300])
