@@ -11,11 +11,11 @@ Not a test: prints each point's median and range of block p50 and p99 and writes
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
+from benchmarks import write_results
 from ensemble.machine import summary
 
 
@@ -68,12 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = summary()
     results = run(Path(args.repository), args.blocks, args.requests, tuple(args.rows), args.latency_summaries)
     print(table(results))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "sequential-latency.json"
-    path.write_text(json.dumps({"machine": machine, "command": " ".join(["python -m benchmarks.sequential", *sys.argv[1:]]),
-                                "results": results}, indent=1))
-    print(f"wrote {path}")
+    write_results(args.out, "sequential-latency.json", "benchmarks.sequential", machine, results=results)
     return 0
 
 

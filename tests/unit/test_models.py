@@ -117,6 +117,50 @@ def test_the_c_interaction_gives_pairs_in_any_order_the_same_sums():
         _dlrm.Weights(bottom, np.zeros((len(table), dim + 1), np.float32), offsets, pair_i, pair_j, top)
 
 
+@pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.models._dlrm not built, or this CPU lacks AVX2+FMA")
+@pytest.mark.parametrize("dim,widths,columns", [(16, (64, 32), (128, 64)), (32, (48, 16), (80, 16)),
+                                                (12, (40,), (20, 8)), (16, (16,), (32,))],
+                         ids=["exported-shape", "dim-32", "scalar-widths", "one-hidden-layer"])
+def test_the_avx512_build_gives_the_avx2_builds_floats(dim, widths, columns):
+    """Where the CPU has AVX-512 the layers and the interaction run 16 lanes wide (tiles of 8 rows x 32
+    or x 16 outputs, 16 x 16 Gram blocks after an in-register transpose); every output must be the
+    AVX2 build's float, bit for bit, at every row count around the tiles and blocks, in DLRM's pair
+    order and in another one, and for 27 vectors (the direct path) and 33 (past the Gram blocks)."""
+    from ensemble.models import _dlrm
+
+    if not _dlrm.wide(True):
+        pytest.skip("this CPU has no AVX-512 (x86-64-v4): only the AVX2 build runs")
+    rng = np.random.default_rng(dim)
+    try:
+        for n_columns in (26, 32):
+            pairs = [(i, j) for i in range(1, n_columns + 1) for j in range(i)]
+            sizes = (13, *widths, dim)
+            bottom = tuple((rng.normal(size=(a, b)).astype(np.float32) / 3, rng.normal(size=b).astype(np.float32))
+                           for a, b in zip(sizes[:-1], sizes[1:]))
+            sizes = (dim + len(pairs), *columns, 1)
+            top = tuple((rng.normal(size=(a, b)).astype(np.float32) / 10, rng.normal(size=b).astype(np.float32))
+                        for a, b in zip(sizes[:-1], sizes[1:]))
+            table = rng.normal(size=(n_columns * 5, dim)).astype(np.float32)
+            offsets = np.arange(n_columns, dtype=np.int64) * 5
+            for order in (np.arange(len(pairs)), rng.permutation(len(pairs))):
+                pair_i = np.array([pairs[p][0] for p in order], np.int32)
+                pair_j = np.array([pairs[p][1] for p in order], np.int32)
+                held = _dlrm.Weights(bottom, table, offsets, pair_i, pair_j, top)
+                for rows in (1, 2, 7, 8, 9, 15, 16, 17, 63, 64, 65, 100, 130):
+                    dense = rng.normal(size=(rows, 13)).astype(np.float32)
+                    ids = rng.integers(0, 5, size=(rows, n_columns)).astype(np.int64)
+                    out = {}
+                    for wide in (False, True):
+                        _dlrm.wide(wide)
+                        out[wide] = np.full(rows, np.nan, np.float32)
+                        held(dense, ids, out[wide])
+                    assert np.isfinite(out[True]).all() and out[True].std() > 0 or rows == 1
+                    np.testing.assert_array_equal(out[True].view(np.int32), out[False].view(np.int32),
+                                                  err_msg=f"{n_columns} columns, {rows} rows")
+    finally:
+        _dlrm.wide(True)
+
+
 def test_dlrm_training_learns_a_signal():
     rng = np.random.default_rng(1)
     dense, ids = _batch(6000, seed=2)

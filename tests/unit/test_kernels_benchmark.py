@@ -1,0 +1,28 @@
+"""benchmarks.kernels on a small exported DLRM: every point timed for the builds this CPU runs, the
+two builds' floats compared, and the table says which build did not run."""
+
+import pytest
+
+from benchmarks import kernels
+from ensemble.models import dlrm_kernel, dlrm_torch
+from ensemble.models.dlrm import DLRMConfig
+
+
+@pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.models._dlrm not built, or this CPU lacks AVX2+FMA")
+def test_every_point_is_timed_and_the_builds_give_the_same_floats(tmp_path):
+    from ensemble.models import _dlrm
+
+    config = DLRMConfig(embedding_dim=16, bottom_mlp=(32,), top_mlp=(48, 16), cardinalities=(7,) * 26)
+    (tmp_path / "1").mkdir()
+    dlrm_torch.save(dlrm_torch.build(config).eval(), tmp_path / "1")
+    scorer = dlrm_torch.TorchScorer(kernels._latest(tmp_path))
+    results = kernels.run({"dlrm_torch": scorer.kernel}, rows=(1, 17), repetitions=2, budget_rows=40)
+    assert [(r["model"], r["rows"]) for r in results] == [("dlrm_torch", 1), ("dlrm_torch", 17)]
+    assert all(r["avx2_us_per_row"] > 0 for r in results)
+    lines = kernels.table(results).splitlines()
+    if _dlrm.wide():
+        assert all(r["same_floats"] and r["avx512_us_per_row"] > 0 for r in results)
+        assert lines[2].endswith("| yes |")
+    else:
+        assert "not on this CPU" in lines[2]
+    assert _dlrm.wide() == _dlrm.wide(True)  # the benchmark leaves the wide build on where it runs
