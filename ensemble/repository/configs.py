@@ -77,6 +77,17 @@ def named(tensors: tuple[schema.Tensor, ...], names: tuple[str, ...] = ()) -> tu
 # `ensemble` layout's steps run unbounded, prefetching queues.
 LATENCY_OBJECTIVE_PARAMETER = "latency_objective_ms"
 
+# The native ranker's model thread runs at this nice value (the backend lowers it on the thread's first
+# call; Triton's front-end threads stay at 0), so that on a core shared with the front end a request
+# that arrives while a call runs is parsed, and joins the next call, before the model takes the core
+# back. At equal priority the model thread took the core as soon as one request was queued, and a run
+# fell, by chance, into calls of one request each. On one core of the Intel Xeon build VM, 100-row
+# requests from 4 wrk connections ran at 3.2-3.5 requests a call against 1.0, and 1.16-1.19x the rows
+# a second; at 16 connections 10-15 requests a call where nice 0 gave 1.0-13; a lone request was
+# unaffected (docs/serving.md, "The model thread's priority"). 0 leaves the thread alone.
+THREAD_NICE_PARAMETER = "model_thread_nice"
+MODEL_THREAD_NICE = 10
+
 # The server's latency objective unless ``ensemble serve --latency-objective-ms`` says otherwise.
 # It is a bound on queueing, set above the latency of the heaviest closed loop Triton's standard
 # sweep brings to one core of the build VM (perf_analyzer, 32 clients x 100-row requests: p99
@@ -244,7 +255,8 @@ def layout_specs(layout: Layout, release: releases.TritonRelease = releases.PINN
                              **{LATENCY_OBJECTIVE_PARAMETER: f"{DEFAULT_OBJECTIVE_MS:g}"})
         ranker = dataclasses.replace(ranker, widths=widths)
         if layout is Layout.NATIVE:
-            ranker = dataclasses.replace(ranker, backend=NATIVE_BACKEND)
+            ranker = dataclasses.replace(ranker, backend=NATIVE_BACKEND, parameters=(
+                *ranker.parameters, (THREAD_NICE_PARAMETER, str(MODEL_THREAD_NICE))))
         return (ranker,), None
     if layout is Layout.GPU:
         steps = tuple(gpu_spec(c.model, release) for c in COMPONENTS)

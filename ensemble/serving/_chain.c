@@ -17,10 +17,14 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/ndarraytypes.h>
@@ -46,6 +50,7 @@ typedef struct {
     pthread_cond_t wake;
     bool started, posted, done, stop;
     Parts job;
+    int nice; /* the posting thread's nice value, which the helper takes when it is lower than that */
     float *out;
     int64_t stride;
     int result;
@@ -278,6 +283,20 @@ fail:
     return -1;
 }
 
+/* This thread's nice value, or 0 when it cannot be read. */
+static int thread_nice(void) {
+    errno = 0;
+    const int nice = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
+    return errno ? 0 : nice;
+}
+
+/* The helper scores half of the posting thread's call, so it runs at that thread's priority (the
+ * native backend lowers its model thread's, fused_backend.c: lower_priority), also when it was started
+ * at load by another thread. It only ever lowers its own, which needs no privilege. */
+static void follow_priority(int nice) {
+    if (nice > thread_nice()) setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice);
+}
+
 static void *helper_main(void *arg) {
     Chain *c = arg;
     Helper *h = &c->helper;
@@ -286,7 +305,9 @@ static void *helper_main(void *arg) {
         while (!h->posted && !h->stop) pthread_cond_wait(&h->wake, &h->lock);
         if (h->stop) break;
         h->posted = false;
+        const int nice = h->nice;
         pthread_mutex_unlock(&h->lock);
+        follow_priority(nice);
         const int result = score_rows(c, &h->job, h->out, h->stride, h->error, sizeof h->error);
         pthread_mutex_lock(&h->lock);
         h->result = result;
@@ -348,12 +369,14 @@ static int score(PyObject *obj, int32_t parts, const float *const *dense, const 
     const unsigned char **w2 = w + n;
     uint64_t *ws2 = ws + n;
     int64_t *r2 = r + n;
+    const int poster_nice = thread_nice();
     d2[0] = dense[k] + head * c->n_dense, w2[0] = wire[k] + split, ws2[0] = wire_size[k] - split;
     r2[0] = rows[k] - head;
     for (int32_t p = k + 1; p < parts; p++)
         d2[p - k] = dense[p], w2[p - k] = wire[p], ws2[p - k] = wire_size[p], r2[p - k] = rows[p];
     pthread_mutex_lock(&h->lock);
     h->job = (Parts){parts - k, d2, w2, ws2, r2};
+    h->nice = poster_nice;
     h->out = out + cut;
     h->stride = total;
     h->done = false;

@@ -52,6 +52,19 @@ def Model(config_json: str, repository: str, version: int):  # noqa: N802 - the 
     return RankerModel(config_json, repository, version)
 
 
+def thread_nice(params: dict[str, str]) -> int:
+    """The nice value the config asks for the model's instance threads (``model_thread_nice``,
+    configs.py): 0 (leave them) when absent; a ValueError the load reports when not 0..19."""
+    text = params.get("model_thread_nice", "0")
+    try:
+        nice = int(text)
+    except ValueError:
+        nice = -1
+    if not 0 <= nice <= 19:
+        raise ValueError(f"model_thread_nice must be an integer 0..19, not {text!r}")
+    return nice
+
+
 class RankerModel:
     """One loaded version of the fused ranker; ``input_names``: what the backend reads per request
     (the served config's inputs, checked against the ranker's)."""
@@ -63,6 +76,7 @@ class RankerModel:
         runner = runtime.load_fused(Path(repository) / str(version), int(params.get("threads", "1")))
         _check_config(config, runner.step)
         objective = params.get("latency_objective_ms")
+        self.thread_nice = thread_nice(params)  # the backend lowers its instance threads to it
         # Categorical strings go from Triton's buffer to ids in C when the release allows it.
         self.pipeline: runtime.Pipeline = runner.fn
         self._wire = runtime.wire_runner(runner)

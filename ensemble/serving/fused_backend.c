@@ -14,6 +14,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -139,6 +140,8 @@ typedef struct {
     const EnsembleChainApi *chain_api;
     const EnsembleAdmissionApi *admission_api;
     int64_t split_rows;
+    /* The nice value the model's instance threads take on their first call (0: left as they are). */
+    int thread_nice;
 } ModelState;
 
 /* The plain path in C from the model's chain and admission objects (None: none), when both modules
@@ -249,6 +252,10 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
         }
         Py_XDECREF(names);
         if (state->input_names) plain_spec(state, name);
+        PyObject *nice = PyObject_GetAttrString(state->model, "thread_nice");
+        if (nice == NULL) PyErr_Clear(); /* a model without the attribute: threads left as they are */
+        else if (PyLong_Check(nice)) state->thread_nice = (int)PyLong_AsLong(nice);
+        Py_XDECREF(nice);
     }
     if (state->model == NULL || state->input_names == NULL) {
         char text[900];
@@ -902,6 +909,28 @@ static void python_execute(ModelState *state, TRITONBACKEND_Request **requests, 
     Py_DECREF(batch);
 }
 
+/* This thread (a model instance's, on its first call) to nice value ``nice``, so that on a core it
+ * shares with Triton's front-end threads the threads parsing and answering requests run before it:
+ * the dynamic batcher then gathers the requests that arrive meanwhile into the next call. At the
+ * same priority the model thread, woken for each single request, took the core from the front end
+ * as soon as one request was queued, and calls under 4-16 concurrent clients stayed at one request
+ * (configs.py: MODEL_THREAD_NICE says what that cost). The chain's helper thread, started at load by
+ * another thread, takes the value of the thread whose call it shares (_chain.c). Only ever lowers the
+ * priority, which needs no privilege. */
+static void lower_priority(int nice) {
+    if (nice <= 0) return;
+    const pid_t tid = (pid_t)syscall(SYS_gettid);
+    errno = 0;
+    const int now = getpriority(PRIO_PROCESS, (id_t)tid);
+    if (errno != 0 || now >= nice) return;
+    if (setpriority(PRIO_PROCESS, (id_t)tid, nice) != 0) {
+        char text[200];
+        snprintf(text, sizeof text, "could not lower the model thread's priority to nice %d (%s); it keeps nice %d",
+                 nice, strerror(errno), now);
+        log_line(TS_LOG_WARN, text);
+    }
+}
+
 TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance *instance,
                                                        TRITONBACKEND_Request **requests,
                                                        uint32_t request_count) {
@@ -925,6 +954,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
         PyGILState_Ensure();
         PyEval_SaveThread();
         thread_state_kept = 1;
+        lower_priority(state->thread_nice);
     }
     bool *answered = calloc(request_count, sizeof(bool));
     bool *succeeded = calloc(request_count, sizeof(bool));

@@ -172,6 +172,42 @@ def test_the_native_backend_answers_ordinary_requests_from_one_score_array(serve
         list(pool.map(ask, range(60)))
 
 
+def test_the_native_model_thread_runs_below_the_front_end(servers, rows):
+    """The native ranker's instance thread takes the config's nice value on its first call (so Triton's
+    front-end threads, left at 0, parse arriving requests before it takes the core back), and the chain's
+    helper thread, which scores half of a large call, follows it; the rest of the server keeps 0."""
+    import os
+
+    import tritonclient.http as httpclient
+
+    from ensemble.models.registry import Layout
+    from ensemble.repository import configs
+
+    srv = servers(Layout.NATIVE)
+    dense, cats = rows
+    client = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        for n in (1, 40):  # 40 rows: the chain's two-thread cut on a server with two cores
+            inputs = [httpclient.InferInput(schema.DENSE.name, [n, dense.shape[1]], "FP32"),
+                      httpclient.InferInput(schema.CATEGORICAL.name, [n, cats.shape[1]], "BYTES")]
+            inputs[0].set_data_from_numpy(np.ascontiguousarray(dense[:n], np.float32))
+            inputs[1].set_data_from_numpy(cats[:n])
+            client.infer(schema.Model.RANKER.value, inputs)
+    finally:
+        client.close()
+    pid = srv.process.pid
+    nice = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            nice[tid] = int(f.read().rsplit(")", 1)[1].split()[16])  # field 19 of proc(5): nice
+    lowered = [t for t, v in nice.items() if v == configs.MODEL_THREAD_NICE]
+    assert lowered, nice
+    assert set(nice.values()) <= {0, configs.MODEL_THREAD_NICE}, nice
+    assert nice[str(pid)] == 0 and list(nice.values()).count(0) > len(lowered)  # the front end keeps 0
+    if len(os.sched_getaffinity(pid)) > 1:  # the helper (started at load by another thread) follows it
+        assert len(lowered) >= 2, nice
+
+
 def test_the_native_backend_scores_plain_calls_through_python_when_told(trained, tmp_path, monkeypatch, rows, expected):
     """With ``ENSEMBLE_CALLS_IN_C=0`` in the server's environment the backend answers plain calls with
     one Python call each (``score_plain``, also its path for a release without the chain in C): the

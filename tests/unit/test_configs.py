@@ -36,6 +36,10 @@ def test_config_parses_as_triton_model_config(name, relative):
 def test_native_layout_is_the_fused_ranker_in_the_projects_backend():
     fused, native = (configs.layout_configs(layout)["ranker"] for layout in (Layout.FUSED, Layout.NATIVE))
     assert native.backend == configs.NATIVE_BACKEND and fused.backend == "python"
+    # the native backend lowers its model thread's priority (configs.MODEL_THREAD_NICE); nothing else differs
+    nice = native.parameters.pop(configs.THREAD_NICE_PARAMETER)
+    assert nice.string_value == str(configs.MODEL_THREAD_NICE) and 0 < configs.MODEL_THREAD_NICE <= 19
+    assert configs.THREAD_NICE_PARAMETER not in fused.parameters
     native.backend = fused.backend
     assert native == fused  # same tensors, batching and parameters: one contract, two backends
     for layout in (Layout.FUSED, Layout.NATIVE):

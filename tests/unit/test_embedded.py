@@ -123,3 +123,14 @@ def test_no_chain_in_c_beside_a_python_policy(ranker_model):
     finally:
         ranker_model.ranker.admission = compiled
 
+
+
+def test_the_model_thread_nice_comes_from_the_config_and_must_be_a_nice_value():
+    from ensemble.serving.embedded import thread_nice
+
+    assert thread_nice({}) == 0  # no parameter: the backend leaves its threads alone
+    assert thread_nice({"model_thread_nice": "10"}) == 10
+    assert thread_nice({"model_thread_nice": "0"}) == 0
+    for bad in ("-1", "20", "ten", ""):
+        with pytest.raises(ValueError, match="model_thread_nice must be an integer 0..19"):
+            thread_nice({"model_thread_nice": bad})
