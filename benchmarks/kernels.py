@@ -25,19 +25,16 @@ from benchmarks import write_results
 from ensemble.machine import summary
 
 
-def _latest(model_dir: Path) -> Path:
-    versions = [p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
-    if not versions:
-        raise SystemExit(f"{model_dir}: no exported version (run `make demo` first)")
-    return max(versions, key=lambda p: int(p.name))
-
-
 def kernels(repository: Path) -> dict:
-    """Each exported DLRM's C forward pass (the weights its scorer checked at load)."""
+    """Each DLRM's C forward pass in the repository's newest release (the weights its scorer checked
+    at load)."""
     from ensemble.models import dlrm_tf, dlrm_torch
+    from ensemble.schema import Model
+    from ensemble.serving.runtime import release_versions
 
-    found = {"dlrm_torch": dlrm_torch.TorchScorer(_latest(repository / "dlrm_torch")).kernel,
-             "dlrm_tf": dlrm_tf.TFScorer(_latest(repository / "dlrm_tf")).kernel}
+    versions = release_versions(repository)
+    found = {"dlrm_torch": dlrm_torch.TorchScorer(versions[Model.DLRM_TORCH]).kernel,
+             "dlrm_tf": dlrm_tf.TFScorer(versions[Model.DLRM_TF]).kernel}
     missing = [name for name, kernel in found.items() if kernel is None]
     if missing:
         raise SystemExit(f"{', '.join(missing)}: no C forward pass on this machine (not built, or no AVX2+FMA)")

@@ -290,16 +290,13 @@ static int thread_nice(void) {
     return errno ? 0 : nice;
 }
 
-/* The helper scores half of the posting thread's call, so it runs at that thread's priority (the
- * native backend lowers its model thread's, fused_backend.c: lower_priority), also when it was started
- * at load by another thread. It only ever lowers its own, which needs no privilege. */
-static void follow_priority(int nice) {
-    if (nice > thread_nice()) setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice);
-}
-
 static void *helper_main(void *arg) {
     Chain *c = arg;
     Helper *h = &c->helper;
+    /* The helper scores half of the posting thread's call, so it runs at that thread's priority (the
+     * native backend lowers its model thread's, fused_backend.c: lower_priority), also when it was
+     * started at load by another thread. It only ever lowers its own, which needs no privilege. */
+    int mine = thread_nice();
     pthread_mutex_lock(&h->lock);
     for (;;) {
         while (!h->posted && !h->stop) pthread_cond_wait(&h->wake, &h->lock);
@@ -307,7 +304,7 @@ static void *helper_main(void *arg) {
         h->posted = false;
         const int nice = h->nice;
         pthread_mutex_unlock(&h->lock);
-        follow_priority(nice);
+        if (nice > mine && setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice) == 0) mine = nice;
         const int result = score_rows(c, &h->job, h->out, h->stride, h->error, sizeof h->error);
         pthread_mutex_lock(&h->lock);
         h->result = result;
@@ -369,7 +366,9 @@ static int score(PyObject *obj, int32_t parts, const float *const *dense, const 
     const unsigned char **w2 = w + n;
     uint64_t *ws2 = ws + n;
     int64_t *r2 = r + n;
-    const int poster_nice = thread_nice();
+    /* this thread's nice value, read once: the backend sets it before the thread's first call */
+    static __thread int poster_nice = -100;
+    if (poster_nice == -100) poster_nice = thread_nice();
     d2[0] = dense[k] + head * c->n_dense, w2[0] = wire[k] + split, ws2[0] = wire_size[k] - split;
     r2[0] = rows[k] - head;
     for (int32_t p = k + 1; p < parts; p++)

@@ -29,6 +29,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ensemble import schema
+from ensemble.repository import configs
 from ensemble.serving import admission, calls, ranking, runtime
 
 # Triton's data type codes (the backend API's TRITONSERVER_DataType order) of the types the schema uses.
@@ -55,7 +56,7 @@ def Model(config_json: str, repository: str, version: int):  # noqa: N802 - the 
 def thread_nice(params: dict[str, str]) -> int:
     """The nice value the config asks for the model's instance threads (``model_thread_nice``,
     configs.py): 0 (leave them) when absent; a ValueError the load reports when not 0..19."""
-    text = params.get("model_thread_nice", "0")
+    text = params.get(configs.THREAD_NICE_PARAMETER, "0")
     try:
         nice = int(text)
     except ValueError:

@@ -15,7 +15,7 @@ def test_every_point_is_timed_and_the_builds_give_the_same_floats(tmp_path):
     config = DLRMConfig(embedding_dim=16, bottom_mlp=(32,), top_mlp=(48, 16), cardinalities=(7,) * 26)
     (tmp_path / "1").mkdir()
     dlrm_torch.save(dlrm_torch.build(config).eval(), tmp_path / "1")
-    scorer = dlrm_torch.TorchScorer(kernels._latest(tmp_path))
+    scorer = dlrm_torch.TorchScorer(tmp_path / "1")
     results = kernels.run({"dlrm_torch": scorer.kernel}, rows=(1, 17), repetitions=2, budget_rows=40)
     assert [(r["model"], r["rows"]) for r in results] == [("dlrm_torch", 1), ("dlrm_torch", 17)]
     assert all(r["avx2_us_per_row"] > 0 for r in results)
