@@ -4,6 +4,7 @@ with -s to see them; docs/reliability.md quotes such a run)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -145,7 +146,11 @@ def test_backend_fault_heals_under_load(supervised, fault):
         else:
             os.kill(pid, signal.SIGSTOP)
             time.sleep(STALLS[fault])
-            os.kill(pid, signal.SIGCONT)
+            # The supervisor SIGKILLs the stopped stub. When that trips Triton's abort below within
+            # the stall, tritonserver exits, its dead stub is reaped with it and nothing is left to
+            # resume (seen in a clean-clone run, the server restarted and ready before the SIGCONT).
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         _wait_broken(supervisor)
         _wait_answering(supervisor, RECOVERY_BOUND_S)
         recovery = time.monotonic() - started
