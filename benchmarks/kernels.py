@@ -5,14 +5,21 @@ same floats.
 Not a test: prints a table and writes ``<out>/dlrm-kernels.json`` (machine, command, every point).
 The two builds alternate within each repetition (``_dlrm.wide``), so the VM's drifts in speed hit
 both alike; pin it to a core with ``--cpu``. On a CPU without AVX-512 only the AVX2 build runs and
-the table says so. Usage (after ``make demo``)::
+the table says so. ``--against`` adds another build of the module, such as one from an older commit,
+timed in the same alternation on the same weights against the build this process runs (the wide one
+where the CPU has it), and compares its floats too. Usage (after ``make demo``)::
 
     .venv/bin/python -m benchmarks.kernels --repository model_repository --cpu 1
+    # against the module of another commit:
+    git worktree add /tmp/before <commit>
+    (cd /tmp/before && "$OLDPWD/.venv/bin/python" setup.py build_ext --inplace)
+    .venv/bin/python -m benchmarks.kernels --cpu 1 --against /tmp/before/ensemble/models/_dlrm.*.so
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
@@ -41,37 +48,66 @@ def kernels(repository: Path) -> dict:
     return found
 
 
-def run(models: dict, rows: tuple[int, ...], repetitions: int, budget_rows: int = 100_000, seed: int = 0) -> list[dict]:
+def load_build(path: str | Path):
+    """Another build of ``ensemble.models._dlrm`` (a shared object, such as one built from an older
+    commit), loaded beside this one."""
+    spec = importlib.util.spec_from_file_location("against._dlrm", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"{path}: not a loadable module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(models: dict, rows: tuple[int, ...], repetitions: int, budget_rows: int = 100_000, seed: int = 0,
+        against=None) -> list[dict]:
     """Per model and batch size: each build's microseconds a row (median over repetitions of a timed
-    loop of ~``budget_rows`` rows), and whether their outputs are bit for bit the same."""
+    loop of ~``budget_rows`` rows), and whether their outputs are bit for bit the same. With ``against``
+    (another build's module, :func:`load_build`), that build too, on the same weights, and its ratio
+    to the build this process runs (per repetition, then the median)."""
     from ensemble.models import _dlrm
     from ensemble.models.dlrm_kernel import cardinalities
 
-    builds = [False, True] if _dlrm.wide(True) else [False]
+    builds: list = [False, True] if _dlrm.wide(True) else [False]
+    ours = builds[-1]
+    if against is not None:
+        builds.append("against")
     rng = np.random.default_rng(seed)
     results = []
     try:
         for name, weights in models.items():
+            other = None if against is None else against.Weights(weights.bottom, weights.table, weights.offsets,
+                                                                   weights.pair_i, weights.pair_j, weights.top)
             for n in rows:
                 dense = rng.normal(size=(n, weights.bottom[0][0].shape[0])).astype(np.float32)
                 ids = np.stack([rng.integers(0, max(int(c), 1), n) for c in cardinalities(weights)], axis=1)
                 ids = ids.astype(np.int64)
                 loops = max(5, budget_rows // n)
-                times: dict[bool, list[float]] = {wide: [] for wide in builds}
-                outs = {wide: np.empty(n, np.float32) for wide in builds}
-                for _ in range(repetitions):
-                    for wide in builds:
-                        _dlrm.wide(wide)
-                        weights.into(dense, ids, outs[wide])  # warm
+                times: dict = {build: [] for build in builds}
+                outs = {build: np.empty(n, np.float32) for build in builds}
+                for repetition in range(repetitions):
+                    for build in builds if repetition % 2 == 0 else builds[::-1]:
+                        if build == "against":
+                            call = other
+                        else:
+                            _dlrm.wide(build)
+                            call = weights.into
+                        call(dense, ids, outs[build])  # warm
                         started = time.perf_counter()
                         for _ in range(loops):
-                            weights.into(dense, ids, outs[wide])
-                        times[wide].append((time.perf_counter() - started) / loops / n * 1e6)
+                            call(dense, ids, outs[build])
+                        times[build].append((time.perf_counter() - started) / loops / n * 1e6)
                 point = {"model": name, "rows": n, "avx2_us_per_row": statistics.median(times[False])}
                 if True in times:
                     point["avx512_us_per_row"] = statistics.median(times[True])
                     point["speedup"] = point["avx2_us_per_row"] / point["avx512_us_per_row"]
                     point["same_floats"] = bool(np.array_equal(outs[True].view(np.int32), outs[False].view(np.int32)))
+                if other is not None:
+                    point["against_us_per_row"] = statistics.median(times["against"])
+                    point["against_over_this"] = statistics.median(
+                        a / b for a, b in zip(times["against"], times[ours]))
+                    point["against_same_floats"] = bool(np.array_equal(outs["against"].view(np.int32),
+                                                                       outs[ours].view(np.int32)))
                 results.append(point)
     finally:
         _dlrm.wide(True)
@@ -79,12 +115,16 @@ def run(models: dict, rows: tuple[int, ...], repetitions: int, budget_rows: int 
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| model | rows a call | AVX2 us/row | AVX-512 us/row | speedup | same floats |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    against = any("against_us_per_row" in r for r in results)
+    lines = ["| model | rows a call | AVX2 us/row | AVX-512 us/row | speedup | same floats |"
+             + (" --against us/row | its time over this build's | same floats |" if against else ""),
+             "| --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if against else "")]
     for r in results:
         wide = (f"{r['avx512_us_per_row']:.3f} | {r['speedup']:.2f}x | {'yes' if r['same_floats'] else 'NO'}"
                 if "speedup" in r else "not on this CPU | | ")
-        lines.append(f"| {r['model']} | {r['rows']} | {r['avx2_us_per_row']:.3f} | {wide} |")
+        other = (f" {r['against_us_per_row']:.3f} | {r['against_over_this']:.2f}x | "
+                 f"{'yes' if r['against_same_floats'] else 'NO'} |" if against else "")
+        lines.append(f"| {r['model']} | {r['rows']} | {r['avx2_us_per_row']:.3f} | {wide} |{other}")
     return "\n".join(lines)
 
 
@@ -95,13 +135,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repetitions", type=int, default=9)
     p.add_argument("--cpu", type=int, default=None, help="pin this process to one core")
     p.add_argument("--out", default="build/bench", help="folder of dlrm-kernels.json")
+    p.add_argument("--against", default=None, metavar="SO",
+                   help="another build of ensemble.models._dlrm (its shared object) to time alongside")
     args = p.parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     machine = summary()
-    results = run(kernels(Path(args.repository)), tuple(args.rows), args.repetitions)
+    against = None if args.against is None else load_build(args.against)
+    results = run(kernels(Path(args.repository)), tuple(args.rows), args.repetitions, against=against)
     print(table(results))
-    write_results(args.out, "dlrm-kernels.json", "benchmarks.kernels", machine, results=results)
+    write_results(args.out, "dlrm-kernels.json", "benchmarks.kernels", machine, against=args.against, results=results)
     return 0
 
 

@@ -26,3 +26,22 @@ def test_every_point_is_timed_and_the_builds_give_the_same_floats(tmp_path):
     else:
         assert "not on this CPU" in lines[2]
     assert _dlrm.wide() == _dlrm.wide(True)  # the benchmark leaves the wide build on where it runs
+
+
+@pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.models._dlrm not built, or this CPU lacks AVX2+FMA")
+def test_another_build_is_timed_on_the_same_weights_and_its_floats_compared(tmp_path):
+    """--against: a second copy of the module loaded from its shared object (here this very build, so
+    the floats must be the same) runs in the same alternation, and the table gains its columns."""
+    from ensemble.models import _dlrm
+
+    config = DLRMConfig(embedding_dim=16, bottom_mlp=(32,), top_mlp=(48, 16), cardinalities=(7,) * 26)
+    (tmp_path / "1").mkdir()
+    dlrm_torch.save(dlrm_torch.build(config).eval(), tmp_path / "1")
+    scorer = dlrm_torch.TorchScorer(tmp_path / "1")
+    other = kernels.load_build(_dlrm.__file__)
+    assert other is not _dlrm
+    results = kernels.run({"dlrm_torch": scorer.kernel}, rows=(3, 40), repetitions=2, budget_rows=80, against=other)
+    assert all(r["against_same_floats"] and r["against_us_per_row"] > 0 and r["against_over_this"] > 0
+               for r in results)
+    lines = kernels.table(results).splitlines()
+    assert "--against us/row" in lines[0] and lines[2].endswith("| yes |")

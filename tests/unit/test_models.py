@@ -70,6 +70,12 @@ def test_the_c_forward_pass_reads_both_exported_dlrms_and_gives_their_scores(tmp
         ids[1, 3] = 7  # beyond column 3's table
         with pytest.raises(ValueError, match="row 1, column 3: id 7 is outside its embedding table"):
             scorer._kernel(dense, ids)
+        for row, column in ((20, 5), (37, 25)):  # in a whole group of 16 rows, and past the last one
+            dense, ids = _batch(40, seed=row)
+            ids = ids % 7
+            ids[row, column] = -1
+            with pytest.raises(ValueError, match=f"row {row}, column {column}: id -1 is outside"):
+                scorer._kernel(dense, ids)
 
 
 @pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.models._dlrm not built, or this CPU lacks AVX2+FMA")
