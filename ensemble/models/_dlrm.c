@@ -683,9 +683,10 @@ static int64_t net_run(const Net *net, const float *dense, const int64_t *ids, P
             any_layer(nb, net->in[l], net->out[l], x, net->wt[l], net->bias[l], y, 1);
             x = y;
         }
-        /* rows16 reads the rows of whole groups of 16 where they are: only their ids are checked here */
-        const Py_ssize_t copied = rows16 && nb >= GROUP_ROWS ? nb / GROUP_ROWS * GROUP_ROWS : 0;
-        for (Py_ssize_t r = 0; r < copied && bad < 0; r++) {
+        /* rows16 reads the rows of whole groups of 16 where they are: only their ids are checked here;
+         * the rows after them are copied to stacked */
+        const Py_ssize_t in_place = rows16 && nb >= GROUP_ROWS ? nb / GROUP_ROWS * GROUP_ROWS : 0;
+        for (Py_ssize_t r = 0; r < in_place && bad < 0; r++) {
             const int64_t *row_ids = ids + (r0 + r) * F;
             for (Py_ssize_t c = 0; c < F; c++) {
                 const int64_t id = row_ids[c], end = c + 1 < F ? offsets[c + 1] : table_rows;
@@ -695,7 +696,7 @@ static int64_t net_run(const Net *net, const float *dense, const int64_t *ids, P
                 }
             }
         }
-        for (Py_ssize_t r = copied; r < nb && bad < 0; r++) {
+        for (Py_ssize_t r = in_place; r < nb && bad < 0; r++) {
             float *s = stacked + r * (F + 1) * dim;
             const int64_t *row_ids = ids + (r0 + r) * F;
             if (r + 1 < nb) /* the next row's embeddings: their cache misses overlap this row's copies */
