@@ -649,6 +649,15 @@ static float *thread_scratch(size_t n) {
 /* Floats to reserve for a buffer of n floats carved from the scratch: n rounded up to 16 (64 bytes). */
 static inline Py_ssize_t scratch_at(Py_ssize_t n) { return (n + 15) / 16 * 16; }
 
+/* The row stride of rows_interact16's feature-major output for a block of `rows` rows: the rows rounded
+ * up to 16 floats, then to an odd number of cache lines. A power of two (64 rows) put the first top
+ * layer's reads of 8 rows' inputs in a quarter of the L1 cache's sets, and it ran ~20% slower. Never
+ * smaller for more rows, so a block's stride sizes the buffers for every block after it. */
+static inline Py_ssize_t fm_stride(Py_ssize_t rows) {
+    const Py_ssize_t lines = (rows + GROUP_ROWS - 1) / GROUP_ROWS;
+    return (lines % 2 ? lines : lines + 1) * GROUP_ROWS;
+}
+
 /* The rows of dense [B x n_dense] and ids [B x F] through net into out [B]: -1 when done, -2 out of
  * memory, else the flat index into ids of an id outside its column's table (rows from its block on
  * are not scored). No Python call: it runs without the interpreter's lock. */
@@ -661,9 +670,8 @@ static int64_t net_run(const Net *net, const float *dense, const int64_t *ids, P
     const int rows16 = 0;
 #endif
     /* a and b each end with OUT_SLACK floats for interact's spill; with rows16 they hold a feature-major
-     * block of width x ld floats (ld below: the block's rows rounded up to 16, plus 16 at most), and tt and
-     * spare follow stacked */
-    const Py_ssize_t held = (rows16 ? (block + GROUP_ROWS - 1) / GROUP_ROWS * GROUP_ROWS + GROUP_ROWS : block) * width;
+     * block of width x fm_stride(block) floats, and tt and spare follow stacked */
+    const Py_ssize_t held = (rows16 ? fm_stride(block) : block) * width;
     const Py_ssize_t ab = scratch_at(held + OUT_SLACK), st = scratch_at(block * (F + 1) * dim),
                      tts = rows16 ? scratch_at(GROUP_ROWS * (F + 1) * dim) : 0,
                      spare_floats = rows16 ? GROUP_ROWS * width + OUT_SLACK : 0;
@@ -685,7 +693,8 @@ static int64_t net_run(const Net *net, const float *dense, const int64_t *ids, P
         }
         /* rows16 reads the rows of whole groups of 16 where they are: only their ids are checked here;
          * the rows after them are copied to stacked */
-        const Py_ssize_t in_place = rows16 && nb >= GROUP_ROWS ? nb / GROUP_ROWS * GROUP_ROWS : 0;
+        const int grouped = rows16 && nb >= GROUP_ROWS; /* this block through rows_interact16 */
+        const Py_ssize_t in_place = grouped ? nb / GROUP_ROWS * GROUP_ROWS : 0;
         for (Py_ssize_t r = 0; r < in_place && bad < 0; r++) {
             const int64_t *row_ids = ids + (r0 + r) * F;
             for (Py_ssize_t c = 0; c < F; c++) {
@@ -718,11 +727,8 @@ static int64_t net_run(const Net *net, const float *dense, const int64_t *ids, P
         float *inter = (x == a) ? b : a;
         int l = net->n_bottom;
 #if WIDE
-        if (rows16 && nb >= GROUP_ROWS) { /* the interaction feature-major, read so by the first top layer */
-            /* a stride of an odd number of cache lines: a power of two (64 rows) put the first top layer's
-             * reads of 8 rows' inputs in a quarter of the L1 cache's sets, and it ran ~20% slower */
-            Py_ssize_t ld = (nb + GROUP_ROWS - 1) / GROUP_ROWS * GROUP_ROWS;
-            if (ld / GROUP_ROWS % 2 == 0) ld += GROUP_ROWS;
+        if (grouped) { /* the interaction feature-major, read so by the first top layer */
+            const Py_ssize_t ld = fm_stride(nb);
             const Gather g = {x, table, offsets, ids + r0 * F};
             float *tt = stacked + st, *spare = tt + tts;
             rows_interact16(nb, (int)(F + 1), (int)dim, (int)net->P, net->pair_i, net->pair_j, &g, stacked, tt,

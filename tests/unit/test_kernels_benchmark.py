@@ -8,15 +8,20 @@ from ensemble.models import dlrm_kernel, dlrm_torch
 from ensemble.models.dlrm import DLRMConfig
 
 
-@pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.models._dlrm not built, or this CPU lacks AVX2+FMA")
-def test_every_point_is_timed_and_the_builds_give_the_same_floats(tmp_path):
-    from ensemble.models import _dlrm
-
+@pytest.fixture()
+def small_dlrm(tmp_path):
+    """The C forward pass of a small exported TorchScript DLRM (26 columns of 7 ids)."""
     config = DLRMConfig(embedding_dim=16, bottom_mlp=(32,), top_mlp=(48, 16), cardinalities=(7,) * 26)
     (tmp_path / "1").mkdir()
     dlrm_torch.save(dlrm_torch.build(config).eval(), tmp_path / "1")
-    scorer = dlrm_torch.TorchScorer(tmp_path / "1")
-    results = kernels.run({"dlrm_torch": scorer.kernel}, rows=(1, 17), repetitions=2, budget_rows=40)
+    return dlrm_torch.TorchScorer(tmp_path / "1").kernel
+
+
+@pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.models._dlrm not built, or this CPU lacks AVX2+FMA")
+def test_every_point_is_timed_and_the_builds_give_the_same_floats(small_dlrm):
+    from ensemble.models import _dlrm
+
+    results = kernels.run({"dlrm_torch": small_dlrm}, rows=(1, 17), repetitions=2, budget_rows=40)
     assert [(r["model"], r["rows"]) for r in results] == [("dlrm_torch", 1), ("dlrm_torch", 17)]
     assert all(r["avx2_us_per_row"] > 0 for r in results)
     lines = kernels.table(results).splitlines()
@@ -29,18 +34,14 @@ def test_every_point_is_timed_and_the_builds_give_the_same_floats(tmp_path):
 
 
 @pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.models._dlrm not built, or this CPU lacks AVX2+FMA")
-def test_another_build_is_timed_on_the_same_weights_and_its_floats_compared(tmp_path):
+def test_another_build_is_timed_on_the_same_weights_and_its_floats_compared(small_dlrm):
     """--against: a second copy of the module loaded from its shared object (here this very build, so
     the floats must be the same) runs in the same alternation, and the table gains its columns."""
     from ensemble.models import _dlrm
 
-    config = DLRMConfig(embedding_dim=16, bottom_mlp=(32,), top_mlp=(48, 16), cardinalities=(7,) * 26)
-    (tmp_path / "1").mkdir()
-    dlrm_torch.save(dlrm_torch.build(config).eval(), tmp_path / "1")
-    scorer = dlrm_torch.TorchScorer(tmp_path / "1")
     other = kernels.load_build(_dlrm.__file__)
     assert other is not _dlrm
-    results = kernels.run({"dlrm_torch": scorer.kernel}, rows=(3, 40), repetitions=2, budget_rows=80, against=other)
+    results = kernels.run({"dlrm_torch": small_dlrm}, rows=(3, 40), repetitions=2, budget_rows=80, against=other)
     assert all(r["against_same_floats"] and r["against_us_per_row"] > 0 and r["against_over_this"] > 0
                for r in results)
     lines = kernels.table(results).splitlines()
