@@ -15,8 +15,21 @@
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define ENSEMBLE_ERROR_SIZE 512
+
+/* A 4-byte little-endian length in a Triton BYTES wire buffer (any alignment): one load on a
+ * little-endian CPU, where GCC did not merge the four byte loads of the portable form. */
+static inline uint32_t ensemble_u32le(const unsigned char *p) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+#else
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+#endif
+}
 
 /* The byte offset in a Triton BYTES wire buffer (per value a 4-byte little-endian length, then its
  * bytes) just after its first count values, or UINT64_MAX when the size bytes do not hold them. */
@@ -24,8 +37,7 @@ static inline uint64_t ensemble_wire_offset(const unsigned char *wire, uint64_t 
     uint64_t at = 0;
     for (int64_t i = 0; i < count; i++) {
         if (size - at < 4) return UINT64_MAX;
-        const uint32_t length = (uint32_t)wire[at] | (uint32_t)wire[at + 1] << 8 | (uint32_t)wire[at + 2] << 16 |
-                                (uint32_t)wire[at + 3] << 24;
+        const uint32_t length = ensemble_u32le(wire + at);
         at += 4;
         if (size - at < length) return UINT64_MAX;
         at += length;

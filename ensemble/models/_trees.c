@@ -21,6 +21,17 @@
  * and a tree's nodes are in L2 or further at one row, so one row walked tree by tree waited on one
  * load at a time: 9.5 us a call for one row of the exported 222 trees, 4.1 us this way.
  *
+ * On a CPU with AVX-512 (x86-64-v4), a block of 16 rows or more of trees at least 6 deep goes 16 rows
+ * a vector instead (walk16): a step is a gather of the 16 rows' values at their nodes' columns, one
+ * compare and a masked add. The first five levels' nodes (31) sit in two registers per tree, read by
+ * a permute; deeper nodes are gathered from the arrays. One chain of steps waits on its gathers, so
+ * 8 chains run at once: 4 groups of 16 rows through 2 trees, or fewer groups through 4 trees (a
+ * block's last group has lanes without rows, filled with zeros and not written out). The paths, the
+ * leaves and the sums are the walk's above, so the scores are the same floats bit for bit
+ * (tests/unit/test_models.py compares the two). The exported 207 trees of depth 8, pinned to one core
+ * on the Intel Xeon VM: 1.6-1.7x as fast a row at 48-100 rows and ~1.9x at 400; slower than the
+ * 8-lane walk with a single chain, which is why blocks under 16 rows keep it.
+ *
  * The sum over trees is in float32, in tree order, then the base margin and the sigmoid: XGBoost's
  * operations in XGBoost's order.
  */
@@ -31,6 +42,14 @@
 #include <string.h>
 
 #include "kernel_api.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#define WIDE 1
+#define V4 __attribute__((target("arch=x86-64-v4")))
+#else
+#define WIDE 0
+#endif
 
 #define LANES 8 /* measured at 100 rows: 4 lanes 1.45x the time, 16 lanes 1.04x */
 #define TREE_LANES 16 /* trees one row walks at once in a block under LANES rows (1-row TreeScorer call: 6.2-6.6 us; 8 trees: 6.9-8.2) */
@@ -70,6 +89,123 @@ static inline __attribute__((always_inline)) void walk_trees(const int n, const 
     for (int k = 0; k < n; k++) leaf[k] = lv[k * n_leaves + idx[k]];
 }
 
+#if WIDE
+#define WIDE_LANES 16
+#define PERMUTED_LEVELS 5 /* nodes 0..30, read from two registers a tree; a tree needs 32 nodes (depth >= 6) */
+
+/* ng groups of 16 rows (vb: their values, [group][column][lane]) through nt consecutive trees at
+ * once (ng and nt constants at each call site, so the chains' node indices stay in registers), the
+ * leaf values added to acc[group] tree by tree in tree order. */
+static inline __attribute__((always_inline)) V4 void walk16(const int ng, const int nt, const float *vb,
+        Py_ssize_t cols, const uint32_t *nc, const float *nt0, const float *lv, Py_ssize_t n_internal,
+        Py_ssize_t n_leaves, int depth, __m512 *acc) {
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 thr_lo[4], thr_hi[4];
+    __m512i col_lo[4], col_hi[4], idx[4][4];
+#pragma GCC unroll 4
+    for (int k = 0; k < nt; k++) {
+        thr_lo[k] = _mm512_loadu_ps(nt0 + k * n_internal);
+        thr_hi[k] = _mm512_loadu_ps(nt0 + k * n_internal + 16);
+        col_lo[k] = _mm512_loadu_si512(nc + k * n_internal);
+        col_hi[k] = _mm512_loadu_si512(nc + k * n_internal + 16);
+#pragma GCC unroll 4
+        for (int g = 0; g < ng; g++) idx[k][g] = _mm512_setzero_si512();
+    }
+/* one level of one chain: the lanes' values at their nodes' columns, >= the thresholds, next nodes */
+#define STEP16(K, G, THR, COL)                                                                           \
+    do {                                                                                                 \
+        const __m512i at_ = _mm512_add_epi32(_mm512_slli_epi32(COL, 4), lane);                           \
+        const __m512 v_ = _mm512_i32gather_ps(at_, vb + (G) * cols * WIDE_LANES, 4);                     \
+        const __mmask16 right_ = _mm512_cmp_ps_mask(v_, THR, _CMP_GE_OQ);                                \
+        idx[K][G] = _mm512_add_epi32(_mm512_add_epi32(idx[K][G], idx[K][G]), one);                       \
+        idx[K][G] = _mm512_mask_add_epi32(idx[K][G], right_, idx[K][G], one);                            \
+    } while (0)
+    for (int level = 0; level < PERMUTED_LEVELS; level++) {
+#pragma GCC unroll 4
+        for (int k = 0; k < nt; k++)
+#pragma GCC unroll 4
+            for (int g = 0; g < ng; g++) {
+                const __m512 thr = _mm512_permutex2var_ps(thr_lo[k], idx[k][g], thr_hi[k]);
+                const __m512i col = _mm512_permutex2var_epi32(col_lo[k], idx[k][g], col_hi[k]);
+                STEP16(k, g, thr, col);
+            }
+    }
+    for (int level = PERMUTED_LEVELS; level < depth; level++) {
+#pragma GCC unroll 4
+        for (int k = 0; k < nt; k++)
+#pragma GCC unroll 4
+            for (int g = 0; g < ng; g++) {
+                const __m512 thr = _mm512_i32gather_ps(idx[k][g], nt0 + k * n_internal, 4);
+                const __m512i col = _mm512_i32gather_epi32(idx[k][g], (const int *)(nc + k * n_internal), 4);
+                STEP16(k, g, thr, col);
+            }
+    }
+#undef STEP16
+#pragma GCC unroll 4
+    for (int k = 0; k < nt; k++)
+#pragma GCC unroll 4
+        for (int g = 0; g < ng; g++) acc[g] = _mm512_add_ps(acc[g], _mm512_i32gather_ps(idx[k][g], lv + k * n_leaves, 4));
+}
+
+/* One block of nb (16..BLOCK_ROWS) rows through every tree, 16 lanes wide; their sums into sum. */
+V4 static void block16(const float *x, Py_ssize_t nb, Py_ssize_t n_features, Py_ssize_t n_trees, int depth,
+                       const uint32_t *node_column, const float *node_threshold, const float *leaves,
+                       float *values, float *sum) {
+    const Py_ssize_t n_internal = ((Py_ssize_t)1 << depth) - 1, n_leaves = (Py_ssize_t)1 << depth;
+    const Py_ssize_t cols = 2 * n_features;
+    /* trees at once: ~8 chains in flight. Measured against the 8-lane walk (207 trees of depth 8, Intel Xeon
+     * VM): 16 rows through 1, 2 or 4 trees at once 0.61x, 0.86x, 1.07x as fast; 64 rows 1.57x, 1.74x and
+     * 1.58x (16 chains spill registers) */
+    const int ng = (int)((nb + WIDE_LANES - 1) / WIDE_LANES), nt = ng > 2 ? 2 : 4;
+    for (Py_ssize_t r = 0; r < ng * WIDE_LANES; r++) {
+        float *vr = values + (r / WIDE_LANES) * cols * WIDE_LANES + r % WIDE_LANES;
+        for (Py_ssize_t f = 0; f < n_features; f++) {
+            const float v = r < nb ? x[r * n_features + f] : 0.f; /* a lane without a row: any finite value */
+            vr[(2 * f) * WIDE_LANES] = v != v ? -INFINITY : v;
+            vr[(2 * f + 1) * WIDE_LANES] = v != v ? INFINITY : v;
+        }
+    }
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    Py_ssize_t t = 0;
+#define WALK16(G, N)                                                                                      \
+    walk16(G, N, values, cols, node_column + t * n_internal, node_threshold + t * n_internal,              \
+           leaves + t * n_leaves - n_internal, n_internal, n_leaves, depth, acc)
+    for (; t + nt <= n_trees; t += nt) {
+        switch (ng) {
+        case 4: WALK16(4, 2); break;
+        case 3: WALK16(3, 2); break;
+        case 2: WALK16(2, 4); break;
+        default: WALK16(1, 4); break;
+        }
+    }
+    for (; t < n_trees; t++) { /* the last trees, one at a time */
+        switch (ng) {
+        case 4: WALK16(4, 1); break;
+        case 3: WALK16(3, 1); break;
+        case 2: WALK16(2, 1); break;
+        default: WALK16(1, 1); break;
+        }
+    }
+#undef WALK16
+    float lanes[BLOCK_ROWS];
+    for (int g = 0; g < ng; g++) _mm512_storeu_ps(lanes + g * WIDE_LANES, acc[g]);
+    memcpy(sum, lanes, sizeof(float) * (size_t)nb);
+}
+
+static int cpu_wide(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("x86-64-v4");
+}
+#else
+static int cpu_wide(void) { return 0; }
+#endif
+_Static_assert(BLOCK_ROWS <= 64, "walk16 takes at most 4 groups of 16 rows");
+
+/* Whether blocks of 16 rows or more go 16 lanes wide: set at import when the CPU has AVX-512;
+ * wide(False) turns it off. */
+static int wide_ok;
+
 static void evaluate(const float *x, Py_ssize_t n_rows, Py_ssize_t n_features, Py_ssize_t n_trees, int depth,
                      const uint32_t *node_column, const float *node_threshold, const float *leaves,
                      float base_margin, float *values, float *out) {
@@ -78,6 +214,14 @@ static void evaluate(const float *x, Py_ssize_t n_rows, Py_ssize_t n_features, P
     float sum[BLOCK_ROWS];
     for (Py_ssize_t r0 = 0; r0 < n_rows; r0 += BLOCK_ROWS) {
         const Py_ssize_t nb = n_rows - r0 < BLOCK_ROWS ? n_rows - r0 : BLOCK_ROWS;
+#if WIDE
+        if (wide_ok && nb >= WIDE_LANES && depth > PERMUTED_LEVELS) {
+            block16(x + r0 * n_features, nb, n_features, n_trees, depth, node_column, node_threshold, leaves,
+                    values, sum);
+            for (Py_ssize_t r = 0; r < nb; r++) out[r0 + r] = 1.0f / (1.0f + expf(-(sum[r] + base_margin)));
+            continue;
+        }
+#endif
         for (Py_ssize_t r = 0; r < nb; r++) {
             const float *row = x + (r0 + r) * n_features;
             float *vr = values + (r / LANES) * cols * LANES + r % LANES;
@@ -206,7 +350,17 @@ fail_x:
     return NULL;
 }
 
+static PyObject *wide(PyObject *self, PyObject *args) {
+    int enable = -1;
+    if (!PyArg_ParseTuple(args, "|p", &enable)) return NULL;
+    if (enable >= 0) wide_ok = enable && cpu_wide();
+    return PyBool_FromLong(wide_ok);
+}
+
 static PyMethodDef methods[] = {
+    {"wide", wide, METH_VARARGS,
+     "wide([enable]): whether blocks of 16 rows or more walk the trees 16 lanes wide (AVX-512); wide(False) "
+     "turns it off for the process and wide(True) back on where the CPU has it (both give the same floats)"},
     {"predict", predict, METH_VARARGS, "predict(x, n_features, node_column, node_threshold, leaves, depth, "
                                        "base_margin, out): P(click) of every row into out"},
     {NULL, NULL, 0, NULL},
@@ -215,6 +369,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_trees", "Boosted trees as arrays.", -1, methods};
 
 PyMODINIT_FUNC PyInit__trees(void) {
+    wide_ok = cpu_wide();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     PyObject *capsule = PyCapsule_New((void *)&API, ENSEMBLE_TREES_CAPSULE, NULL);

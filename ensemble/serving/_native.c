@@ -19,10 +19,6 @@
 
 #include "kernel_api.h"
 
-static uint32_t read_u32le(const unsigned char *p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-
 /* split_wire(buffer) -> list[bytes] */
 static PyObject *split_wire(PyObject *self, PyObject *arg) {
     Py_buffer view;
@@ -32,7 +28,7 @@ static PyObject *split_wire(PyObject *self, PyObject *arg) {
     /* First pass: count and validate, so the list is allocated once. */
     while (offset < size) {
         if (size - offset < 4) goto truncated;
-        uint32_t length = read_u32le(data + offset);
+        uint32_t length = ensemble_u32le(data + offset);
         offset += 4;
         if ((Py_ssize_t)length > size - offset) goto truncated;
         offset += length;
@@ -42,7 +38,7 @@ static PyObject *split_wire(PyObject *self, PyObject *arg) {
     if (out == NULL) { PyBuffer_Release(&view); return NULL; }
     offset = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
-        uint32_t length = read_u32le(data + offset);
+        uint32_t length = ensemble_u32le(data + offset);
         offset += 4;
         PyObject *item = PyBytes_FromStringAndSize((const char *)data + offset, length);
         if (item == NULL) { Py_DECREF(out); PyBuffer_Release(&view); return NULL; }
@@ -387,7 +383,7 @@ static int lookup_wire(const Vocabulary *self, const unsigned char *data, size_t
             snprintf(error, error_size, "BYTES tensor truncated at byte %zd of %zd", offset, size);
             goto fail;
         }
-        Py_ssize_t n = read_u32le(data + offset);
+        Py_ssize_t n = ensemble_u32le(data + offset);
         if (n > size - offset - 4) {
             snprintf(error, error_size, "BYTES tensor truncated at byte %zd of %zd", offset, size);
             goto fail;

@@ -223,13 +223,47 @@ def test_tree_arrays_equal_xgboost_with_missing_values_on_every_batch_size(tmp_p
     arrays = xgb.TreeArrays.from_json(tmp_path / xgb.MODEL_FILE)
     assert arrays is not None and arrays.depth == 6
     # groups of 8 rows, blocks of 64, the rows around them; blocks of under 8 rows walk 16 trees at once
-    # (40 trees: two such groups, then 8 trees one at a time)
-    for rows in (1, 2, 3, 5, 7, 8, 9, 63, 64, 65, 71, 1000, 3000):
+    # (40 trees: two such groups, then 8 trees one at a time); on AVX-512, blocks of 16 rows or more go
+    # 16 lanes wide, 1 to 4 groups of 16 (the last one part full)
+    for rows in (1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 48, 49, 63, 64, 65, 71, 1000, 3000):
         np.testing.assert_allclose(arrays(x[:rows]), booster.inplace_predict(x[:rows]), atol=1e-6)
     # either walk adds a row's trees in tree order: the same row gets the same float32 score
     np.testing.assert_array_equal(arrays(x[:5]), arrays(x[:64])[:5])
     with pytest.raises(ValueError, match="features"):
         arrays(x[:, :10])
+
+
+@pytest.mark.skipif(xgb._trees is None or not xgb._trees.wide(),
+                    reason="ensemble.models._trees not built, or this CPU lacks AVX-512")
+@pytest.mark.parametrize("depth", [6, 8])
+def test_the_16_lane_tree_walk_gives_the_8_lane_walks_floats(depth):
+    """Random complete trees (thresholds around the values, both missing-value columns, 39 and 3
+    trees: the wide walk takes 2 or 4 trees at once, then the rest one by one) on rows with NaNs,
+    infinities and values equal to thresholds: the 16-lane walk and the 8-lane walk give every row the
+    same float32 score."""
+    from ensemble.models import _trees
+
+    rng = np.random.default_rng(depth)
+    n_features, n_internal = 11, (1 << depth) - 1
+    for n_trees in (39, 3):
+        arrays = xgb.TreeArrays(rng.integers(0, 2 * n_features, n_trees * n_internal).astype(np.uint32),
+                                rng.normal(size=n_trees * n_internal).astype(np.float32),
+                                rng.normal(size=n_trees << depth).astype(np.float32), depth, 0.3, n_features)
+        x = rng.normal(size=(300, n_features)).astype(np.float32)
+        x[rng.random(x.shape) < 0.1] = np.nan
+        x[rng.random(x.shape) < 0.02] = np.inf
+        x[rng.random(x.shape) < 0.02] = -np.inf
+        on_threshold = rng.random(x.shape) < 0.3
+        x[on_threshold] = rng.choice(arrays.node_threshold, int(on_threshold.sum()))
+        for rows in (15, 16, 17, 32, 33, 47, 48, 49, 64, 65, 100, 300):
+            try:
+                assert _trees.wide(False) is False
+                narrow = arrays(x[:rows])
+                assert _trees.wide(True) is True
+                wide = arrays(x[:rows])
+            finally:
+                _trees.wide(True)
+            np.testing.assert_array_equal(wide.view(np.int32), narrow.view(np.int32), err_msg=f"{n_trees} trees, {rows} rows")
 
 
 @pytest.mark.skipif(xgb._trees is None, reason="ensemble.models._trees was not built (no C compiler at install)")
