@@ -23,14 +23,15 @@
  *
  * On a CPU with AVX-512 (x86-64-v4), a block of 16 rows or more of trees at least 6 deep goes 16 rows
  * a vector instead (walk16): a step is a gather of the 16 rows' values at their nodes' columns, one
- * compare and a masked add. The first five levels' nodes (31) sit in two registers per tree, read by
- * a permute; deeper nodes are gathered from the arrays. One chain of steps waits on its gathers, so
- * 8 chains run at once: 4 groups of 16 rows through 2 trees, or fewer groups through 4 trees (a
- * block's last group has lanes without rows, filled with zeros and not written out). The paths, the
- * leaves and the sums are the walk's above, so the scores are the same floats bit for bit
- * (tests/unit/test_models.py compares the two). The exported 207 trees of depth 8, pinned to one core
- * on the Intel Xeon VM: 1.6-1.7x as fast a row at 48-100 rows and ~1.9x at 400; slower than the
- * 8-lane walk with a single chain, which is why blocks under 16 rows keep it.
+ * compare and a masked add. The first five levels' 31 nodes of a tree sit in four registers (their
+ * thresholds in two, their columns in two), read by a permute; deeper nodes and the leaves are
+ * gathered from the arrays. One chain of steps waits on its gathers, so 8 chains run at once: 4
+ * groups of 16 rows through 2 trees, or fewer groups through 4 trees (a block's last group has lanes
+ * without rows, filled with zeros and not written out). The paths, the leaves and the sums are the
+ * walk's above, so the scores are the same floats bit for bit (tests/unit/test_models.py compares the
+ * two). The exported 207 trees of depth 8, pinned to one core on the Intel Xeon VM (benchmarks.kernels):
+ * 1.56x as fast a row at 16 rows, 1.80x at 100 and 1.99x at 1,400. Blocks under 16 rows keep the
+ * 8-lane walk, whose lanes they fill.
  *
  * The sum over trees is in float32, in tree order, then the base margin and the sigmoid: XGBoost's
  * operations in XGBoost's order.
@@ -154,9 +155,9 @@ V4 static void block16(const float *x, Py_ssize_t nb, Py_ssize_t n_features, Py_
                        float *values, float *sum) {
     const Py_ssize_t n_internal = ((Py_ssize_t)1 << depth) - 1, n_leaves = (Py_ssize_t)1 << depth;
     const Py_ssize_t cols = 2 * n_features;
-    /* trees at once: ~8 chains in flight. Measured against the 8-lane walk (207 trees of depth 8, Intel Xeon
-     * VM): 16 rows through 1, 2 or 4 trees at once 0.61x, 0.86x, 1.07x as fast; 64 rows 1.57x, 1.74x and
-     * 1.58x (16 chains spill registers) */
+    /* trees at once: ~8 chains in flight. Against the 8-lane walk (the exported 207 trees of depth 8, pinned,
+     * Intel Xeon VM): 16 rows through 1, 2 or 4 trees at once 0.77x, 1.18x and 1.56x as fast; 64 rows 1.80x,
+     * 1.99x and 1.84x (16 chains run out of registers) */
     const int ng = (int)((nb + WIDE_LANES - 1) / WIDE_LANES), nt = ng > 2 ? 2 : 4;
     for (Py_ssize_t r = 0; r < ng * WIDE_LANES; r++) {
         float *vr = values + (r / WIDE_LANES) * cols * WIDE_LANES + r % WIDE_LANES;
