@@ -92,22 +92,23 @@ static inline __attribute__((always_inline)) void walk_trees(const int n, const 
 
 #if WIDE
 #define WIDE_LANES 16
-#define PERMUTED_LEVELS 5 /* nodes 0..30, read from two registers a tree; a tree needs 32 nodes (depth >= 6) */
+#define PERMUTED_LEVELS 5 /* nodes 0..30, permuted from registers (16 nodes each); a tree needs 32 nodes (depth >= 6) */
 
-/* ng groups of 16 rows (vb: their values, [group][column][lane]) through nt consecutive trees at
- * once (ng and nt constants at each call site, so the chains' node indices stay in registers), the
- * leaf values added to acc[group] tree by tree in tree order. */
-static inline __attribute__((always_inline)) V4 void walk16(const int ng, const int nt, const float *vb,
-        Py_ssize_t cols, const uint32_t *nc, const float *nt0, const float *lv, Py_ssize_t n_internal,
+/* ng groups of 16 rows (vb: their values, [group][column][lane]) through `trees` consecutive trees
+ * at once (ng and trees constants at each call site, so the chains' node indices stay in registers),
+ * the leaf values added to acc[group] tree by tree in tree order. nc, nt, lv: the first tree's node
+ * columns, thresholds and leaves (lv indexed by complete-tree node). */
+static inline __attribute__((always_inline)) V4 void walk16(const int ng, const int trees, const float *vb,
+        Py_ssize_t cols, const uint32_t *nc, const float *nt, const float *lv, Py_ssize_t n_internal,
         Py_ssize_t n_leaves, int depth, __m512 *acc) {
     const __m512i one = _mm512_set1_epi32(1);
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512 thr_lo[4], thr_hi[4];
     __m512i col_lo[4], col_hi[4], idx[4][4];
 #pragma GCC unroll 4
-    for (int k = 0; k < nt; k++) {
-        thr_lo[k] = _mm512_loadu_ps(nt0 + k * n_internal);
-        thr_hi[k] = _mm512_loadu_ps(nt0 + k * n_internal + 16);
+    for (int k = 0; k < trees; k++) {
+        thr_lo[k] = _mm512_loadu_ps(nt + k * n_internal);
+        thr_hi[k] = _mm512_loadu_ps(nt + k * n_internal + 16);
         col_lo[k] = _mm512_loadu_si512(nc + k * n_internal);
         col_hi[k] = _mm512_loadu_si512(nc + k * n_internal + 16);
 #pragma GCC unroll 4
@@ -124,7 +125,7 @@ static inline __attribute__((always_inline)) V4 void walk16(const int ng, const 
     } while (0)
     for (int level = 0; level < PERMUTED_LEVELS; level++) {
 #pragma GCC unroll 4
-        for (int k = 0; k < nt; k++)
+        for (int k = 0; k < trees; k++)
 #pragma GCC unroll 4
             for (int g = 0; g < ng; g++) {
                 const __m512 thr = _mm512_permutex2var_ps(thr_lo[k], idx[k][g], thr_hi[k]);
@@ -134,17 +135,17 @@ static inline __attribute__((always_inline)) V4 void walk16(const int ng, const 
     }
     for (int level = PERMUTED_LEVELS; level < depth; level++) {
 #pragma GCC unroll 4
-        for (int k = 0; k < nt; k++)
+        for (int k = 0; k < trees; k++)
 #pragma GCC unroll 4
             for (int g = 0; g < ng; g++) {
-                const __m512 thr = _mm512_i32gather_ps(idx[k][g], nt0 + k * n_internal, 4);
+                const __m512 thr = _mm512_i32gather_ps(idx[k][g], nt + k * n_internal, 4);
                 const __m512i col = _mm512_i32gather_epi32(idx[k][g], (const int *)(nc + k * n_internal), 4);
                 STEP16(k, g, thr, col);
             }
     }
 #undef STEP16
 #pragma GCC unroll 4
-    for (int k = 0; k < nt; k++)
+    for (int k = 0; k < trees; k++)
 #pragma GCC unroll 4
         for (int g = 0; g < ng; g++) acc[g] = _mm512_add_ps(acc[g], _mm512_i32gather_ps(idx[k][g], lv + k * n_leaves, 4));
 }
@@ -158,7 +159,7 @@ V4 static void block16(const float *x, Py_ssize_t nb, Py_ssize_t n_features, Py_
     /* trees at once: ~8 chains in flight. Against the 8-lane walk (the exported 207 trees of depth 8, pinned,
      * Intel Xeon VM): 16 rows through 1, 2 or 4 trees at once 0.77x, 1.18x and 1.56x as fast; 64 rows 1.80x,
      * 1.99x and 1.84x (16 chains run out of registers) */
-    const int ng = (int)((nb + WIDE_LANES - 1) / WIDE_LANES), nt = ng > 2 ? 2 : 4;
+    const int ng = (int)((nb + WIDE_LANES - 1) / WIDE_LANES), at_once = ng > 2 ? 2 : 4;
     for (Py_ssize_t r = 0; r < ng * WIDE_LANES; r++) {
         float *vr = values + (r / WIDE_LANES) * cols * WIDE_LANES + r % WIDE_LANES;
         for (Py_ssize_t f = 0; f < n_features; f++) {
@@ -172,7 +173,7 @@ V4 static void block16(const float *x, Py_ssize_t nb, Py_ssize_t n_features, Py_
 #define WALK16(G, N)                                                                                      \
     walk16(G, N, values, cols, node_column + t * n_internal, node_threshold + t * n_internal,              \
            leaves + t * n_leaves - n_internal, n_internal, n_leaves, depth, acc)
-    for (; t + nt <= n_trees; t += nt) {
+    for (; t + at_once <= n_trees; t += at_once) {
         switch (ng) {
         case 4: WALK16(4, 2); break;
         case 3: WALK16(3, 2); break;
