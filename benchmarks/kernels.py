@@ -67,7 +67,8 @@ def load_build(path: str | Path):
 
 def _calls(kernel, against: dict):
     """(the module whose ``wide()`` picks the build, ``inputs(n, rng)`` -> (this build's call, the
-    other build's call or None), each call writing n floats into its argument)."""
+    other build's call or None), each call writing n floats into its argument). Both builds are
+    called the same way, straight into the module, so neither pays a Python wrapper the other does not."""
     from ensemble.models import _dlrm, _trees
 
     if hasattr(kernel, "node_column"):  # the trees as arrays
@@ -76,10 +77,12 @@ def _calls(kernel, against: dict):
         def tree_inputs(n, rng):
             x = (rng.normal(size=(n, kernel.n_features)) * 3).astype(np.float32)
             x[rng.random(x.shape) < 0.1] = np.nan
-            theirs = None if other is None else (
-                lambda out: other.predict(x, kernel.n_features, kernel.node_column, kernel.node_threshold,
-                                          kernel.leaves, kernel.depth, kernel.base_margin, out))
-            return (lambda out: kernel.into(x, out)), theirs
+
+            def call(module):
+                return lambda out: module.predict(x, kernel.n_features, kernel.node_column, kernel.node_threshold,
+                                                  kernel.leaves, kernel.depth, kernel.base_margin, out)
+
+            return call(_trees), None if other is None else call(other)
 
         return _trees, tree_inputs
 
@@ -92,8 +95,11 @@ def _calls(kernel, against: dict):
     def dlrm_inputs(n, rng):
         dense = rng.normal(size=(n, kernel.bottom[0][0].shape[0])).astype(np.float32)
         ids = np.stack([rng.integers(0, max(int(c), 1), n) for c in cardinalities(kernel)], axis=1).astype(np.int64)
-        theirs = None if other is None else (lambda out: other(dense, ids, out))
-        return (lambda out: kernel.into(dense, ids, out)), theirs
+
+        def call(weights):
+            return lambda out: weights(dense, ids, out)
+
+        return call(kernel.native), None if other is None else call(other)
 
     return _dlrm, dlrm_inputs
 
@@ -105,6 +111,8 @@ def run(models: dict, rows: tuple[int, ...], repetitions: int, budget_rows: int 
     (other builds' modules, :func:`load_build`), the one of the model's module too, on the same weights
     and rows, and its ratio to the build this process runs (per repetition, then the median)."""
     others = {m.__name__.rsplit(".", 1)[-1]: m for m in against or ()}
+    if len(others) < len(against or ()):
+        raise SystemExit("--against: one build of each module at most")
     rng = np.random.default_rng(seed)
     results = []
     for name, kernel in models.items():

@@ -658,6 +658,13 @@ static inline Py_ssize_t fm_stride(Py_ssize_t rows) {
     return (lines % 2 ? lines : lines + 1) * GROUP_ROWS;
 }
 
+/* Whether id is a row of column c's table (the columns' tables stacked: column c from offsets[c], the
+ * last to table_rows). */
+static inline int id_in_table(const int64_t *offsets, Py_ssize_t F, Py_ssize_t table_rows, Py_ssize_t c, int64_t id) {
+    const int64_t end = c + 1 < F ? offsets[c + 1] : table_rows;
+    return id >= 0 && id < end - offsets[c];
+}
+
 /* The rows of dense [B x n_dense] and ids [B x F] through net into out [B]: -1 when done, -2 out of
  * memory, else the flat index into ids of an id outside its column's table (rows from its block on
  * are not scored). No Python call: it runs without the interpreter's lock. */
@@ -697,26 +704,23 @@ static int64_t net_run(const Net *net, const float *dense, const int64_t *ids, P
         const Py_ssize_t in_place = grouped ? nb / GROUP_ROWS * GROUP_ROWS : 0;
         for (Py_ssize_t r = 0; r < in_place && bad < 0; r++) {
             const int64_t *row_ids = ids + (r0 + r) * F;
-            for (Py_ssize_t c = 0; c < F; c++) {
-                const int64_t id = row_ids[c], end = c + 1 < F ? offsets[c + 1] : table_rows;
-                if (id < 0 || id >= end - offsets[c]) {
+            for (Py_ssize_t c = 0; c < F; c++)
+                if (!id_in_table(offsets, F, table_rows, c, row_ids[c])) {
                     bad = (r0 + r) * F + c;
                     break;
                 }
-            }
         }
         for (Py_ssize_t r = in_place; r < nb && bad < 0; r++) {
             float *s = stacked + r * (F + 1) * dim;
             const int64_t *row_ids = ids + (r0 + r) * F;
             if (r + 1 < nb) /* the next row's embeddings: their cache misses overlap this row's copies */
-                for (Py_ssize_t c = 0; c < F; c++) {
-                    const int64_t id = row_ids[F + c], end = c + 1 < F ? offsets[c + 1] : table_rows;
-                    if (id >= 0 && id < end - offsets[c]) __builtin_prefetch(table + (offsets[c] + id) * dim);
-                }
+                for (Py_ssize_t c = 0; c < F; c++)
+                    if (id_in_table(offsets, F, table_rows, c, row_ids[F + c]))
+                        __builtin_prefetch(table + (offsets[c] + row_ids[F + c]) * dim);
             copy_floats(s, x + r * dim, dim);
             for (Py_ssize_t c = 0; c < F; c++) { /* an id must stay inside its own column's table */
-                const int64_t id = row_ids[c], end = c + 1 < F ? offsets[c + 1] : table_rows;
-                if (id < 0 || id >= end - offsets[c]) {
+                const int64_t id = row_ids[c];
+                if (!id_in_table(offsets, F, table_rows, c, id)) {
                     bad = (r0 + r) * F + c;
                     break;
                 }

@@ -90,6 +90,22 @@ static inline __attribute__((always_inline)) void walk_trees(const int n, const 
     for (int k = 0; k < n; k++) leaf[k] = lv[k * n_leaves + idx[k]];
 }
 
+/* A block's values for the walks: row r's feature f as columns 2f (NaN as -inf) and 2f + 1 (NaN as +inf),
+ * stored per group of `lanes` rows as [column][lane] (lanes a constant at each call site). Rows nb to
+ * rows - 1, lanes without a row, get 0 (any finite value: their paths are walked, never written out). */
+static inline __attribute__((always_inline)) void fill_values(const float *x, Py_ssize_t nb, Py_ssize_t rows,
+                                                             Py_ssize_t n_features, const int lanes, float *values) {
+    const Py_ssize_t cols = 2 * n_features;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        float *vr = values + (r / lanes) * cols * lanes + r % lanes;
+        for (Py_ssize_t f = 0; f < n_features; f++) {
+            const float v = r < nb ? x[r * n_features + f] : 0.f;
+            vr[(2 * f) * lanes] = v != v ? -INFINITY : v;
+            vr[(2 * f + 1) * lanes] = v != v ? INFINITY : v;
+        }
+    }
+}
+
 #if WIDE
 #define WIDE_LANES 16
 #define PERMUTED_LEVELS 5 /* nodes 0..30, permuted from registers (16 nodes each); a tree needs 32 nodes (depth >= 6) */
@@ -160,14 +176,7 @@ V4 static void block16(const float *x, Py_ssize_t nb, Py_ssize_t n_features, Py_
      * Intel Xeon VM): 16 rows through 1, 2 or 4 trees at once 0.77x, 1.18x and 1.56x as fast; 64 rows 1.80x,
      * 1.99x and 1.84x (16 chains run out of registers) */
     const int ng = (int)((nb + WIDE_LANES - 1) / WIDE_LANES), at_once = ng > 2 ? 2 : 4;
-    for (Py_ssize_t r = 0; r < ng * WIDE_LANES; r++) {
-        float *vr = values + (r / WIDE_LANES) * cols * WIDE_LANES + r % WIDE_LANES;
-        for (Py_ssize_t f = 0; f < n_features; f++) {
-            const float v = r < nb ? x[r * n_features + f] : 0.f; /* a lane without a row: any finite value */
-            vr[(2 * f) * WIDE_LANES] = v != v ? -INFINITY : v;
-            vr[(2 * f + 1) * WIDE_LANES] = v != v ? INFINITY : v;
-        }
-    }
+    fill_values(x, nb, ng * WIDE_LANES, n_features, WIDE_LANES, values);
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     Py_ssize_t t = 0;
 #define WALK16(G, N)                                                                                      \
@@ -208,68 +217,67 @@ _Static_assert(BLOCK_ROWS <= 64, "walk16 takes at most 4 groups of 16 rows");
  * wide(False) turns it off. */
 static int wide_ok;
 
+/* One block of nb (1..BLOCK_ROWS) rows through every tree, 8 lanes wide (or, under 8 rows, each row
+ * through TREE_LANES trees at once); their sums into sum. */
+static void block8(const float *x, Py_ssize_t nb, Py_ssize_t n_features, Py_ssize_t n_trees, int depth,
+                   const uint32_t *node_column, const float *node_threshold, const float *leaves, float *values,
+                   float *sum) {
+    const Py_ssize_t n_internal = ((Py_ssize_t)1 << depth) - 1, n_leaves = (Py_ssize_t)1 << depth;
+    const Py_ssize_t cols = 2 * n_features;
+    fill_values(x, nb, nb, n_features, LANES, values);
+    memset(sum, 0, sizeof(float) * (size_t)nb);
+    if (nb < LANES) { /* a few rows: each row through TREE_LANES trees at once, summed in tree order */
+        for (Py_ssize_t r = 0; r < nb; r++) {
+            const float *v = values + r; /* one group: lane r */
+            float leaf[TREE_LANES], total = 0.f;
+            Py_ssize_t t = 0;
+            for (; t + TREE_LANES <= n_trees; t += TREE_LANES) {
+                walk_trees(TREE_LANES, v, node_column + t * n_internal, node_threshold + t * n_internal,
+                           leaves + t * n_leaves - n_internal, n_internal, n_leaves, depth, leaf);
+                for (int k = 0; k < TREE_LANES; k++) total += leaf[k];
+            }
+            for (; t < n_trees; t++) {
+                walk_trees(1, v, node_column + t * n_internal, node_threshold + t * n_internal,
+                           leaves + t * n_leaves - n_internal, n_internal, n_leaves, depth, leaf);
+                total += leaf[0];
+            }
+            sum[r] = total;
+        }
+    } else {
+        for (Py_ssize_t t = 0; t < n_trees; t++) {
+            const uint32_t *nc = node_column + t * n_internal;
+            const float *nt = node_threshold + t * n_internal;
+            const float *lv = leaves + t * n_leaves - n_internal; /* indexed by complete-tree node */
+            for (Py_ssize_t g0 = 0; g0 < nb; g0 += LANES) {
+                const float *vg = values + (g0 / LANES) * cols * LANES;
+                const int n = nb - g0 < LANES ? (int)(nb - g0) : LANES;
+                if (n == LANES) {
+                    walk(LANES, vg, 0, nc, nt, lv, depth, sum + g0);
+                } else { /* the block's last rows: 4, 2 and 1 lanes, never a lane without a row */
+                    int k0 = 0;
+                    if (n & 4) walk(4, vg, k0, nc, nt, lv, depth, sum + g0), k0 += 4;
+                    if (n & 2) walk(2, vg, k0, nc, nt, lv, depth, sum + g0), k0 += 2;
+                    if (n & 1) walk(1, vg, k0, nc, nt, lv, depth, sum + g0);
+                }
+            }
+        }
+    }
+}
+
 static void evaluate(const float *x, Py_ssize_t n_rows, Py_ssize_t n_features, Py_ssize_t n_trees, int depth,
                      const uint32_t *node_column, const float *node_threshold, const float *leaves,
                      float base_margin, float *values, float *out) {
-    const Py_ssize_t n_internal = ((Py_ssize_t)1 << depth) - 1, n_leaves = (Py_ssize_t)1 << depth;
-    const Py_ssize_t cols = 2 * n_features;
     float sum[BLOCK_ROWS];
     for (Py_ssize_t r0 = 0; r0 < n_rows; r0 += BLOCK_ROWS) {
         const Py_ssize_t nb = n_rows - r0 < BLOCK_ROWS ? n_rows - r0 : BLOCK_ROWS;
 #if WIDE
-        if (wide_ok && nb >= WIDE_LANES && depth > PERMUTED_LEVELS) {
+        if (wide_ok && nb >= WIDE_LANES && depth > PERMUTED_LEVELS)
             block16(x + r0 * n_features, nb, n_features, n_trees, depth, node_column, node_threshold, leaves,
                     values, sum);
-            for (Py_ssize_t r = 0; r < nb; r++) out[r0 + r] = 1.0f / (1.0f + expf(-(sum[r] + base_margin)));
-            continue;
-        }
+        else
 #endif
-        for (Py_ssize_t r = 0; r < nb; r++) {
-            const float *row = x + (r0 + r) * n_features;
-            float *vr = values + (r / LANES) * cols * LANES + r % LANES;
-            for (Py_ssize_t f = 0; f < n_features; f++) {
-                const float v = row[f];
-                vr[(2 * f) * LANES] = v != v ? -INFINITY : v;
-                vr[(2 * f + 1) * LANES] = v != v ? INFINITY : v;
-            }
-        }
-        memset(sum, 0, sizeof sum);
-        if (nb < LANES) { /* a few rows: each row through TREE_LANES trees at once, summed in tree order */
-            for (Py_ssize_t r = 0; r < nb; r++) {
-                const float *v = values + r; /* one group: lane r */
-                float leaf[TREE_LANES], total = 0.f;
-                Py_ssize_t t = 0;
-                for (; t + TREE_LANES <= n_trees; t += TREE_LANES) {
-                    walk_trees(TREE_LANES, v, node_column + t * n_internal, node_threshold + t * n_internal,
-                               leaves + t * n_leaves - n_internal, n_internal, n_leaves, depth, leaf);
-                    for (int k = 0; k < TREE_LANES; k++) total += leaf[k];
-                }
-                for (; t < n_trees; t++) {
-                    walk_trees(1, v, node_column + t * n_internal, node_threshold + t * n_internal,
-                               leaves + t * n_leaves - n_internal, n_internal, n_leaves, depth, leaf);
-                    total += leaf[0];
-                }
-                sum[r] = total;
-            }
-        } else {
-            for (Py_ssize_t t = 0; t < n_trees; t++) {
-                const uint32_t *nc = node_column + t * n_internal;
-                const float *nt = node_threshold + t * n_internal;
-                const float *lv = leaves + t * n_leaves - n_internal; /* indexed by complete-tree node */
-                for (Py_ssize_t g0 = 0; g0 < nb; g0 += LANES) {
-                    const float *vg = values + (g0 / LANES) * cols * LANES;
-                    const int n = nb - g0 < LANES ? (int)(nb - g0) : LANES;
-                    if (n == LANES) {
-                        walk(LANES, vg, 0, nc, nt, lv, depth, sum + g0);
-                    } else { /* the block's last rows: 4, 2 and 1 lanes, never a lane without a row */
-                        int k0 = 0;
-                        if (n & 4) walk(4, vg, k0, nc, nt, lv, depth, sum + g0), k0 += 4;
-                        if (n & 2) walk(2, vg, k0, nc, nt, lv, depth, sum + g0), k0 += 2;
-                        if (n & 1) walk(1, vg, k0, nc, nt, lv, depth, sum + g0);
-                    }
-                }
-            }
-        }
+            block8(x + r0 * n_features, nb, n_features, n_trees, depth, node_column, node_threshold, leaves,
+                   values, sum);
         for (Py_ssize_t r = 0; r < nb; r++) out[r0 + r] = 1.0f / (1.0f + expf(-(sum[r] + base_margin)));
     }
 }
