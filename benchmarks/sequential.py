@@ -19,7 +19,11 @@ from benchmarks import write_results
 from ensemble.machine import summary
 
 
-def run(repository: Path, blocks: int, requests: int, rows: tuple[int, ...], latency_summaries: bool) -> list[dict]:
+def run(repository: Path, blocks: int, requests: int, rows: tuple[int, ...], latency_summaries: bool,
+        server_cpus: str | None = None) -> list[dict]:
+    from ensemble.grpc_polling import import_grpc
+
+    import_grpc()  # first, as an `ensemble` command does (the demo's sample is this measurement)
     from clients.triton import RankerClient
     from ensemble.data import criteo
     from ensemble.demo import _percentiles, _timed
@@ -30,7 +34,7 @@ def run(repository: Path, blocks: int, requests: int, rows: tuple[int, ...], lat
     frame = criteo.synthesize(criteo.SynthConfig(rows=max(rows), scale=0.01, seed=31)).frame
     dense, cats = transforms.dense_array(frame), transforms.encode_categorical(frame)
     options = ServerOptions(repository, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                            latency_summaries=LatencySummaries(latency_summaries))
+                            latency_summaries=LatencySummaries(latency_summaries), cpu_list=server_cpus)
     results = []
     with TritonServer(options) as server:
         clients = {"http": RankerClient(server.http_url, "http"), "grpc": RankerClient(server.grpc_url, "grpc")}
@@ -63,10 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=300, help="per block, size and protocol")
     p.add_argument("--rows", nargs="+", type=int, default=[1, 100])
     p.add_argument("--latency-summaries", action="store_true", help="the server with Triton's latency summaries on")
+    p.add_argument("--server-cpus", default=None,
+                   help="run the server under taskset -c on these CPUs (e.g. 1); the client stays unpinned")
     p.add_argument("--out", default="build/bench", help="folder of sequential-latency.json")
     args = p.parse_args(argv)
     machine = summary()
-    results = run(Path(args.repository), args.blocks, args.requests, tuple(args.rows), args.latency_summaries)
+    results = run(Path(args.repository), args.blocks, args.requests, tuple(args.rows), args.latency_summaries,
+                  args.server_cpus)
     print(table(results))
     write_results(args.out, "sequential-latency.json", "benchmarks.sequential", machine, results=results)
     return 0

@@ -23,6 +23,7 @@ from clients.inputs import ranking_tensors, to_tensors
 from clients.wire import WireStrings, serialize_bytes, set_bytes_input
 from ensemble import schema
 from ensemble.dataset import DatasetSpec
+from ensemble.grpc_polling import import_grpc
 
 
 class Protocol(str, enum.Enum):
@@ -119,6 +120,7 @@ class Retry:
 def _module(protocol: Protocol, aio: bool = False):
     # Import only what is used: grpc.aio must not be imported under gevent (locust users).
     if protocol is Protocol.GRPC:
+        import_grpc()  # before tritonclient.grpc: grpcio's polling is chosen at its import
         if aio:
             import tritonclient.grpc.aio as module
         else:
@@ -174,6 +176,7 @@ def grpc_request(model: str, tensors, outputs, timeout_us: int | None = None, pr
     tensors), built directly: what tritonclient's ``infer`` sends for the same tensors and settings
     (a unit test compares them), without its per-tensor ``InferInput`` objects, which cost ~0.05 ms
     of client CPU a 1-row request and ~0.1 ms a 100-row one on the build VM."""
+    import_grpc()
     from tritonclient.grpc import service_pb2
 
     request = service_pb2.ModelInferRequest(model_name=model)

@@ -5,6 +5,6 @@ test) -> ``data/`` (Criteo reading, synthetic data) -> ``features/`` (NVTabular 
 lean serving transform) -> ``models/`` (one module per model, the registry, metrics) ->
 ``training`` -> ``repository/`` (configs, export, manifest, container releases) -> ``serving/``
 (steps, the one model.py, server launcher, supervisor, model control, releases) -> ``check/``
-(GPU compatibility checks). ``device``, ``machine``, ``demo`` and ``cli`` sit at the top; only
-``cli`` and ``demo`` import the clients and the load test.
+(GPU compatibility checks). ``device``, ``machine``, ``grpc_polling`` (how grpc is imported),
+``demo`` and ``cli`` sit at the top; only ``cli`` and ``demo`` import the clients and the load test.
 """

@@ -9,8 +9,11 @@ import pandas as pd
 import pytest
 
 from ensemble.data import criteo
+from ensemble.grpc_polling import import_grpc
 
 from tests.helpers import SYNTH
+
+import_grpc()  # first, whichever test imports gRPC: the session's clients poll as the project's do
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,9 @@ class EnsembleSpec:
 
 
 def _pb():
+    from ensemble.grpc_polling import import_grpc
+
+    import_grpc()
     from tritonclient.grpc import model_config_pb2
 
     return model_config_pb2

@@ -323,6 +323,10 @@ class TritonServer:
         latency objective in place of the file's and the declared release as its only version (a
         config override: Triton then reports both)."""
         from google.protobuf import json_format, text_format
+
+        from ensemble.grpc_polling import import_grpc
+
+        import_grpc()
         from tritonclient.grpc import model_config_pb2
 
         o = self.options

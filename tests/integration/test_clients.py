@@ -113,3 +113,45 @@ def test_server_down_from_the_first_call_is_retried_and_raised_as_scoring_error(
 
     with pytest.raises(ScoringError, match="after 2 attempt"):
         asyncio.run(run())
+
+
+_EVENT_ENGINE_SWITCHES = """
+import glob, sys
+import numpy as np
+from clients.triton import RankerClient
+
+def switches():  # context switches of grpcio's event-engine threads in this process
+    total = 0
+    for task in glob.glob("/proc/self/task/*"):
+        if open(task + "/comm").read().strip() == "event_engine":
+            fields = dict(line.split(":\\t") for line in open(task + "/status").read().splitlines() if ":\\t" in line)
+            total += int(fields["voluntary_ctxt_switches"]) + int(fields["nonvoluntary_ctxt_switches"])
+    return total
+
+client = RankerClient(sys.argv[1], "grpc")
+dense, cats = np.ones((1, 13), np.float32), np.full((1, 26), b"68fd1e64", dtype=object)
+for _ in range(50):
+    client.infer(dense, cats)
+before = switches()
+for _ in range(300):
+    client.infer(dense, cats)
+print(switches() - before)
+"""
+
+
+def test_the_grpc_client_reads_its_answers_on_the_calling_thread(server):
+    """The client imports grpcio with calling-thread polling (ensemble/grpc_polling.py): 300 calls
+    leave grpcio's event-engine threads nearly idle, where its default wakes them ~4 times a call."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    counts = {}
+    for name, value in (("project's", None), ("grpcio's default", "")):
+        run_env = env if value is None else {**env, "GRPC_EXPERIMENTS": value}
+        out = subprocess.run([sys.executable, "-c", _EVENT_ENGINE_SWITCHES, server.grpc_url], env=run_env,
+                             capture_output=True, text=True, check=True, timeout=120)
+        counts[name] = int(out.stdout.split()[-1])
+    assert counts["project's"] < 100, counts
+    assert counts["grpcio's default"] > 300, counts  # the control: the count does tell the two apart

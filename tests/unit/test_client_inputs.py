@@ -162,6 +162,38 @@ def test_client_library_imports_no_heavy_framework():
     assert modules_loaded("import clients.triton", heavy) == []
 
 
+_SEES_GRPC_IMPORT = """import os, sys
+class Spy:  # sees the variable at the moment grpc's own module starts loading
+    def find_spec(self, name, path=None, target=None):
+        if name == 'grpc': print(repr(os.environ.get('GRPC_EXPERIMENTS')))
+sys.meta_path.insert(0, Spy())
+"""
+
+
+@pytest.mark.parametrize("given", [None, "", "-event_engine_listener"])
+@pytest.mark.parametrize("code", [
+    "from ensemble.grpc_polling import import_grpc\nimport_grpc(); import_grpc()",
+    # an `ensemble` command, before NVTabular or anything else imports grpc
+    "from ensemble.cli import main\nmain(['synth', '--rows', '5', '--output', sys.argv[1]])",
+], ids=["import_grpc", "ensemble-command"])
+def test_grpc_is_imported_with_the_variable_set_for_the_import_only(given, code, tmp_path):
+    """grpcio reads GRPC_EXPERIMENTS while it is imported: the project's value then (or the user's,
+    which is kept, empty included), and afterwards the environment children inherit is untouched."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    if given is not None:
+        env["GRPC_EXPERIMENTS"] = given
+    probe = f"{_SEES_GRPC_IMPORT}{code}\nprint(repr(os.environ.get('GRPC_EXPERIMENTS')), 'grpc' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "rows.tsv")], capture_output=True, text=True,
+                         check=True, env=env)
+    during, after = [line for line in out.stdout.splitlines() if line.startswith(("'", "None"))]
+    assert during == repr("-event_engine_client" if given is None else given)
+    assert after == f"{given!r} True"
+
+
 def test_one_tsv_line_is_accepted_as_a_string():
     from clients.inputs import to_tensors
 
