@@ -88,10 +88,11 @@ def test_wire_strings_send_what_the_object_array_sends(frame):
 
 @pytest.mark.parametrize("all_scores, priority, bulk", [(False, 0, False), (True, 2, True)])
 def test_grpc_request_is_the_message_tritonclient_builds(frame, all_scores, priority, bulk):
-    """RankerClient builds its gRPC request itself (grpc_request); it must stay the message
+    """RankerClient serializes its gRPC request itself (grpc_request); it must stay the message
     tritonclient's infer sends for the same tensors and settings (its builder is private: the
-    pinned tritonclient's)."""
+    pinned tritonclient's) once parsed, as the server parses it."""
     import tritonclient.grpc as grpcclient
+    from tritonclient.grpc import service_pb2
     from tritonclient.grpc._utils import _get_inference_request
 
     from clients.triton import build_inputs, build_outputs, grpc_request
@@ -109,11 +110,11 @@ def test_grpc_request_is_the_message_tritonclient_builds(frame, all_scores, prio
     outputs = schema.RANKER_OUTPUTS if all_scores else (schema.SCORE,)
     got = grpc_request("ranker", ((schema.DENSE, dense[:5]), (schema.CATEGORICAL, cats[:5])), outputs,
                        60_000_000, priority, parameters)
-    assert got == want and got.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)
+    assert service_pb2.ModelInferRequest.FromString(got) == want
     wire = WireStrings(native.join_wire(list(cats[:5].reshape(-1))),
                        np.cumsum([sum(4 + len(v) for v in row) for row in cats[:5]]), cats.shape[1])
     assert grpc_request("ranker", ((schema.DENSE, dense[:5]), (schema.CATEGORICAL, wire)), outputs,
-                        60_000_000, priority, parameters) == want
+                        60_000_000, priority, parameters) == got
     # a ranking request: context and candidates, an int32 top k, two outputs of other types
     from clients.triton import _input
 
@@ -124,7 +125,17 @@ def test_grpc_request_is_the_message_tritonclient_builds(frame, all_scores, prio
         model_name=schema.RANK_MODEL, inputs=[_input(grpcclient, Protocol.GRPC, True, t, a) for t, a in sent],
         model_version="", request_id="", outputs=[grpcclient.InferRequestedOutput(t.name) for t in answers],
         sequence_id=0, sequence_start=False, sequence_end=False, priority=0, timeout=60_000_000, parameters=None)
-    assert grpc_request(schema.RANK_MODEL, sent, answers, 60_000_000) == want
+    assert service_pb2.ModelInferRequest.FromString(grpc_request(schema.RANK_MODEL, sent, answers, 60_000_000)) == want
+    # a tensor of more than 127 bytes (a multi-byte length) and one of none, after a cached head
+    big = np.zeros((2000, 13), np.float32)
+    for rows in (big, big[:0], big[:1]):
+        want = _get_inference_request(
+            model_name="ranker", inputs=build_inputs(grpcclient, Protocol.GRPC, True, rows, cats[:len(rows)]),
+            model_version="", request_id="", outputs=build_outputs(grpcclient, Protocol.GRPC, True, False),
+            sequence_id=0, sequence_start=False, sequence_end=False, priority=0, timeout=60_000_000, parameters=None)
+        got = grpc_request("ranker", ((schema.DENSE, rows), (schema.CATEGORICAL, cats[:len(rows)])), (schema.SCORE,),
+                           60_000_000)
+        assert service_pb2.ModelInferRequest.FromString(got) == want
 
 
 def test_tsv_chunks_carry_the_tensors_pandas_gives(frame, tmp_path):
