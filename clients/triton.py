@@ -245,14 +245,6 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _model_infer(channel):
-    """``ModelInfer`` on ``channel`` (tritonclient's, sync or asyncio) taking a request already
-    serialized (:func:`grpc_request`); registered with the channel once, as grpcio's generated stubs do."""
-    return channel.unary_unary("/inference.GRPCInferenceService/ModelInfer", request_serializer=None,
-                               response_deserializer=_service().ModelInferResponse.FromString,
-                               _registered_method=True)
-
-
 def grpc_outputs(response, outputs) -> dict[str, np.ndarray]:
     """``outputs`` (schema tensors) of a gRPC ``ModelInferResponse``, each flat, as
     :func:`read_result` reads them."""
@@ -332,6 +324,15 @@ class _Settings:
             return {"network_timeout": self.timeout, "connection_timeout": self.timeout}
         return {}
 
+    @functools.cached_property
+    def _infer_call(self):
+        """``ModelInfer`` on this client's gRPC channel (tritonclient's, sync or asyncio), taking a request
+        already serialized (:func:`grpc_request`); registered with the channel, as grpcio's generated
+        stubs do."""
+        return self._client._channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer", request_serializer=None,
+            response_deserializer=_service().ModelInferResponse.FromString, _registered_method=True)
+
     def _grpc_call(self, model: str, tensors, outputs, priority: bool = True) -> dict:
         """The arguments of ``ModelInfer`` for one request on tritonclient's channel (with its
         message-size limits): what its ``infer`` passes, the request serialized."""
@@ -381,7 +382,6 @@ class RankerClient(_Settings):
         super().__post_init__()
         self._tc = _module(self.protocol)
         self._client = self._tc.InferenceServerClient(self.url, **self._client_kwargs())
-        self._infer_call = _model_infer(self._client._channel) if self.protocol is Protocol.GRPC else None
         self._max_batch: int | None = None
 
     @property
@@ -493,7 +493,6 @@ class AsyncRankerClient(_Settings):
         self._tc = _module(self.protocol, aio=True)
         kwargs = {"conn_timeout": self.timeout} if self.protocol is Protocol.HTTP else {}
         self._client = self._tc.InferenceServerClient(self.url, **kwargs)
-        self._infer_call = _model_infer(self._client._channel) if self.protocol is Protocol.GRPC else None
         self._max_batch: int | None = None
 
     async def max_batch_size(self) -> int:

@@ -9,8 +9,8 @@ latency"), and batch scoring over gRPC kept its rate.
 
 grpcio reads ``GRPC_EXPERIMENTS`` once, while ``grpc`` is imported, so every ``ensemble`` command
 (before any library imports it: NVTabular does, through ``tritonclient.grpc``), the project's
-clients (``clients.triton``), the server launcher and the model control call :func:`import_grpc`
-before they import gRPC. The variable is set only for that import: child
+clients (``clients.triton``), the config reader (``repository.configs``, which the server launcher
+uses) and the model control call :func:`import_grpc` before they import gRPC. The variable is set only for that import: child
 processes (tritonserver, perf_analyzer, locust) do not inherit it and keep their defaults, as do
 the scripts that stand for a plain Triton user (``loadtest.plain_clients``, the gateway and fleet
 benchmarks' clients) when run on their own. A value the user has set, empty included, is kept; a

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ensemble.repository.configs import LATENCY_OBJECTIVE_PARAMETER, config_file, config_name
+from ensemble.repository.configs import LATENCY_OBJECTIVE_PARAMETER, config_file, config_name, parse as parse_config
 from ensemble.serving import allocator, lifecycle, processes
 from ensemble.serving.allocator import Allocator
 from ensemble.serving.control import ADMIN_HEADER, RELEASE_HEADER, Control, ControlError
@@ -322,17 +322,11 @@ class TritonServer:
         """Load the ranker from the repository's config file of this layout, with the server's
         latency objective in place of the file's and the declared release as its only version (a
         config override: Triton then reports both)."""
-        from google.protobuf import json_format, text_format
-
-        from ensemble.grpc_polling import import_grpc
-
-        import_grpc()
-        from tritonclient.grpc import model_config_pb2
+        from google.protobuf import json_format
 
         o = self.options
         path = Path(o.repository) / Model.RANKER.value / config_file(Layout(o.layout))
-        config = json_format.MessageToDict(text_format.Parse(path.read_text(), model_config_pb2.ModelConfig()),
-                                           preserving_proto_field_name=True)
+        config = json_format.MessageToDict(parse_config(path.read_text()), preserving_proto_field_name=True)
         if o.latency_objective_ms is not None:
             config.setdefault("parameters", {})[LATENCY_OBJECTIVE_PARAMETER] = {
                 "string_value": f"{o.latency_objective_ms:g}"}
