@@ -5,12 +5,12 @@ The backend hands :meth:`Model.execute` one call's requests as plain tuples (Tri
 read-only memoryviews, valid during the call) and sends each answer the generator yields, in the
 order yielded; the call itself is the python backend's (:class:`ensemble.serving.calls.Ranker`:
 admission, validation, one batch, errors per request). A call whose requests the backend found
-ordinary (each input in its served type and width, in one buffer, not bulk) the backend plans and
-scores in C with no Python call, through the objects :attr:`RankerModel.plain` hands it (the chain in
-C, checked at load against the Python chain to the bit, and the compiled admission policy); with a
-release without the chain in C, it goes through :meth:`RankerModel.score_plain`: the same admission
-and scores, as one array the backend answers every request from, without a Python object per request
-or per answer.
+ordinary (each input in its served type and width, in one buffer; bulk ones included) the backend
+plans and scores in C with no Python call, through the objects :attr:`RankerModel.plain` hands it
+(the chain in C, checked at load against the Python chain to the bit, and the compiled admission
+policy); with a release without the chain in C, such a call without a bulk request goes through
+:meth:`RankerModel.score_plain`: the same admission and scores, as one array the backend answers
+every request from, without a Python object per request or per answer.
 
 The same backend serves the ``rank`` model in the native layout (:class:`RankModel`): ranking
 requests scored by the pipeline of a ranker version loaded in this process (the release a fleet's

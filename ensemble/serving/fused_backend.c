@@ -624,11 +624,12 @@ static bool send_answer(TRITONBACKEND_Request *request, PyObject *answer) {
 /* ----- a plain call -----
  *
  * Most calls hold only ordinary requests: each input in its served type and width, its rows in one
- * CPU buffer, the strings well formed, not bulk. For such a call the backend joins each input's
- * buffers in request order and makes one Python call, the model's score_plain (the same admission and
- * the same kernel chain as its execute), then answers every request from the one score array it
- * returns. Any other call goes through the model's execute, which also gives each malformed request
- * its own error. */
+ * CPU buffer, the strings well formed. With the chain in C such a call is planned and scored in C
+ * (native_execute), bulk requests included; otherwise, when it holds no bulk request, the backend
+ * joins each input's buffers in request order and makes one Python call, the model's score_plain (the
+ * same admission and the same kernel chain as its execute), then answers every request from the one
+ * score array it returns. Any other call goes through the model's execute, which also gives each
+ * malformed request its own error. */
 
 typedef struct {
     const void *data[PLAIN_INPUTS];
@@ -636,6 +637,7 @@ typedef struct {
     int64_t rows;
     uint64_t timeout_us;
     uint32_t wanted; /* bit k: output k asked for */
+    int bulk;        /* marked bulk by its client */
 } PlainRequest;
 
 /* Whether a BYTES tensor's buffer holds exactly `count` strings. */
@@ -646,7 +648,8 @@ static bool wire_holds(const unsigned char *p, uint64_t size, int64_t count) {
 /* Whether a request is plain; if so, what the call needs of it. */
 static bool plain_request(const ModelState *state, TRITONBACKEND_Request *request, PlainRequest *out) {
     const char *release;
-    if (request_parameters(request, &release)) return false; /* bulk: scored after the others */
+    out->bulk = request_parameters(request, &release);
+    if (out->bulk && state->chain == NULL) return false; /* score_plain takes no bulk request */
     out->rows = -1;
     TRITONSERVER_Error *err = NULL;
     for (int i = 0; i < state->n_inputs; i++) {
@@ -786,9 +789,10 @@ static void plain_execute(ModelState *state, TRITONBACKEND_Request **requests, u
 }
 
 /* A plain call in C, without the interpreter's lock: the admission plan, the refusals answered, one
- * chain call over the taken requests' buffers in the plan's order (on two threads from split_rows rows,
- * where the Python pipeline splits a batch too), each taken request answered from
- * the score array, the call recorded for the admission's fits (as score_plain and finish_plain do).
+ * chain call over the taken requests' buffers in the plan's order (two when the plan takes interactive
+ * and bulk requests: the interactive ones first), on two threads from split_rows rows, where the
+ * Python pipeline splits a batch too; each taken request answered from the score array, the call
+ * recorded for the admission's fits (as execute, score_plain and finish_plain do).
  * Sets *rows to the rows scored; a request left unanswered gets `text` as its error from the caller. */
 static void native_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_t count,
                            const PlainRequest *plain, bool *answered, bool *succeeded, uint64_t *rows, char *text,
@@ -812,7 +816,7 @@ static void native_execute(ModelState *state, TRITONBACKEND_Request **requests, 
     }
     if (policy) {
         for (uint32_t r = 0; r < count; r++)
-            admitted[r] = (EnsembleAdmitted){plain[r].rows, (double)plain[r].timeout_us * 1e-6, 0};
+            admitted[r] = (EnsembleAdmitted){plain[r].rows, (double)plain[r].timeout_us * 1e-6, plain[r].bulk};
         if (policy->plan(state->admission, admitted, (int32_t)count, started, &plan) < 0) {
             snprintf(text, text_size, "out of memory planning a call of %u requests", count);
             goto done;
@@ -827,34 +831,46 @@ static void native_execute(ModelState *state, TRITONBACKEND_Request **requests, 
         for (uint32_t r = 0; r < count; r++) plan.first[r] = (int32_t)r;
         plan.n_first = (int32_t)count;
     }
-    /* the taken requests in the plan's order: the interactive ones, then the bulk ones */
+    /* The taken requests in the plan's order: the interactive ones, then the bulk ones. When a call
+     * takes both, the interactive ones are scored and answered first and the bulk ones after (as the
+     * model's execute flushes between them), so those answers do not wait for the bulk rows. */
     const int32_t taken = plan.n_first + plan.n_bulk;
-    int64_t total = 0;
-    for (int32_t k = 0; k < taken; k++) {
-        const PlainRequest *p = &plain[k < plan.n_first ? plan.first[k] : plan.bulk[k - plan.n_first]];
-        dense[k] = p->data[0];
-        wire[k] = p->data[1];
-        wire_size[k] = p->size[1];
-        part_rows[k] = p->rows;
-        total += p->rows;
-    }
-    scores = malloc((size_t)(total ? total : 1) * (size_t)state->n_outputs * sizeof(float));
-    if (scores == NULL) {
-        snprintf(text, text_size, "out of memory for %lld rows", (long long)total);
-    } else if (taken && state->chain_api->score(state->chain, taken, dense, wire, wire_size, part_rows,
-                                                state->split_rows && total >= state->split_rows ? 2 : 1, scores,
-                                                text, text_size) == 0) {
+    const int32_t bounds[3] = {0, plan.n_first && plan.n_bulk ? plan.n_first : taken, taken};
+    int32_t scored = 0;
+    for (int part = 0; part < 2; part++) {
+        const int32_t from = bounds[part], to = bounds[part + 1];
+        if (from == to) continue;
+        int64_t total = 0;
+        for (int32_t k = from; k < to; k++) {
+            const PlainRequest *p = &plain[k < plan.n_first ? plan.first[k] : plan.bulk[k - plan.n_first]];
+            dense[k - from] = p->data[0];
+            wire[k - from] = p->data[1];
+            wire_size[k - from] = p->size[1];
+            part_rows[k - from] = p->rows;
+            total += p->rows;
+        }
+        free(scores);
+        scores = malloc((size_t)(total ? total : 1) * (size_t)state->n_outputs * sizeof(float));
+        if (scores == NULL) {
+            snprintf(text, text_size, "out of memory for %lld rows", (long long)total);
+            break;
+        }
+        if (state->chain_api->score(state->chain, to - from, dense, wire, wire_size, part_rows,
+                                    state->split_rows && total >= state->split_rows ? 2 : 1, scores, text,
+                                    text_size) != 0)
+            break;
         int64_t offset = 0;
-        for (int32_t k = 0; k < taken; k++) {
+        for (int32_t k = from; k < to; k++) {
             const int32_t r = k < plan.n_first ? plan.first[k] : plan.bulk[k - plan.n_first];
             succeeded[r] = send_scores(state, requests[r], scores, total, offset, plain[r].rows, plain[r].wanted);
             answered[r] = true;
             offset += plain[r].rows;
         }
-        *rows = (uint64_t)total;
+        *rows += (uint64_t)total;
+        scored += to - from;
     }
     if (policy)
-        policy->finished(state->admission, started, policy->now(), count, (int64_t)*rows, *rows ? taken : 0);
+        policy->finished(state->admission, started, policy->now(), count, (int64_t)*rows, *rows ? scored : 0);
 done:
     free(lists);
     free(refused);

@@ -243,3 +243,59 @@ def test_the_native_backend_scores_plain_calls_through_python_when_told(trained,
         with cf.ThreadPoolExecutor(4) as pool:
             list(pool.map(ask, range(24)))
 
+
+
+@pytest.mark.parametrize("layout_name", ["native", "fused"])
+def test_a_call_answers_its_interactive_requests_before_scoring_its_bulk_ones(servers, pipeline, layout_name):
+    """A call that takes interactive and bulk requests (batch scoring's) scores and answers the
+    interactive ones first, then the bulk ones (the native layout in C, the fused one in Python), so
+    an interactive answer does not wait for bulk rows. Two full bulk requests keep the model busy
+    while a 1-row request and another bulk one arrive; Triton hands those two to a call together, and
+    the 1-row answer comes back ahead of the bulk one by the bulk rows' scoring: over a sixth of a lone
+    bulk request's round trip (answered together, the two come back within a millisecond of each
+    other)."""
+    import statistics
+    import threading
+    import time
+
+    from clients.triton import RankerClient
+    from ensemble.models.registry import Layout
+
+    srv = servers(Layout(layout_name))
+    interactive = RankerClient(srv.grpc_url, "grpc")
+    full = interactive.max_batch_size
+    dense, cats = fresh_rows(full, seed=77)
+    dense, cats = dense[:full], cats[:full]
+    expected = pipeline.score(dense, cats)["score"].ravel()
+    busy = [RankerClient(srv.grpc_url, "grpc", priority=schema.Priority.BATCH) for _ in range(2)]
+    bulk = RankerClient(srv.grpc_url, "grpc", priority=schema.Priority.BATCH)
+
+    def timed(client, rows: slice, done: dict, key: str) -> None:
+        scores = client.infer(dense[rows], cats[rows])[schema.SCORE.name]
+        done[key] = time.perf_counter(), float(np.max(np.abs(scores - expected[rows])))
+
+    alone = []
+    for _ in range(3):
+        started = time.perf_counter()
+        bulk.infer(dense[1:], cats[1:])
+        alone.append(time.perf_counter() - started)
+    gaps = []
+    for _ in range(5):
+        done: dict[str, tuple[float, float]] = {}  # answered at, largest difference from in-process
+        threads = [threading.Thread(target=timed, args=(client, slice(0, full), done, f"busy {k}"))
+                   for k, client in enumerate(busy)]
+        for t in threads:
+            t.start()
+        time.sleep(0.005)  # two full calls first: the next two requests queue behind them and share a call
+        threads += [threading.Thread(target=timed, args=(interactive, slice(0, 1), done, "interactive")),
+                    threading.Thread(target=timed, args=(bulk, slice(1, full), done, "bulk"))]
+        for t in threads[2:]:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(done) == 4, done  # a failed request: raised in its thread
+        assert all(error <= TOL for _, error in done.values()), done
+        gaps.append(done["bulk"][0] - done["interactive"][0])
+    print(f"\nbulk request alone {statistics.median(alone) * 1e3:.1f} ms; the 1-row answer ahead of the bulk one "
+          f"by {', '.join(f'{g * 1e3:.1f}' for g in gaps)} ms")
+    assert statistics.median(gaps) > 0.15 * statistics.median(alone), (gaps, alone)
