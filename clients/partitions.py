@@ -398,9 +398,15 @@ class ScoreSettings:
             pipeline = local_pipeline(str(Path(self.repository).resolve()))
 
             def score_local(dense: np.ndarray, cats) -> dict[str, np.ndarray]:
-                if isinstance(cats, WireStrings):  # looked up from the wire buffer, as the native backend does
+                if isinstance(cats, WireStrings):  # from the wire buffer, as the native backend scores
+                    chain, rows = pipeline.native_chain, len(cats)
+                    if chain is not None:  # the backend's chain in C: lookups, transform, models, blend
+                        out = np.empty((len(schema.RANKER_OUTPUTS), rows), np.float32)
+                        split = pipeline.parallel and rows >= pipeline.PARALLEL_MIN_ROWS
+                        chain.score(((np.ascontiguousarray(dense, np.float32), cats.data, rows),), out, 2 if split else 1)
+                        return {t.name: out[k] for k, t in enumerate(schema.RANKER_OUTPUTS)}
                     transform = pipeline.reads_wire
-                    scores = (pipeline.score_ids(dense, transform.ids_from_wire(cats.data, len(cats)))
+                    scores = (pipeline.score_ids(dense, transform.ids_from_wire(cats.data, rows))
                               if transform is not None else pipeline.score(dense, cats.to_objects()))
                 else:
                     scores = pipeline.score(dense, cats)
@@ -426,7 +432,8 @@ class ScoreSettings:
 @lru_cache(maxsize=2)
 def local_pipeline(repository: str):
     """The in-process pipeline of ``--local`` (loaded once per process and repository), warmed
-    up on one row: the frameworks' start-up lines come now, not through the progress bar."""
+    up on one row, its chain in C built: the frameworks' start-up lines come now, not through the
+    progress bar."""
     import os
 
     from ensemble.console import native_info_quieted
@@ -438,6 +445,7 @@ def local_pipeline(repository: str):
         pipeline = Pipeline.from_repository(repository)
         widths = pipeline.widths
         pipeline.score(np.zeros((1, widths.dense), np.float32), np.full((1, widths.categorical), b"", object))
+        pipeline.native_chain  # noqa: B018 - built and checked now (Criteo TSV is scored through it)
     return pipeline
 
 
