@@ -55,7 +55,8 @@ def run(args) -> list[dict]:
         urls = {"http": args.http_url, "grpc": args.grpc_url}
         if not given:
             server = TritonServer(ServerOptions(Path(args.repository), http_port=free_port(), grpc_port=free_port(),
-                                                metrics_port=free_port(), layout=Layout(layout))).start()
+                                                metrics_port=free_port(), layout=Layout(layout),
+                                                cpu_list=args.server_cpus)).start()
             urls = {"http": server.http_url, "grpc": server.grpc_url}
         try:
             for protocol in ("http", "grpc"):
@@ -90,6 +91,15 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _cpus(text: str) -> set[int]:
+    """A taskset-style CPU list ("0", "0,2", "0-1") as a set."""
+    cpus: set[int] = set()
+    for item in text.split(","):
+        first, _, last = item.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repository", default="model_repository")
@@ -103,16 +113,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layouts", nargs="+", choices=[Layout.FUSED.value, Layout.NATIVE.value],
                         default=[Layout.FUSED.value, Layout.NATIVE.value],
                         help="the server layouts to score through, one server after the other")
+    parser.add_argument("--client-cpus", default=None,
+                        help="CPUs of the scoring process, --local included (e.g. 0): a client machine's share")
+    parser.add_argument("--server-cpus", default=None,
+                        help="CPUs of the server it starts (taskset -c, e.g. 1; default: all of the machine's)")
     parser.add_argument("--out", default="build/bench")
     args = parser.parse_args(argv)
+    machine = summary()  # before the client is confined to its CPUs
+    if args.client_cpus:
+        import os
+
+        everything = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, _cpus(args.client_cpus))
+        if args.server_cpus is None:  # the server would inherit the client's CPUs: give it the machine's
+            args.server_cpus = ",".join(map(str, sorted(everything)))
     started = time.time()
     results = run(args)
-    machine = summary()
-    text = (f"Batch scoring of {args.rows:,} synthetic rows; machine: {machine}; "
+    placement = "".join(f"; {who} on CPUs {cpus}" for who, cpus in (("client", args.client_cpus),
+                                                                     ("server", args.server_cpus)) if cpus)
+    text = (f"Batch scoring of {args.rows:,} synthetic rows; machine: {machine}{placement}; "
             f"median of {args.repeats} runs; {time.strftime('%Y-%m-%d')}\n\n{table(results)}\n")
     print("\n" + text)
     Path(args.out, "scoring.md").write_text(text)
-    Path(args.out, "scoring.json").write_text(json.dumps({"machine": machine, "rows": args.rows, "results": results,
+    Path(args.out, "scoring.json").write_text(json.dumps({"machine": machine, "rows": args.rows,
+                                                         "client_cpus": args.client_cpus, "server_cpus": args.server_cpus,
+                                                         "results": results,
                                                          "seconds": time.time() - started}, indent=1))
     return 0
 
