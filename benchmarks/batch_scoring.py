@@ -72,10 +72,8 @@ def run(args) -> list[dict]:
         finally:
             if server is not None:
                 server.stop()
-    fastest: dict[int, dict] = {}  # per batch size, the fastest --local configuration: the baseline
-    for r in results:
-        if r["target"] == "local" and r["rows_per_s"] > fastest.get(r["batch_size"], {"rows_per_s": 0})["rows_per_s"]:
-            fastest[r["batch_size"]] = r
+    fastest = {batch: max((r for r in results if r["target"] == "local" and r["batch_size"] == batch),
+                          key=lambda r: r["rows_per_s"]) for batch in args.batch_sizes}  # the baselines
     for r in results:
         r["vs_local"] = r["rows_per_s"] / fastest[r["batch_size"]]["rows_per_s"]
         r["local_concurrency"] = fastest[r["batch_size"]]["concurrency"]
@@ -91,15 +89,6 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _cpus(text: str) -> set[int]:
-    """A taskset-style CPU list ("0", "0,2", "0-1") as a set."""
-    cpus: set[int] = set()
-    for item in text.split(","):
-        first, _, last = item.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repository", default="model_repository")
@@ -113,30 +102,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layouts", nargs="+", choices=[Layout.FUSED.value, Layout.NATIVE.value],
                         default=[Layout.FUSED.value, Layout.NATIVE.value],
                         help="the server layouts to score through, one server after the other")
-    parser.add_argument("--client-cpus", default=None,
-                        help="CPUs of the scoring process, --local included (e.g. 0): a client machine's share")
+    parser.add_argument("--client-cpu", type=int, default=None,
+                        help="the one CPU of this process, --local included (a client machine's share)")
     parser.add_argument("--server-cpus", default=None,
-                        help="CPUs of the server it starts (taskset -c, e.g. 1; default: all of the machine's)")
+                        help="taskset CPU list of the server it starts (default: all of the machine's)")
     parser.add_argument("--out", default="build/bench")
     args = parser.parse_args(argv)
     machine = summary()  # before the client is confined to its CPUs
-    if args.client_cpus:
+    if args.client_cpu is not None:
         import os
 
         everything = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, _cpus(args.client_cpus))
+        os.sched_setaffinity(0, {args.client_cpu})
         if args.server_cpus is None:  # the server would inherit the client's CPUs: give it the machine's
             args.server_cpus = ",".join(map(str, sorted(everything)))
     started = time.time()
     results = run(args)
-    placement = "".join(f"; {who} on CPUs {cpus}" for who, cpus in (("client", args.client_cpus),
-                                                                     ("server", args.server_cpus)) if cpus)
+    placement = (f"; client on CPU {args.client_cpu}" if args.client_cpu is not None else "") + \
+        (f"; server on CPUs {args.server_cpus}" if args.server_cpus else "")
     text = (f"Batch scoring of {args.rows:,} synthetic rows; machine: {machine}{placement}; "
             f"median of {args.repeats} runs; {time.strftime('%Y-%m-%d')}\n\n{table(results)}\n")
     print("\n" + text)
     Path(args.out, "scoring.md").write_text(text)
     Path(args.out, "scoring.json").write_text(json.dumps({"machine": machine, "rows": args.rows,
-                                                         "client_cpus": args.client_cpus, "server_cpus": args.server_cpus,
+                                                         "client_cpu": args.client_cpu, "server_cpus": args.server_cpus,
                                                          "results": results,
                                                          "seconds": time.time() - started}, indent=1))
     return 0

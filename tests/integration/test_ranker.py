@@ -244,7 +244,6 @@ def test_the_native_backend_scores_plain_calls_through_python_when_told(trained,
             list(pool.map(ask, range(24)))
 
 
-
 @pytest.mark.parametrize("layout_name", ["native", "fused"])
 def test_a_call_answers_its_interactive_requests_before_scoring_its_bulk_ones(servers, pipeline, layout_name):
     """A call that takes interactive and bulk requests (batch scoring's) scores and answers the
