@@ -7,30 +7,161 @@ run, same machine). ``--local`` is measured at every ``--concurrency`` the serve
 in flight speed it up too (``ensemble score --local`` keeps 4 in flight by default). Usage::
 
     .venv/bin/python -m benchmarks.batch_scoring --repository model_repository
+
+``--protocols http-shm grpc-shm`` also measures the same requests with their tensors in system
+shared memory (Triton's extension for a client on the server's host): what the server path costs
+when its transport copies nothing through a socket. ``ensemble score`` does not offer it (a client
+on the server's host is faster with ``--local``); it is here to measure the transport's share.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
+import threading
 import time
+from dataclasses import dataclass, field
+from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
+
+import numpy as np
 
 from clients.partitions import ScoreSettings, local_pipeline
 from clients.scoring import score_files
+from clients.wire import WireStrings, serialize_bytes
+from ensemble import schema
 from ensemble.data import criteo
+from ensemble.grpc_polling import import_grpc
 from ensemble.machine import summary
 from ensemble.models.registry import Layout
+from ensemble.serving import processes
+
+PROTOCOLS = ("http", "grpc", "http-shm", "grpc-shm")
+SHARED = "-shm"
 
 
-def _rows_per_second(path: Path, out: Path, settings: ScoreSettings, repeats: int) -> float:
-    rates = []
+class SharedMemoryScorer:
+    """A partition's requests with their tensors in system shared memory: each scoring thread
+    writes a chunk's two inputs into its input region and reads the four scores from its output
+    region; the request itself carries names, shapes and offsets. The regions are this process's
+    POSIX shared memory, registered with the server under their own names (so the server must run
+    on this host); a region too small for a chunk is replaced by a larger one. :meth:`close`
+    unregisters and deletes them all."""
+
+    def __init__(self, url: str, protocol: str, timeout: float):
+        if protocol == "grpc":
+            import_grpc()  # as the project's clients import grpcio
+            import tritonclient.grpc as tc
+        else:
+            import tritonclient.http as tc
+        self._tc, self._url, self._grpc = tc, url.split("://")[-1], protocol == "grpc"
+        self._kwargs = {"timeout": int(timeout * 1e6), "priority": int(schema.Priority.BATCH),
+                        "parameters": {schema.BULK_PARAMETER: True}}  # what batch scoring's requests say
+        if self._grpc:
+            self._kwargs["client_timeout"] = timeout
+        self._threads = threading.local()  # a client and two regions per scoring thread
+        self._lock = threading.Lock()
+        self._regions: dict[str, SharedMemory] = {}  # registered, by the name the server knows
+
+    def __call__(self, dense: np.ndarray, categorical) -> dict[str, np.ndarray]:
+        state = self._threads
+        if getattr(state, "client", None) is None:  # tritonclient's HTTP client is not shared across threads
+            state.client = self._tc.InferenceServerClient(self._url)
+        dense = np.ascontiguousarray(dense, np.float32)
+        rows = len(dense)
+        wire = categorical.data if isinstance(categorical, WireStrings) else serialize_bytes(categorical)
+        inputs, region = self._region(state, "inputs", dense.nbytes + len(wire))
+        region.buf[:dense.nbytes] = dense.reshape(-1).view(np.uint8)
+        region.buf[dense.nbytes:dense.nbytes + len(wire)] = wire
+        dense_in = self._tc.InferInput(schema.DENSE.name, list(dense.shape), schema.DENSE.dtype.wire)
+        dense_in.set_shared_memory(inputs, dense.nbytes, 0)
+        cats_in = self._tc.InferInput(schema.CATEGORICAL.name, [rows, categorical.shape[1]],
+                                      schema.CATEGORICAL.dtype.wire)
+        cats_in.set_shared_memory(inputs, len(wire), dense.nbytes)
+        width = rows * np.dtype(np.float32).itemsize  # every ranker output: one float32 a row
+        outputs, answers = self._region(state, "outputs", width * len(schema.RANKER_OUTPUTS))
+        requested = []
+        for k, tensor in enumerate(schema.RANKER_OUTPUTS):
+            output = self._tc.InferRequestedOutput(tensor.name)
+            output.set_shared_memory(outputs, width, k * width)
+            requested.append(output)
+        state.client.infer(schema.Model.RANKER.value, [dense_in, cats_in], outputs=requested, **self._kwargs)
+        scores = np.frombuffer(answers.buf, np.float32, rows * len(schema.RANKER_OUTPUTS)).copy()
+        return {t.name: scores[k * rows:(k + 1) * rows] for k, t in enumerate(schema.RANKER_OUTPUTS)}
+
+    def _region(self, state, kind: str, size: int) -> tuple[str, SharedMemory]:
+        current = getattr(state, kind, None)
+        if current is not None and current[1].size >= size:
+            return current
+        region = SharedMemory(create=True, size=max(size, 1 << 20))
+        name = f"ensemble-bench-{region.name}"
+        with self._lock:
+            self._regions[name] = region
+        state.client.register_system_shared_memory(name, "/" + region.name, region.size)
+        if current is not None:
+            state.client.unregister_system_shared_memory(current[0])
+            self._delete(current[0])
+        setattr(state, kind, (name, region))
+        return name, region
+
+    def _delete(self, name: str) -> None:
+        with self._lock:
+            region = self._regions.pop(name)
+        region.close()
+        region.unlink()
+
+    def close(self) -> None:
+        if not self._regions:
+            return
+        client = self._tc.InferenceServerClient(self._url)  # this thread's: the scoring threads have ended
+        try:
+            for name in list(self._regions):
+                client.unregister_system_shared_memory(name)
+                self._delete(name)
+        finally:
+            client.close()
+
+
+@dataclass(frozen=True)
+class SharedMemorySettings(ScoreSettings):
+    """:class:`ScoreSettings` whose partitions are scored by :class:`SharedMemoryScorer`."""
+
+    scorers: list = field(default_factory=list, compare=False)
+
+    def scorer(self, partition_index: int = 0):
+        scorer = SharedMemoryScorer(self.urls[partition_index % len(self.urls)], self.protocol, self.timeout)
+        self.scorers.append(scorer)
+        return scorer
+
+    def close(self) -> None:
+        while self.scorers:
+            self.scorers.pop().close()
+
+
+def _cpu_seconds(server_pid: int | None) -> tuple[float, float]:
+    """CPU seconds so far of this process (every thread: the scoring, ``--local``'s models included)
+    and of the server's process group (tritonserver and any backend stub; 0 without a server)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    server = sum(processes.cpu_seconds(pid) for pid in processes.group(server_pid)) if server_pid else 0.0
+    return own.ru_utime + own.ru_stime, server
+
+
+def _measure(path: Path, out: Path, settings: ScoreSettings, repeats: int, server_pid: int | None = None) -> dict:
+    """Median rows/s of ``repeats`` runs, and the median CPU a row (us) of this process and of the
+    server (None when the benchmark did not start it)."""
+    rates, client, server = [], [], []
     for _ in range(repeats):
+        before = _cpu_seconds(server_pid)
         summary = score_files([str(path)], str(out), settings, progress=False)
+        after = _cpu_seconds(server_pid)
         rates.append(summary.rows_per_second)
-    return statistics.median(rates)
+        client.append((after[0] - before[0]) / summary.rows * 1e6)
+        server.append((after[1] - before[1]) / summary.rows * 1e6)
+    return {"rows_per_s": statistics.median(rates), "client_us_per_row": statistics.median(client),
+            "server_us_per_row": statistics.median(server) if server_pid else None}
 
 
 def run(args) -> list[dict]:
@@ -47,7 +178,7 @@ def run(args) -> list[dict]:
         for concurrency in args.concurrency:
             settings = ScoreSettings(local=True, repository=args.repository, batch_size=batch, concurrency=concurrency)
             results.append({"target": "local", "batch_size": batch, "concurrency": concurrency,
-                            "rows_per_s": _rows_per_second(source, scratch, settings, args.repeats)})
+                            **_measure(source, scratch, settings, args.repeats)})
             print(f"local  batch {batch:>5} conc {concurrency}: {results[-1]['rows_per_s']:>9,.0f} rows/s", flush=True)
     given = bool(args.http_url and args.grpc_url)
     for layout in ["server"] if given else args.layouts:  # a running server: its URLs, whatever its layout
@@ -59,16 +190,23 @@ def run(args) -> list[dict]:
                                                 cpu_list=args.server_cpus)).start()
             urls = {"http": server.http_url, "grpc": server.grpc_url}
         try:
-            for protocol in ("http", "grpc"):
+            for protocol in args.protocols:
+                base = protocol.removesuffix(SHARED)
+                kind = SharedMemorySettings if protocol.endswith(SHARED) else ScoreSettings
                 for batch in args.batch_sizes:
                     for concurrency in args.concurrency:
-                        settings = ScoreSettings(urls=(urls[protocol],), protocol=protocol, batch_size=batch,
-                                                 concurrency=concurrency)
-                        rate = _rows_per_second(source, scratch, settings, args.repeats)
+                        settings = kind(urls=(urls[base],), protocol=base, batch_size=batch, concurrency=concurrency)
+                        try:
+                            measured = _measure(source, scratch, settings, args.repeats,
+                                                server.process.pid if server is not None else None)
+                        finally:
+                            if isinstance(settings, SharedMemorySettings):
+                                settings.close()
                         target = f"{layout} {protocol}"
                         results.append({"target": target, "batch_size": batch, "concurrency": concurrency,
-                                        "rows_per_s": rate})
-                        print(f"{target:<12} batch {batch:>5} conc {concurrency}: {rate:>9,.0f} rows/s", flush=True)
+                                        **measured})
+                        print(f"{target:<12} batch {batch:>5} conc {concurrency}: {measured['rows_per_s']:>9,.0f} "
+                              "rows/s", flush=True)
         finally:
             if server is not None:
                 server.stop()
@@ -81,11 +219,14 @@ def run(args) -> list[dict]:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| target | batch size | requests in flight | rows/s (median) | vs the fastest `--local` |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = ["| target | batch size | requests in flight | rows/s (median) | vs the fastest `--local` "
+             "| CPU a row: scoring process + server |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for r in results:
+        server = r.get("server_us_per_row")
+        cpu = f"{r['client_us_per_row']:.2f}" + (f" + {server:.2f}" if server is not None else "") + " us"
         lines.append(f"| {r['target']} | {r['batch_size']} | {r['concurrency']} | {r['rows_per_s']:,.0f} "
-                     f"| {r['vs_local']:.0%} |")
+                     f"| {r['vs_local']:.0%} | {cpu} |")
     return "\n".join(lines)
 
 
@@ -97,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[512, 4096])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--protocols", nargs="+", choices=PROTOCOLS, default=["http", "grpc"],
+                        help="how requests reach the server; -shm: their tensors in system shared memory "
+                             "(the server must run on this host)")
     parser.add_argument("--http-url", default=None, help="use a running server instead of starting one")
     parser.add_argument("--grpc-url", default=None)
     parser.add_argument("--layouts", nargs="+", choices=[Layout.FUSED.value, Layout.NATIVE.value],

@@ -6,14 +6,18 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import tritonclient.http
 
-from clients.scoring import read_parts
+from benchmarks.batch_scoring import SharedMemorySettings
+from clients.partitions import ScoreSettings
+from clients.scoring import read_parts, score_files
 from ensemble import cli, schema
 from ensemble.data import criteo
 from ensemble.serving.server import ServerOptions, TritonServer, free_port
@@ -126,3 +130,29 @@ def test_server_restarted_mid_run_completes_correctly(own_server, inputs, pipeli
 
     want = pipeline.score(*to_tensors(frame))["score"].ravel()
     assert len(got) == len(frame) and np.max(np.abs(got["score"] - want)) <= 1e-5
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_shared_memory_requests_score_what_request_bodies_do(server, inputs, protocol):
+    """The batch-scoring benchmark's shared-memory transport (tensors in system shared memory,
+    Triton's extension) gives the scores that request bodies give, and leaves no region registered
+    with the server or present in /dev/shm."""
+    out, url = inputs["root"], server.grpc_url if protocol == "grpc" else server.http_url
+    bodies = score_files([str(inputs["gz"])], str(out / f"bodies-{protocol}.parquet"),
+                         ScoreSettings(urls=(url,), protocol=protocol, batch_size=3000, all_scores=True),
+                         progress=False)
+    settings = SharedMemorySettings(urls=(url,), protocol=protocol, batch_size=3000, concurrency=2, all_scores=True)
+    status = tritonclient.http.InferenceServerClient(server.http_url)
+    try:
+        shared = score_files([str(inputs["gz"])], str(out / f"shm-{protocol}.parquet"), settings, progress=False)
+        registered = [r for r in status.get_system_shared_memory_status() if r["name"].startswith("ensemble-bench-")]
+        assert len(registered) >= 2  # a scoring thread's input and output regions at least
+    finally:
+        settings.close()
+    assert not [r for r in status.get_system_shared_memory_status() if r["name"].startswith("ensemble-bench-")]
+    assert not [r for r in registered if Path("/dev/shm", r["key"].lstrip("/")).exists()]
+    assert bodies.rows == shared.rows == 7000
+    expected, got = pd.read_parquet(out / f"bodies-{protocol}.parquet"), pd.read_parquet(out / f"shm-{protocol}.parquet")
+    np.testing.assert_array_equal(got[schema.LABEL], expected[schema.LABEL])
+    for name in ("score", "score_xgb", "score_dlrm_torch", "score_dlrm_tf"):
+        assert np.max(np.abs(got[name] - expected[name])) <= 1e-5, name
