@@ -10,7 +10,7 @@ in flight speed it up too (``ensemble score --local`` keeps 4 in flight by defau
 
 ``--protocols http-shm grpc-shm`` also measures the same requests with their tensors in system
 shared memory (Triton's extension for a client on the server's host): what the server path costs
-when its transport copies nothing through a socket. ``ensemble score`` does not offer it (a client
+when no tensor travels through a socket. ``ensemble score`` does not offer it (a client
 on the server's host is faster with ``--local``); it is here to measure the transport's share.
 """
 
