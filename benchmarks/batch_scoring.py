@@ -31,10 +31,10 @@ import numpy as np
 
 from clients.partitions import ScoreSettings, local_pipeline
 from clients.scoring import score_files
+from clients.triton import RankerClient
 from clients.wire import WireStrings, serialize_bytes
 from ensemble import schema
 from ensemble.data import criteo
-from ensemble.grpc_polling import import_grpc
 from ensemble.machine import summary
 from ensemble.models.registry import Layout
 from ensemble.serving import processes
@@ -52,43 +52,41 @@ class SharedMemoryScorer:
     unregisters and deletes them all."""
 
     def __init__(self, url: str, protocol: str, timeout: float):
-        if protocol == "grpc":
-            import_grpc()  # as the project's clients import grpcio
-            import tritonclient.grpc as tc
-        else:
-            import tritonclient.http as tc
-        self._tc, self._url, self._grpc = tc, url.split("://")[-1], protocol == "grpc"
-        self._kwargs = {"timeout": int(timeout * 1e6), "priority": int(schema.Priority.BATCH),
-                        "parameters": {schema.BULK_PARAMETER: True}}  # what batch scoring's requests say
-        if self._grpc:
-            self._kwargs["client_timeout"] = timeout
+        self._url, self._protocol, self._timeout = url, protocol, timeout
         self._threads = threading.local()  # a client and two regions per scoring thread
         self._lock = threading.Lock()
         self._regions: dict[str, SharedMemory] = {}  # registered, by the name the server knows
 
+    def _client(self) -> RankerClient:
+        """A client with batch scoring's settings: its tritonclient client (``_client``) and module
+        (``_tc``) send the requests, with the timeout, priority and bulk flag of its ``_infer_kwargs``."""
+        return RankerClient(self._url, self._protocol, timeout=self._timeout, priority=schema.Priority.BATCH)
+
     def __call__(self, dense: np.ndarray, categorical) -> dict[str, np.ndarray]:
         state = self._threads
         if getattr(state, "client", None) is None:  # tritonclient's HTTP client is not shared across threads
-            state.client = self._tc.InferenceServerClient(self._url)
+            state.client = self._client()
+        tc = state.client._tc
         dense = np.ascontiguousarray(dense, np.float32)
         rows = len(dense)
         wire = categorical.data if isinstance(categorical, WireStrings) else serialize_bytes(categorical)
         inputs, region = self._region(state, "inputs", dense.nbytes + len(wire))
         region.buf[:dense.nbytes] = dense.reshape(-1).view(np.uint8)
         region.buf[dense.nbytes:dense.nbytes + len(wire)] = wire
-        dense_in = self._tc.InferInput(schema.DENSE.name, list(dense.shape), schema.DENSE.dtype.wire)
+        dense_in = tc.InferInput(schema.DENSE.name, list(dense.shape), schema.DENSE.dtype.wire)
         dense_in.set_shared_memory(inputs, dense.nbytes, 0)
-        cats_in = self._tc.InferInput(schema.CATEGORICAL.name, [rows, categorical.shape[1]],
+        cats_in = tc.InferInput(schema.CATEGORICAL.name, [rows, categorical.shape[1]],
                                       schema.CATEGORICAL.dtype.wire)
         cats_in.set_shared_memory(inputs, len(wire), dense.nbytes)
         width = rows * np.dtype(np.float32).itemsize  # every ranker output: one float32 a row
         outputs, answers = self._region(state, "outputs", width * len(schema.RANKER_OUTPUTS))
         requested = []
         for k, tensor in enumerate(schema.RANKER_OUTPUTS):
-            output = self._tc.InferRequestedOutput(tensor.name)
+            output = tc.InferRequestedOutput(tensor.name)
             output.set_shared_memory(outputs, width, k * width)
             requested.append(output)
-        state.client.infer(schema.Model.RANKER.value, [dense_in, cats_in], outputs=requested, **self._kwargs)
+        state.client._client.infer(state.client.model, [dense_in, cats_in], outputs=requested,
+                                   **state.client._infer_kwargs())
         scores = np.frombuffer(answers.buf, np.float32, rows * len(schema.RANKER_OUTPUTS)).copy()
         return {t.name: scores[k * rows:(k + 1) * rows] for k, t in enumerate(schema.RANKER_OUTPUTS)}
 
@@ -100,9 +98,9 @@ class SharedMemoryScorer:
         name = f"ensemble-bench-{region.name}"
         with self._lock:
             self._regions[name] = region
-        state.client.register_system_shared_memory(name, "/" + region.name, region.size)
+        state.client._client.register_system_shared_memory(name, "/" + region.name, region.size)
         if current is not None:
-            state.client.unregister_system_shared_memory(current[0])
+            state.client._client.unregister_system_shared_memory(current[0])
             self._delete(current[0])
         setattr(state, kind, (name, region))
         return name, region
@@ -116,10 +114,10 @@ class SharedMemoryScorer:
     def close(self) -> None:
         if not self._regions:
             return
-        client = self._tc.InferenceServerClient(self._url)  # this thread's: the scoring threads have ended
+        client = self._client()  # this thread's: the scoring threads have ended
         try:
             for name in list(self._regions):
-                client.unregister_system_shared_memory(name)
+                client._client.unregister_system_shared_memory(name)
                 self._delete(name)
         finally:
             client.close()

@@ -793,7 +793,8 @@ static void plain_execute(ModelState *state, TRITONBACKEND_Request **requests, u
  * and bulk requests: the interactive ones first), on two threads from split_rows rows, where the
  * Python pipeline splits a batch too; each taken request answered from the score array, the call
  * recorded for the admission's fits (as execute, score_plain and finish_plain do).
- * Sets *rows to the rows scored; a request left unanswered gets `text` as its error from the caller. */
+ * Adds the rows scored to *rows (the caller's 0); a request left unanswered gets `text` as its error from
+ * the caller. */
 static void native_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_t count,
                            const PlainRequest *plain, bool *answered, bool *succeeded, uint64_t *rows, char *text,
                            size_t text_size) {
