@@ -38,6 +38,7 @@ from ensemble.data import criteo
 from ensemble.machine import summary
 from ensemble.models.registry import Layout
 from ensemble.serving import processes
+from ensemble.serving.control import admin_headers
 
 PROTOCOLS = ("http", "grpc", "http-shm", "grpc-shm")
 SHARED = "-shm"
@@ -49,13 +50,15 @@ class SharedMemoryScorer:
     region; the request itself carries names, shapes and offsets. The regions are this process's
     POSIX shared memory, registered with the server under their own names (so the server must run
     on this host); a region too small for a chunk is replaced by a larger one. :meth:`close`
-    unregisters and deletes them all."""
+    unregisters and deletes them all. Registering is an admin call: on a keyed server the key comes
+    from ``ENSEMBLE_ADMIN_KEY``."""
 
     def __init__(self, url: str, protocol: str, timeout: float):
         self._url, self._protocol, self._timeout = url, protocol, timeout
         self._threads = threading.local()  # a client and two regions per scoring thread
         self._lock = threading.Lock()
         self._regions: dict[str, SharedMemory] = {}  # registered, by the name the server knows
+        self._admin = admin_headers(grpc=protocol.startswith("grpc"))
 
     def _client(self) -> RankerClient:
         """A client with batch scoring's settings: its tritonclient client (``_client``) and module
@@ -98,9 +101,9 @@ class SharedMemoryScorer:
         name = f"ensemble-bench-{region.name}"
         with self._lock:
             self._regions[name] = region
-        state.client._client.register_system_shared_memory(name, "/" + region.name, region.size)
+        state.client._client.register_system_shared_memory(name, "/" + region.name, region.size, headers=self._admin)
         if current is not None:
-            state.client._client.unregister_system_shared_memory(current[0])
+            state.client._client.unregister_system_shared_memory(current[0], headers=self._admin)
             self._delete(current[0])
         setattr(state, kind, (name, region))
         return name, region
@@ -117,7 +120,7 @@ class SharedMemoryScorer:
         client = self._client()  # this thread's: the scoring threads have ended
         try:
             for name in list(self._regions):
-                client._client.unregister_system_shared_memory(name)
+                client._client.unregister_system_shared_memory(name, headers=self._admin)
                 self._delete(name)
         finally:
             client.close()

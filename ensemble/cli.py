@@ -165,17 +165,19 @@ def cmd_export(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    if args.replicas != 1:
+    options = _server_options(args)
+    if args.replicas != 1 or not options.loopback:  # an exposed server is a fleet of one behind the door
         return _serve_fleet(args)
     if args.replica_ports is not None or args.gateway_admin_port is not None:
-        print("error: --replica-ports and --gateway-admin-port apply to a fleet (--replicas 2 or more)", file=sys.stderr)
+        print("error: --replica-ports and --gateway-admin-port apply to a gateway (--replicas 2 or more, or a "
+              "--host other than loopback)", file=sys.stderr)
         return 2
     from ensemble.serving import allocator
     from ensemble.serving.server import ServerError, TritonServer
     from ensemble.serving.lifecycle import run_until_signal
     from ensemble.serving.supervise import Supervisor
 
-    server = TritonServer(_server_options(args))
+    server = TritonServer(options)
     try:
         supervisor = Supervisor(server, log=lambda line: print(line, flush=True))
 
@@ -197,7 +199,8 @@ def cmd_serve(args) -> int:
 
 
 def _serve_fleet(args) -> int:
-    """``ensemble serve --replicas N``: N supervised tritonservers behind the Envoy gateway (docs/fleet.md)."""
+    """``ensemble serve --replicas N``: N supervised tritonservers behind the Envoy gateway (docs/fleet.md);
+    with one, the door of a server bound elsewhere than loopback (docs/reliability.md)."""
     from ensemble.fleet.fleet import Fleet, FleetOptions
     from ensemble.serving.lifecycle import run_until_signal
     from ensemble.serving.server import ServerError
@@ -443,7 +446,8 @@ def _quantiles(text: str) -> tuple[tuple[float, float], ...]:
 def _add_server(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repository", default="model_repository", help="the Triton model repository")
     p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (another than loopback needs ENSEMBLE_ADMIN_KEY, see docs/reliability.md)")
+                   help="address to bind (another than loopback needs ENSEMBLE_ADMIN_KEY and puts tritonserver on loopback "
+                        "behind the Envoy gateway: docs/reliability.md, \"The door\")")
     p.add_argument("--http-port", type=int, default=8000, help="HTTP/REST port (v2 protocol)")
     p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port")
     p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port")
@@ -486,12 +490,13 @@ def _replica_count(text: str) -> int:
 def _add_fleet(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=_replica_count, default=1,
                    help="tritonservers to run; 2 or more run behind an Envoy gateway on --http-port and --grpc-port, "
-                        "replica i serving metrics on --metrics-port + i (docs/fleet.md)")
+                        "replica i serving metrics on --metrics-port + i (docs/fleet.md); one server on a --host "
+                        "other than loopback runs behind the gateway too (docs/reliability.md, \"The door\")")
     p.add_argument("--replica-ports", type=int, default=None, metavar="PORT",
-                   help="with --replicas: replica i's HTTP port is PORT + 2i and its gRPC port PORT + 2i + 1, on "
+                   help="with a gateway: replica i's HTTP port is PORT + 2i and its gRPC port PORT + 2i + 1, on "
                         "127.0.0.1 (default: free ports, printed at start)")
     p.add_argument("--gateway-admin-port", type=int, default=None, metavar="PORT",
-                   help="with --replicas: the gateway's admin port on 127.0.0.1 (default: a free port, printed at start)")
+                   help="with a gateway: its admin port on 127.0.0.1 (default: a free port, printed at start)")
 
 
 def build_parser() -> argparse.ArgumentParser:

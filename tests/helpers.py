@@ -17,6 +17,8 @@ from ensemble.serving.supervise import STOPPED_STATES
 
 # Small enough for CI on 2 cores, big enough that every step trains for real.
 SYNTH = criteo.SynthConfig(rows=24_000, scale=0.002, seed=11)
+# The admin key of the servers the integration suite starts (tests/integration/conftest.py).
+ADMIN_KEY = "integration-admin-key-7d3f"
 
 
 def fresh_rows(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -84,8 +84,7 @@ class Envoy:
 
         binary = find_envoy()
         config = envoy_config(self.gateway)
-        busy = [p for h, p in ((self.gateway.host, self.gateway.http_port), (self.gateway.host, self.gateway.grpc_port),
-                               ("127.0.0.1", self.gateway.admin_port)) if not port_free(h, p)]
+        busy = [p for h, p in self.gateway.listeners() if not port_free(h, p)]
         if busy:
             raise EnvoyError(f"gateway port(s) {', '.join(map(str, busy))} already in use")
         if self._scratch is None or not self._scratch.is_dir():  # a gateway started again keeps its folder

@@ -1,10 +1,19 @@
-"""``ensemble serve --replicas N``: N supervised tritonservers behind one Envoy gateway.
+"""``ensemble serve --replicas N``: N supervised tritonservers behind one Envoy gateway; and the door:
+``ensemble serve`` on any address but loopback is a fleet of one.
 
 Each replica is a :class:`~ensemble.serving.server.TritonServer` on loopback with ports of its own
 and its own :class:`~ensemble.serving.supervise.Supervisor` (healed and restarted on the same ports
 exactly as ``ensemble serve`` does for one server). The gateway takes the ports the user named for
 HTTP and gRPC (:mod:`ensemble.fleet.gateway`). Replica ``i`` serves metrics on ``metrics_port + i``;
 its HTTP and gRPC ports are ``replica_ports + 2i`` and ``+ 2i + 1``, or free ports picked at start.
+
+**The door.** Triton 2.51's HTTP front end can be crashed by one request (a body in millions of
+one-byte chunks: SIGSEGV), refuses valid chunked requests whose BYTES length prefix straddles a
+chunk, and bounds neither bodies nor their decompression. So an exposed server is never Triton
+itself: with one replica, tritonserver binds loopback on ports of its own and the gateway takes the
+user's HTTP, gRPC and metrics ports (the metrics through a listener that serves only ``GET
+/metrics``), buffering every body and passing it on re-framed with its length, within the size and
+inflation limits, on client routes only (docs/reliability.md, "The door").
 
 Every replica serves one release of the ranker (the repository's declared release, else its
 newest). The gateway reads its routes from files in the fleet's own folder, so that ``ensemble
@@ -50,7 +59,8 @@ class FleetOptions:
     Attributes:
         server: the options ``ensemble serve`` was given: ``host``, ``http_port`` and ``grpc_port``
             are the gateway's, ``metrics_port`` the first replica's; the rest applies to every replica.
-        replicas: how many tritonservers (2 or more).
+        replicas: how many tritonservers (1: the door in front of one server bound elsewhere than
+            loopback; its metrics port is the gateway's too).
         replica_ports: replica ``i``'s HTTP port is ``replica_ports + 2i``, gRPC ``+ 2i + 1`` (None:
             free ports picked at start).
         admin_port: the gateway's admin listener on loopback (None: a free port).
@@ -64,8 +74,11 @@ class FleetOptions:
     drain_timeout: float = 30.0
 
     def check(self) -> None:
-        if not 2 <= self.replicas <= MAX_REPLICAS:
-            raise FleetError(f"a fleet has 2 to {MAX_REPLICAS} replicas, got {self.replicas}")
+        if not 1 <= self.replicas <= MAX_REPLICAS:
+            raise FleetError(f"a fleet has 1 to {MAX_REPLICAS} replicas, got {self.replicas}")
+        if not self.server.loopback and not self.server.admin_key:  # the replicas' own ports are keyed too
+            raise FleetError(f"binding {self.server.host} needs ENSEMBLE_ADMIN_KEY: the replicas' model control, "
+                             "shared memory, trace and log settings answer only requests that carry it")
         if self.replica_ports is not None and not 0 < self.replica_ports <= 65535 - 2 * self.replicas:
             raise FleetError(f"--replica-ports {self.replica_ports} leaves no room for {self.replicas} replicas' "
                              "HTTP and gRPC ports below 65536")
@@ -102,21 +115,25 @@ def plan(options: FleetOptions) -> tuple[list[ServerOptions], Gateway]:
         named |= {options.replica_ports + i for i in range(2 * options.replicas)}
     if options.admin_port is not None:
         named.add(options.admin_port)
-    picked = iter(free_ports(2 * options.replicas * (options.replica_ports is None) + (options.admin_port is None),
-                             avoid=named))
+    door = options.replicas == 1  # the gateway serves the replica's metrics on the user's port
+    picked = iter(free_ports(2 * options.replicas * (options.replica_ports is None) + (options.admin_port is None)
+                             + door, avoid=named))
     servers = []
     for i in range(options.replicas):
         if options.replica_ports is None:
             http, grpc = next(picked), next(picked)
         else:
             http, grpc = options.replica_ports + 2 * i, options.replica_ports + 2 * i + 1
-        servers.append(replace(o, host=REPLICA_HOST, http_port=http, grpc_port=grpc, metrics_port=o.metrics_port + i,
+        servers.append(replace(o, host=REPLICA_HOST, http_port=http, grpc_port=grpc,
+                               metrics_port=next(picked) if door else o.metrics_port + i,
                                log_file=_log_path(o.log_file, f"replica{i}")))
-    gateway = Gateway(tuple(Replica(s.http_port, s.grpc_port, REPLICA_HOST) for s in servers), host=o.host,
+    gateway = Gateway(tuple(Replica(s.http_port, s.grpc_port, REPLICA_HOST, s.metrics_port if door else None)
+                            for s in servers), host=o.host,
                       http_port=o.http_port, grpc_port=o.grpc_port,
                       admin_port=options.admin_port if options.admin_port is not None else next(picked),
-                      max_requests=requests_within_objective(o.latency_objective_ms) * options.replicas)
-    ports = [gateway.http_port, gateway.grpc_port, gateway.admin_port]
+                      max_requests=requests_within_objective(o.latency_objective_ms) * options.replicas,
+                      metrics_port=o.metrics_port if door else None)
+    ports = [p for _, p in gateway.listeners()]
     ports += [p for s in servers for p in (s.http_port, s.grpc_port, s.metrics_port)]
     twice = sorted({p for p in ports if ports.count(p) > 1})
     if twice:
@@ -147,8 +164,7 @@ class Fleet:
 
     def start(self) -> "Fleet":
         """Start every replica (in parallel), then the gateway once all are ready."""
-        busy = [p for h, p in ((self.gateway.host, self.gateway.http_port), (self.gateway.host, self.gateway.grpc_port),
-                               (REPLICA_HOST, self.gateway.admin_port)) if not port_free(h, p)]
+        busy = [p for h, p in self.gateway.listeners() if not port_free(h, p)]
         if busy:
             raise FleetError(f"gateway port(s) {', '.join(map(str, busy))} already in use")
         try:
@@ -249,6 +265,10 @@ class Fleet:
                  f"log {s.log_file}" for i, s in enumerate(self.servers)]
         g = self.gateway
         lines.append(f"gateway: admin http://127.0.0.1:{g.admin_port}  log {self.envoy.log_file}")
-        lines.append(f"ready: HTTP http://{g.host}:{g.http_port}  gRPC grpc://{g.host}:{g.grpc_port}  "
-                     f"({len(self.servers)} replicas behind the gateway)")
+        if g.metrics_port is not None:  # the door in front of one server
+            lines.append(f"ready: HTTP http://{g.host}:{g.http_port}  gRPC grpc://{g.host}:{g.grpc_port}  "
+                         f"metrics http://{g.host}:{g.metrics_port}/metrics  (one server behind the gateway)")
+        else:
+            lines.append(f"ready: HTTP http://{g.host}:{g.http_port}  gRPC grpc://{g.host}:{g.grpc_port}  "
+                         f"({len(self.servers)} replicas behind the gateway)")
         return lines

@@ -21,6 +21,8 @@
   its ``Content-Length`` header when it has one.
   Other HTTP content encodings and compressed gRPC messages are refused (Triton would inflate them
   without a bound). Headers must arrive within 10 s and an idle connection closes after 5 minutes.
+- **Client errors said so.** Triton 2.51 answers a body that is not JSON with 500; the gateway
+  answers it with 400 (a Lua filter that reads the body of a 500 answer only).
 - **Closed routes.** Only health, metadata, config, statistics and inference reach the replicas;
   model control (``/v2/repository/...``, gRPC ``Repository*``), shared-memory registration and trace
   or log settings are refused with 403 (gRPC PERMISSION_DENIED). Operators use a replica's own port.
@@ -35,6 +37,9 @@
   ``rank`` model scores with that release's pipeline). With ``routes_dir`` set, the routes are read
   from files there (Envoy's file-based route discovery) and :func:`write_routes` switches every new
   request to another release in one step (:mod:`ensemble.fleet.release`).
+- **Metrics of a lone replica.** With ``metrics_port`` set (one replica: ``ensemble serve`` on a
+  non-loopback address puts its one tritonserver behind the gateway), a third listener answers
+  ``GET /metrics`` from the replica's metrics port and nothing else, so Triton binds no public port.
 - **Overload.** Beyond ``max_requests`` requests in flight the gateway refuses at once with 503
   (gRPC UNAVAILABLE), before any replica parses the request. The bound follows the replicas'
   latency objective (:func:`requests_within_objective`): a request past it could not be answered
@@ -91,6 +96,7 @@ class Replica:
     http_port: int
     grpc_port: int
     host: str = "127.0.0.1"
+    metrics_port: int | None = None  # Triton's metrics port, for a gateway that serves them (``Gateway.metrics_port``)
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,8 @@ class Gateway:
             Lua filter is then off on every route, at no cost).
         routes_dir: read the routes from files in this folder, which :func:`write_routes` replaces
             (None: the routes are part of the bootstrap and never change).
+        metrics_port: a public port on ``host`` that answers ``GET /metrics`` from the replica's own
+            metrics port (one replica with a ``metrics_port``; None: no metrics listener).
     """
 
     replicas: tuple[Replica, ...]
@@ -126,19 +134,25 @@ class Gateway:
     dns_refresh: float | None = None
     release: int | None = None
     routes_dir: str | None = None
+    metrics_port: int | None = None
 
     def check(self) -> None:
         """Raises :class:`GatewayError` naming the first problem."""
         if not self.replicas:
             raise GatewayError("a gateway needs at least one replica")
-        ports = [self.http_port, self.grpc_port, self.admin_port]
+        if self.metrics_port is not None and (len(self.replicas) != 1 or self.replicas[0].metrics_port is None):
+            raise GatewayError("a gateway serves metrics for one replica with a metrics port, not for "
+                               f"{len(self.replicas)} replica(s)")
+        ports = [self.http_port, self.grpc_port, self.admin_port, *self._metrics_ports()]
         ports += [p for r in self.replicas for p in (r.http_port, r.grpc_port)]
         bad = [p for p in ports if not 0 < p < 65536]
         if bad:
             raise GatewayError(f"port(s) {', '.join(map(str, bad))} out of range 1-65535")
         listened = [(self.host, self.http_port), (self.host, self.grpc_port), ("127.0.0.1", self.admin_port)]
+        listened += [(self.host, p) for p in self._metrics_ports()[:1]]
         if self.dns_refresh is None:  # resolved replicas listen on other machines
             listened += [(r.host, p) for r in self.replicas for p in (r.http_port, r.grpc_port)]
+            listened += [(r.host, p) for p in self._metrics_ports()[1:] for r in self.replicas]
         seen: set[int] = set()
         twice = sorted({p for _, p in listened if p in seen or seen.add(p)})
         if twice:
@@ -153,6 +167,15 @@ class Gateway:
             raise GatewayError(f"dns_refresh must be > 0 seconds, got {self.dns_refresh}")
         if self.release is not None and not 0 < self.release < 2**63:
             raise GatewayError(f"release must be a positive version number, got {self.release}")
+
+    def _metrics_ports(self) -> list[int]:
+        """The public metrics port and the replica's, when the gateway serves metrics."""
+        return [] if self.metrics_port is None else [self.metrics_port, self.replicas[0].metrics_port]
+
+    def listeners(self) -> list[tuple[str, int]]:
+        """Every (address, port) this gateway's Envoy binds."""
+        public = [self.http_port, self.grpc_port] + ([self.metrics_port] if self.metrics_port is not None else [])
+        return [(self.host, p) for p in public] + [("127.0.0.1", self.admin_port)]
 
     def requests_in_flight(self) -> int:
         return self.max_requests or requests_within_objective(None) * len(self.replicas)
@@ -332,6 +355,21 @@ end
 """ % {"ranker": schema.Model.RANKER.value}
 
 
+# Triton 2.51 answers a body it cannot parse as JSON with 500 ("failed to parse the request JSON
+# buffer"): a client's error, which the gateway answers as one (400). Only a 500's body is read.
+CLIENT_ERROR_LUA = """
+local MARK = "failed to parse the request JSON"
+function envoy_on_request(handle) end
+function envoy_on_response(handle)
+  if handle:headers():get(":status") ~= "500" then return end
+  local body = handle:body()
+  if body == nil then return end
+  local text = body:getBytes(0, math.min(body:length(), 256))
+  if string.find(text, MARK, 1, true) then handle:headers():replace(":status", "400") end
+end
+"""
+
+
 def _has_lua(gateway: Gateway) -> bool:
     """Whether the gRPC listener carries the pinning filter (routes that change, or a pinned release)."""
     return gateway.release is not None or gateway.routes_dir is not None
@@ -418,6 +456,10 @@ def _connection_manager(name: str, gateway: Gateway, grpc: bool) -> dict:
         filters.append({"name": LUA_FILTER, "typed_config": {
             "@type": _TYPES + "extensions.filters.http.lua.v3.Lua",
             "default_source_code": {"inline_string": PIN_VERSION_LUA}}})
+    if not grpc:
+        filters.append({"name": LUA_FILTER, "typed_config": {
+            "@type": _TYPES + "extensions.filters.http.lua.v3.Lua",
+            "default_source_code": {"inline_string": CLIENT_ERROR_LUA}}})
     filters.append({"name": "envoy.filters.http.router", "typed_config": {
         "@type": _TYPES + "extensions.filters.http.router.v3.Router"}})
     if gateway.routes_dir is not None:
@@ -487,19 +529,54 @@ def _listener(name: str, port: int, gateway: Gateway, grpc: bool) -> dict:
                                             "typed_config": _connection_manager(name, gateway, grpc)}]}]}
 
 
+METRICS_PATH = "/metrics"
+METRICS_BODY_BYTES = 4096  # a metrics request has no body: anything larger is refused at the gateway
+
+
+def _metrics_listener(gateway: Gateway) -> dict:
+    """``GET /metrics`` of the one replica, on the gateway's ``metrics_port``; anything else 404."""
+    routes = [{"match": {"path": METRICS_PATH, "headers": [{"name": ":method", "string_match": {"exact": "GET"}}]},
+               "route": {"cluster": "replica_metrics", "timeout": "10s"}},
+              {"match": {"prefix": "/"}, "direct_response": {
+                  "status": 404, "body": {"inline_string": f"only GET {METRICS_PATH} is served on this port\n"}}}]
+    manager = {
+        "@type": _TYPES + "extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "metrics", "codec_type": "HTTP1", "use_remote_address": True, "normalize_path": True,
+        "request_headers_timeout": "10s", "common_http_protocol_options": {"idle_timeout": "60s"},
+        "route_config": {"name": "metrics", "virtual_hosts": [{"name": "metrics", "domains": ["*"], "routes": routes}]},
+        "http_filters": [{"name": "envoy.filters.http.buffer", "typed_config": {
+                              "@type": _TYPES + "extensions.filters.http.buffer.v3.Buffer",
+                              "max_request_bytes": METRICS_BODY_BYTES}},
+                         {"name": "envoy.filters.http.router", "typed_config": {
+                              "@type": _TYPES + "extensions.filters.http.router.v3.Router"}}]}
+    return {"name": "metrics", "address": _address(gateway.host, gateway.metrics_port),
+            "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                            "typed_config": manager}]}]}
+
+
+def _metrics_cluster(gateway: Gateway) -> dict:
+    replica = gateway.replicas[0]
+    return {"name": "replica_metrics", "type": "STATIC", "connect_timeout": "1s",
+            "load_assignment": {"cluster_name": "replica_metrics", "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": _address(replica.host, replica.metrics_port)}}]}]}}
+
+
 def envoy_config(gateway: Gateway) -> dict:
     """The Envoy bootstrap of ``gateway`` (see the module docstring); raises :class:`GatewayError`."""
     gateway.check()
+    metrics = gateway.metrics_port is not None
     return {
         "node": {"id": "gateway", "cluster": "ensemble-gateway"},  # file-based route discovery needs both
         "admin": {"address": _address("127.0.0.1", gateway.admin_port)},
         "static_resources": {
             "listeners": [_listener("http", gateway.http_port, gateway, grpc=False),
-                          _listener("grpc", gateway.grpc_port, gateway, grpc=True)],
+                          _listener("grpc", gateway.grpc_port, gateway, grpc=True),
+                          *([_metrics_listener(gateway)] if metrics else [])],
             "clusters": [_cluster("replicas_http", gateway, grpc=False),
                          _cluster("replicas_grpc", gateway, grpc=True),
                          _cluster("replicas_http_stats", gateway, grpc=False, pinned=True),
-                         _cluster("replicas_grpc_stats", gateway, grpc=True, pinned=True)],
+                         _cluster("replicas_grpc_stats", gateway, grpc=True, pinned=True),
+                         *([_metrics_cluster(gateway)] if metrics else [])],
         },
         "overload_manager": {"resource_monitors": [{
             "name": "envoy.resource_monitors.global_downstream_max_connections",

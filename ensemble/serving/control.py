@@ -9,8 +9,9 @@ until it returns; gRPC runs repository calls on a thread of their own. Reads (in
 stats, the checks' infer) stay on HTTP.
 
 Whoever can call the load API changes what serves. ``ensemble serve`` keeps it on loopback, and
-before it binds any other address requires :data:`ADMIN_KEY_ENV`: Triton then answers that API
-only for requests carrying the key in the :data:`ADMIN_HEADER` header (its restricted-API option).
+before it binds any other address requires :data:`ADMIN_KEY_ENV`: Triton then answers the APIs of
+:data:`RESTRICTED_APIS` only for requests carrying the key, over HTTP in the :data:`ADMIN_HEADER`
+header and over gRPC in :data:`GRPC_ADMIN_HEADER` (its restricted-API options, :func:`restricted_options`).
 """
 
 from __future__ import annotations
@@ -26,10 +27,31 @@ from ensemble import schema
 from ensemble.schema import Model
 
 ADMIN_HEADER = "ensemble-admin-key"
+# Triton's gRPC front end looks for a restricted protocol's key under its name with this prefix.
+GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 ADMIN_KEY_ENV = "ENSEMBLE_ADMIN_KEY"
+# Triton's API groups a client of the ranker never needs, and that change what serves or reach into
+# the server's memory, files or logs: model control, system and CUDA shared-memory registration,
+# trace settings, log settings. With a key they answer only requests that carry it; inference,
+# health, metadata, config and statistics stay open.
+RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
 # The release a fleet's gateway sends a request to (ensemble.fleet.gateway sets it); tritonserver passes
 # it to the models as a request parameter of this name.
 RELEASE_HEADER = "ensemble-release"
+
+
+def restricted_options(key: str) -> list[str]:
+    """tritonserver's options that put :data:`RESTRICTED_APIS` behind ``key`` on HTTP and gRPC."""
+    apis = ",".join(RESTRICTED_APIS)
+    return [f"--http-restricted-api={apis}:{ADMIN_HEADER}={key}",
+            f"--grpc-restricted-protocol={apis}:{ADMIN_HEADER}={key}"]
+
+
+def admin_headers(grpc: bool, key: str | None = None) -> dict[str, str] | None:
+    """The header that carries the admin key (``key``, else :data:`ADMIN_KEY_ENV`'s) over gRPC or
+    HTTP; None without a key."""
+    key = key if key is not None else os.environ.get(ADMIN_KEY_ENV)
+    return {GRPC_ADMIN_HEADER if grpc else ADMIN_HEADER: key} if key else None
 
 
 class ControlError(RuntimeError):
@@ -70,9 +92,7 @@ class Control:
                    grpc_url=grpc_url)
 
     def _request(self, path: str, body: dict | bytes | None = None, timeout: float | None = None):
-        headers = {"Content-Type": "application/json"}
-        if self.key:
-            headers[ADMIN_HEADER] = self.key
+        headers = {"Content-Type": "application/json", **(admin_headers(grpc=False, key=self.key or "") or {})}
         data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
         request = urllib.request.Request(f"{self.url}{path}", data, headers, method="GET" if body is None else "POST")
         try:
@@ -132,7 +152,7 @@ class Control:
 
         client = grpcclient.InferenceServerClient(self.grpc_url)
         try:
-            getattr(client, call)(self.model, headers={ADMIN_HEADER: self.key} if self.key else None,
+            getattr(client, call)(self.model, headers=admin_headers(grpc=True, key=self.key or ""),
                                   client_timeout=timeout, **kwargs)
         except InferenceServerException as exc:
             raise ControlError(f"gRPC {call} at {self.grpc_url}: {exc.status() or ''} {exc.message()}") from exc

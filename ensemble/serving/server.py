@@ -22,7 +22,7 @@ from pathlib import Path
 from ensemble.repository.configs import LATENCY_OBJECTIVE_PARAMETER, config_file, config_name, parse as parse_config
 from ensemble.serving import allocator, lifecycle, processes
 from ensemble.serving.allocator import Allocator
-from ensemble.serving.control import ADMIN_HEADER, RELEASE_HEADER, Control, ControlError
+from ensemble.serving.control import RELEASE_HEADER, Control, ControlError, restricted_options
 from ensemble.models.registry import Layout
 from ensemble import schema
 from ensemble.schema import Model
@@ -229,8 +229,7 @@ class TritonServer:
         # the release a fleet's gateway routes a request to reaches the models as a request parameter
         cmd += [f"--http-header-forward-pattern=^{RELEASE_HEADER}$", f"--grpc-header-forward-pattern=^{RELEASE_HEADER}$"]
         if o.admin_key:
-            cmd += [f"--http-restricted-api=model-repository:{ADMIN_HEADER}={o.admin_key}",
-                    f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={o.admin_key}"]
+            cmd += restricted_options(o.admin_key)
         if o.cpu_list:
             cmd = ["taskset", "-c", o.cpu_list, *cmd]
         return cmd

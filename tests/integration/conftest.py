@@ -1,15 +1,36 @@
 """Real tritonservers on free ports, one per layout, started once per session on first use; a
-server's log is printed if it dies."""
+server's log is printed if it dies.
+
+The suite runs keyed servers, as every exposed deployment does: the session's servers (and the
+tests' own, through :data:`tests.helpers.ADMIN_KEY`) put Triton's restricted APIs behind a key, and
+``ENSEMBLE_ADMIN_KEY`` holds it for the whole session, so deploy, rollback, the supervisor and the
+``ensemble`` commands the tests run send it as an operator's would."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from ensemble.models.registry import Layout
 from ensemble.serving.monitoring import LatencySummaries
+from ensemble.serving.control import ADMIN_KEY_ENV
 from ensemble.serving.server import DEFAULT_LAYOUT, ServerOptions, TritonServer, free_port
+from tests.helpers import ADMIN_KEY
 
 CPU_LAYOUTS = (Layout.FUSED, Layout.NATIVE, Layout.ENSEMBLE)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def admin_key():
+    """The key of every server the suite starts, in the operator's variable for the whole session."""
+    before = os.environ.get(ADMIN_KEY_ENV)
+    os.environ[ADMIN_KEY_ENV] = ADMIN_KEY
+    yield ADMIN_KEY
+    if before is None:
+        os.environ.pop(ADMIN_KEY_ENV, None)
+    else:
+        os.environ[ADMIN_KEY_ENV] = before
 
 
 @pytest.fixture(scope="session")
@@ -24,7 +45,7 @@ def servers(trained, tmp_path_factory):
             log = tmp_path_factory.mktemp(f"server-{layout.value}") / "tritonserver.log"
             srv = TritonServer(ServerOptions(trained.repository, http_port=free_port(), grpc_port=free_port(),
                                              metrics_port=free_port(), log_file=log, layout=layout,
-                                             latency_summaries=LatencySummaries(True)))
+                                             latency_summaries=LatencySummaries(True), admin_key=ADMIN_KEY))
             srv.start()  # raises ServerError with the log tail if it cannot start
             started[layout] = srv
         return started[layout]

@@ -20,6 +20,7 @@ from clients.partitions import ScoreSettings
 from clients.scoring import read_parts, score_files
 from ensemble import cli, schema
 from ensemble.data import criteo
+from ensemble.serving.control import admin_headers
 from ensemble.serving.server import ServerOptions, TritonServer, free_port
 from tests.helpers import SYNTH
 
@@ -143,13 +144,14 @@ def test_shared_memory_requests_score_what_request_bodies_do(server, inputs, pro
                          progress=False)
     settings = SharedMemorySettings(urls=(url,), protocol=protocol, batch_size=3000, concurrency=2, all_scores=True)
     status = tritonclient.http.InferenceServerClient(server.http_url)
+    admin = admin_headers(grpc=False)  # the server is keyed: listing regions is an admin call
     try:
         shared = score_files([str(inputs["gz"])], str(out / f"shm-{protocol}.parquet"), settings, progress=False)
-        registered = [r for r in status.get_system_shared_memory_status() if r["name"].startswith("ensemble-bench-")]
+        registered = [r for r in status.get_system_shared_memory_status(headers=admin) if r["name"].startswith("ensemble-bench-")]
         assert len(registered) >= 2  # a scoring thread's input and output regions at least
     finally:
         settings.close()
-    assert not [r for r in status.get_system_shared_memory_status() if r["name"].startswith("ensemble-bench-")]
+    assert not [r for r in status.get_system_shared_memory_status(headers=admin) if r["name"].startswith("ensemble-bench-")]
     assert not [r for r in registered if Path("/dev/shm", r["key"].lstrip("/")).exists()]
     assert bodies.rows == shared.rows == 7000
     expected, got = pd.read_parquet(out / f"bodies-{protocol}.parquet"), pd.read_parquet(out / f"shm-{protocol}.parquet")

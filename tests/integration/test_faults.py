@@ -20,7 +20,7 @@ from ensemble.models.registry import Layout
 from ensemble.serving import processes
 from ensemble.serving.server import ServerError, ServerOptions, TritonServer, free_port
 from ensemble.serving.supervise import Supervisor, SupervisorPolicy
-from tests.helpers import Load, fresh_rows, stop_process
+from tests.helpers import ADMIN_KEY, Load, fresh_rows, stop_process
 
 RECOVERY_BOUND_S = 30.0  # the test's failure bound; the 10 s recovery target is reported, not asserted
 
@@ -32,7 +32,7 @@ def supervised(trained, tmp_path, request):
     layout = getattr(request, "param", Layout.FUSED)
     server = TritonServer(ServerOptions(trained.repository, http_port=free_port(), grpc_port=free_port(),
                                         metrics_port=free_port(), log_file=tmp_path / "tritonserver.log",
-                                        layout=layout))
+                                        layout=layout, admin_key=ADMIN_KEY))
     server.start()
     lines: list[str] = []
     supervisor = Supervisor(server, SupervisorPolicy(probe_interval=0.5, probe_timeout=1.0, backoff=0.5),

@@ -29,6 +29,7 @@ import pytest
 
 from ensemble import schema
 from ensemble.serving import processes
+from ensemble.serving.control import admin_headers
 from ensemble.serving.server import free_port
 from tests.helpers import fleet_ports, fresh_rows
 
@@ -231,9 +232,9 @@ def test_model_control_is_refused_at_the_gateway(fleet):
         with pytest.raises(InferenceServerException) as refused:
             call()
         assert refused.value.status() == "StatusCode.PERMISSION_DENIED", refused.value
-    # nothing changed, and the operator still reaches model control on a replica's own port
+    # nothing changed, and the operator (with the key) still reaches model control on a replica's own port
     assert client.is_model_ready("ranker")
-    status, reply = _post(fleet.replicas[0][0], "/v2/repository/index", b"{}")
+    status, reply = _post(fleet.replicas[0][0], "/v2/repository/index", b"{}", admin_headers(grpc=False))
     assert status == 200 and any(m["name"] == "ranker" and m.get("state") == "READY" for m in json.loads(reply))
 
 

@@ -17,7 +17,7 @@ from ensemble.fleet.prometheus import GATEWAY_JOB, TRITON_JOB, Prometheus, scrap
 from ensemble.serving.monitoring import DASHBOARD, dashboard_queries
 from ensemble.serving.monitoring import LatencySummaries
 from ensemble.serving.server import ServerOptions, free_port
-from tests.helpers import fleet_ports, fresh_rows
+from tests.helpers import ADMIN_KEY, fleet_ports, fresh_rows
 
 RATE_WINDOW = "20s"  # Grafana's $__rate_interval for a 1 s scrape: at least four scrapes
 DATA_WAIT_S = 90.0
@@ -38,7 +38,8 @@ def observed(trained, tmp_path_factory):
     lines: list[str] = []
     http, grpc, metrics = fleet_ports(2)
     options = FleetOptions(ServerOptions(trained.repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                                         log_file=root / "serve.log", latency_summaries=LatencySummaries(True)),
+                                         log_file=root / "serve.log", latency_summaries=LatencySummaries(True),
+                                         admin_key=ADMIN_KEY),
                            replicas=2)  # summaries on: the dashboard's latency panels read them
     fleet = Fleet(options, log=lines.append).start()
     stop = threading.Event()

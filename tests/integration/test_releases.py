@@ -15,7 +15,7 @@ from ensemble.serving.deploy import DeployError, deploy
 from ensemble.repository.export import TrainedArtifacts, export_repository
 from ensemble.schema import Model
 from ensemble.serving.server import ServerOptions, TritonServer, free_port
-from tests.helpers import Load, fresh_rows
+from tests.helpers import ADMIN_KEY, Load, fresh_rows
 
 
 @pytest.fixture()
@@ -24,7 +24,8 @@ def served_copy(trained, tmp_path):
     repository = tmp_path / "repo"
     shutil.copytree(trained.repository, repository)
     server = TritonServer(ServerOptions(repository, http_port=free_port(), grpc_port=free_port(),
-                                        metrics_port=free_port(), log_file=tmp_path / "tritonserver.log"))
+                                        metrics_port=free_port(), log_file=tmp_path / "tritonserver.log",
+                                        admin_key=ADMIN_KEY))
     server.start()
     yield repository, server
     server.stop()
@@ -63,7 +64,7 @@ def test_a_server_started_later_serves_the_declared_release(trained, served_copy
     rollback(server.http_url, repository, log=lambda _: None, grpc_url=server.grpc_url)
     assert declared.read(repository) == first
     later = TritonServer(ServerOptions(repository, http_port=free_port(), grpc_port=free_port(),
-                                       metrics_port=free_port(), log_file=tmp_path / "later.log"))
+                                       metrics_port=free_port(), log_file=tmp_path / "later.log", admin_key=ADMIN_KEY))
     later.start()
     try:  # the newest exported release is `new`; the declared one serves
         assert Control.of(later.http_url).serving_release() == first

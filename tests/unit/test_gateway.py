@@ -139,8 +139,41 @@ def test_fleet_plan_never_picks_a_port_the_options_name():
     assert len(set(lots)) == 200 and not set(lots) & seen
 
 
+def test_one_exposed_server_is_triton_on_loopback_behind_the_gateway():
+    """The door: a fleet of one on a public address puts tritonserver on loopback ports of its own,
+    and the gateway takes the user's HTTP, gRPC and metrics ports."""
+    from ensemble.serving.server import free_ports
+
+    http, grpc, metrics = free_ports(3)
+    (server,), gateway = plan(FleetOptions(ServerOptions(Path("repo"), host="0.0.0.0", http_port=http, grpc_port=grpc,
+                                                         metrics_port=metrics, admin_key="k"), replicas=1))
+    assert server.host == "127.0.0.1" and server.admin_key == "k"
+    assert not {server.http_port, server.grpc_port, server.metrics_port} & {http, grpc, metrics}
+    assert (gateway.host, gateway.http_port, gateway.grpc_port, gateway.metrics_port) == ("0.0.0.0", http, grpc, metrics)
+    assert gateway.replicas[0].metrics_port == server.metrics_port
+    assert set(gateway.listeners()) == {("0.0.0.0", http), ("0.0.0.0", grpc), ("0.0.0.0", metrics),
+                                        ("127.0.0.1", gateway.admin_port)}
+    config = gw.envoy_config(gateway)
+    listener = next(item for item in config["static_resources"]["listeners"] if item["name"] == "metrics")
+    manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    routes = manager["route_config"]["virtual_hosts"][0]["routes"]
+    assert routes[0]["match"]["path"] == "/metrics" and routes[0]["route"]["cluster"] == "replica_metrics"
+    assert routes[-1]["direct_response"]["status"] == 404
+    (cluster,) = [c for c in config["static_resources"]["clusters"] if c["name"] == "replica_metrics"]
+    endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+    assert endpoint == {"address": "127.0.0.1", "port_value": server.metrics_port}
+    # a fleet of several keeps each replica's metrics on its own port, without a metrics listener
+    servers, several = plan(FleetOptions(ServerOptions(Path("repo"), http_port=http, grpc_port=grpc,
+                                                       metrics_port=metrics), replicas=2))
+    assert several.metrics_port is None and [s.metrics_port for s in servers] == [metrics, metrics + 1]
+    with pytest.raises(gw.GatewayError, match="metrics for one replica"):
+        replace(TWO, metrics_port=9000).check()
+
+
 @pytest.mark.parametrize("options, message", [
-    (FleetOptions(ServerOptions(Path("r")), replicas=1), "2 to 32 replicas"),
+    (FleetOptions(ServerOptions(Path("r")), replicas=0), "1 to 32 replicas"),
+    (FleetOptions(ServerOptions(Path("r"), host="0.0.0.0"), replicas=1), "needs ENSEMBLE_ADMIN_KEY"),
+    (FleetOptions(ServerOptions(Path("r"), host="0.0.0.0"), replicas=3), "needs ENSEMBLE_ADMIN_KEY"),
     (FleetOptions(ServerOptions(Path("r")), replicas=2, replica_ports=8000), "8000, 8001, 8002, 8003 would serve twice"),
     (FleetOptions(ServerOptions(Path("r")), replicas=2, replica_ports=65534), "no room"),
 ])
@@ -152,8 +185,8 @@ def test_bad_fleets_are_refused(options, message):
 @pytest.mark.parametrize("argv, message", [
     (["--replicas", "0"], "must be 1 to 32"),
     (["--replicas", "two"], "not a number"),
-    (["--replica-ports", "9000"], "apply to a fleet"),
-    (["--replicas", "1", "--gateway-admin-port", "9901"], "apply to a fleet"),
+    (["--replica-ports", "9000"], "apply to a gateway"),
+    (["--replicas", "1", "--gateway-admin-port", "9901"], "apply to a gateway"),
     (["--replicas", "2", "--replica-ports", "8000"], "would serve twice"),
 ])
 def test_serve_refuses_bad_fleet_flags_before_starting_anything(capsys, argv, message):
@@ -184,7 +217,9 @@ def test_a_pinned_gateway_names_the_release_in_every_ranker_request():
         header = manager[name]["route_config"]["virtual_hosts"][0]["request_headers_to_add"][0]["header"]
         assert header == {"key": "ensemble-release", "value": "7"}
     assert [f["name"] for f in manager["grpc"]["http_filters"]][-2:] == [gw.LUA_FILTER, "envoy.filters.http.router"]
-    assert gw.LUA_FILTER not in [f["name"] for f in manager["http"]["http_filters"]]
+    http_lua = [f["typed_config"]["default_source_code"]["inline_string"] for f in manager["http"]["http_filters"]
+                if f["name"] == gw.LUA_FILTER]
+    assert http_lua == [gw.CLIENT_ERROR_LUA]  # the HTTP listener's only Lua: a 500 for a non-JSON body is a 400
     unpinned = gw.envoy_config(TWO)
     assert "/v2/models/ranker/infer" not in [r["match"].get("path") for r in _routes(unpinned, "http")]
 

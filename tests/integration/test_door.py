@@ -1,0 +1,367 @@
+"""The door: what a client can reach on an exposed server, and what it cannot break.
+
+Two halves, both against real servers:
+
+- **Triton's own ports, every CPU layout** (the session's keyed servers): model control, system and
+  CUDA shared memory, trace and log settings answer only requests that carry the admin key (HTTP 403
+  without it; Triton 2.51's gRPC front end answers UNAVAILABLE "This protocol is restricted");
+  inference, health, metadata, config and statistics stay open.
+- **``ensemble serve --host 0.0.0.0``** (one module-wide server, started through the command line with
+  a declared release, as a user would): tritonserver binds loopback only and the Envoy gateway takes
+  the public ports. Chunked bodies of any chunk size are answered as unchunked ones; the body that
+  crashes Triton 2.51 (3 million one-byte chunks) is answered at the door with tritonserver's pid and
+  memory unchanged; every restricted API is refused at the door, key or not; deploy and rollback
+  through the door's address fail no request; a killed tritonserver is restarted behind it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clients.triton import RankerClient
+from clients.wire import serialize_bytes
+from ensemble import schema
+from ensemble.repository.export import TrainedArtifacts, export_repository
+from ensemble.schema import Model
+from ensemble.serving import declared, processes
+from ensemble.serving.control import ADMIN_HEADER, GRPC_ADMIN_HEADER, Control
+from ensemble.serving.server import free_ports
+from tests.helpers import ADMIN_KEY, Load, fresh_rows
+
+# (method, path, body) of each restricted HTTP API a client could try; reads first, then calls that
+# would change the server (never sent with the key here: the session's servers serve other tests).
+RESTRICTED_READS = [("POST", "/v2/repository/index", b"{}"), ("GET", "/v2/systemsharedmemory/status", None),
+                    ("GET", "/v2/cudasharedmemory/status", None), ("GET", "/v2/trace/setting", None),
+                    ("GET", "/v2/logging", None)]
+RESTRICTED_WRITES = [("POST", "/v2/repository/models/ranker/unload", b"{}"),
+                     ("POST", "/v2/repository/models/ranker/load", b"{}"),
+                     ("POST", "/v2/systemsharedmemory/region/probe/register",
+                      b'{"key": "/probe", "offset": 0, "byte_size": 64}'),
+                     ("POST", "/v2/systemsharedmemory/unregister", b"{}"),
+                     ("POST", "/v2/cudasharedmemory/region/probe/register",
+                      b'{"raw_handle": {"b64": "AA=="}, "device_id": 0, "byte_size": 64}'),
+                     ("POST", "/v2/trace/setting", b'{"trace_level": ["TIMESTAMPS"]}'),
+                     ("POST", "/v2/logging", b'{"log_verbose_level": 1}')]
+OPEN_HTTP = ["/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/ranker", "/v2/models/ranker/ready",
+             "/v2/models/ranker/config", "/v2/models/ranker/stats"]
+REPLICA_LINE = re.compile(r"replica 0: HTTP http://([\d.]+:\d+)\s+gRPC grpc://([\d.]+:\d+)\s+metrics http://([\d.]+:\d+)")
+STARTUP_SECONDS = 300
+
+
+def _call(address: str, method: str, path: str, body: bytes | None = None,
+          headers: dict | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(f"http://{address}{path}", body, {"Content-Type": "application/json",
+                                                                       **(headers or {})}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _grpc_restricted_calls(client) -> dict:
+    """Each restricted gRPC call a client could try, as name -> call(headers); only reads."""
+    return {"RepositoryIndex": lambda h: client.get_model_repository_index(headers=h),
+            "SystemSharedMemoryStatus": lambda h: client.get_system_shared_memory_status(headers=h),
+            "CudaSharedMemoryStatus": lambda h: client.get_cuda_shared_memory_status(headers=h),
+            "TraceSetting": lambda h: client.get_trace_settings(headers=h),
+            "LogSettings": lambda h: client.get_log_settings(headers=h)}
+
+
+def _grpc_restricted_writes(client) -> dict:
+    return {"RepositoryModelUnload": lambda h: client.unload_model("ranker", headers=h),
+            "RepositoryModelLoad": lambda h: client.load_model("ranker", headers=h),
+            "SystemSharedMemoryRegister": lambda h: client.register_system_shared_memory("probe", "/probe", 64, headers=h),
+            "TraceSettingUpdate": lambda h: client.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]},
+                                                                         headers=h),
+            "LogSettingsUpdate": lambda h: client.update_log_settings({"log_verbose_level": 1}, headers=h)}
+
+
+def test_restricted_apis_need_the_key_on_tritons_own_ports(layout_server):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    server = layout_server
+    for method, path, body in RESTRICTED_READS + RESTRICTED_WRITES:
+        for headers in (None, {ADMIN_HEADER: "not-the-key"}, {GRPC_ADMIN_HEADER: ADMIN_KEY}):
+            status, reply = _call(server.http_url, method, path, body, headers)
+            assert status == 403 and b"restricted" in reply, (path, headers, status, reply)
+    for method, path, body in RESTRICTED_READS:
+        status, reply = _call(server.http_url, method, path, body, {ADMIN_HEADER: ADMIN_KEY})
+        assert status == 200, (path, status, reply)
+    for path in OPEN_HTTP:
+        status, reply = _call(server.http_url, "GET", path)
+        assert status == 200, (path, status, reply)
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        calls = {**_grpc_restricted_calls(client), **_grpc_restricted_writes(client)}
+        for name, call in calls.items():
+            for headers in (None, {GRPC_ADMIN_HEADER: "not-the-key"}, {ADMIN_HEADER: ADMIN_KEY}):
+                with pytest.raises(InferenceServerException) as refused:
+                    call(headers)
+                # Triton 2.51 says UNAVAILABLE for a restricted protocol (the gateway says PERMISSION_DENIED)
+                assert "restricted" in refused.value.message(), (name, headers, refused.value)
+        for call in _grpc_restricted_calls(client).values():
+            call({GRPC_ADMIN_HEADER: ADMIN_KEY})  # answers
+        assert client.is_server_live() and client.is_model_ready("ranker")
+        assert client.get_model_metadata("ranker").name == "ranker"
+        assert client.get_model_config("ranker").config.name == "ranker"
+        client.get_inference_statistics("ranker")
+    finally:
+        client.close()
+    # nothing a refused call tried took effect
+    assert Control.of(server.http_url, key=ADMIN_KEY).ready_versions()
+    dense, cats = fresh_rows(4, seed=3)
+    assert np.isfinite(RankerClient(server.http_url, "http").score(dense, cats)).all()
+
+
+# --- ensemble serve --host 0.0.0.0: the door -------------------------------------------------------------------
+
+
+class Door:
+    def __init__(self, process: subprocess.Popen, http: str, grpc: str, metrics: str, replica: tuple[str, str, str],
+                 output: list[str], repository: Path, releases: tuple[int, int]):
+        self.process, self.http, self.grpc, self.metrics = process, http, grpc, metrics
+        self.replica_http, self.replica_grpc, self.replica_metrics = replica
+        self.output, self.repository, self.releases = output, repository, releases
+
+    def triton_pid(self) -> int | None:
+        for pid in processes.tree(self.process.pid)[1:]:
+            try:
+                argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+            except OSError:
+                continue
+            if argv0.endswith(b"tritonserver"):
+                return pid
+        return None
+
+
+def _read_lines(process: subprocess.Popen, into: list[str]) -> None:
+    for line in process.stdout:
+        into.append(line.rstrip("\n"))
+
+
+@pytest.fixture(scope="module")
+def door(trained, tmp_path_factory):
+    """``ensemble serve --host 0.0.0.0`` on a private repository with two releases, the older declared."""
+    root = tmp_path_factory.mktemp("door")
+    repository = root / "repository"
+    shutil.copytree(trained.repository, repository)
+    (first,) = [int(p.name) for p in (repository / Model.RANKER.value).iterdir() if p.name.isdigit()]
+    second = int(export_repository(TrainedArtifacts.under(trained.workdir), repository)[Model.RANKER].name)
+    declared.write(repository, first, "test")
+    http, grpc, metrics = free_ports(3)
+    env = {**os.environ, "ENSEMBLE_ADMIN_KEY": ADMIN_KEY}
+    process = subprocess.Popen([sys.executable, "-m", "ensemble", "serve", "--repository", str(repository),
+                                "--host", "0.0.0.0", "--http-port", str(http), "--grpc-port", str(grpc),
+                                "--metrics-port", str(metrics), "--log-file", str(root / "serve.log")],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    output: list[str] = []
+    threading.Thread(target=_read_lines, args=(process, output), daemon=True).start()
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while not any(line.startswith("ready:") for line in output):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail("the server did not start:\n" + "\n".join(output))
+        time.sleep(0.2)
+    (replica,) = [m.groups() for m in map(REPLICA_LINE.match, output) if m]
+    yield Door(process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", replica, output,
+               repository, (first, second))
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(90)
+    except subprocess.TimeoutExpired:
+        for pid in processes.tree(process.pid)[1:]:
+            os.kill(pid, signal.SIGKILL)
+        process.kill()
+        process.wait()
+
+
+def _listening(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket ``pid`` listens on, from /proc."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table, width in (("tcp", 8), ("tcp6", 32)):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                address, port = fields[1].split(":")
+                raw = bytes.fromhex(address)
+                # /proc prints each 32-bit word in host (little-endian) order
+                words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                ip = socket.inet_ntop(socket.AF_INET if width == 8 else socket.AF_INET6, words)
+                found.append((ip, int(port, 16)))
+    return found
+
+
+def _loopback(ip: str) -> bool:
+    return ip.startswith("127.") or ip in ("::1", "::ffff:127.0.0.1") or ip.startswith("::ffff:127.")
+
+
+def test_an_exposed_server_is_triton_on_loopback_behind_the_gateway(door):
+    pid = door.triton_pid()
+    assert pid is not None
+    bound = _listening(pid)
+    assert bound and all(_loopback(ip) for ip, _ in bound), bound
+    public = {int(a.rsplit(":", 1)[1]) for a in (door.http, door.grpc, door.metrics)}
+    assert not public & {port for _, port in bound}, bound
+    assert any(line.startswith("ready: HTTP http://0.0.0.0:") for line in door.output), door.output
+    # started with the declared release, not the newest
+    assert Control.of(door.replica_http, key=ADMIN_KEY).ready_versions() == [door.releases[0]]
+    dense, cats = fresh_rows(5, seed=8)
+    for client in (RankerClient(door.http, "http"), RankerClient(door.grpc, "grpc")):
+        assert np.isfinite(client.score(dense, cats)).all()
+        client.close()
+
+
+def test_restricted_apis_are_refused_at_the_door_key_or_not(door):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    for method, path, body in RESTRICTED_READS + RESTRICTED_WRITES:
+        for headers in (None, {ADMIN_HEADER: ADMIN_KEY}):
+            status, reply = _call(door.http, method, path, body, headers)
+            assert status == 403 and b"refused at the gateway" in reply, (path, headers, status, reply)
+    for path in OPEN_HTTP:
+        status, reply = _call(door.http, "GET", path)
+        assert status == 200, (path, status, reply)
+    client = grpcclient.InferenceServerClient(door.grpc)
+    try:
+        calls = {**_grpc_restricted_calls(client), **_grpc_restricted_writes(client)}
+        for name, call in calls.items():
+            for headers in (None, {GRPC_ADMIN_HEADER: ADMIN_KEY}):
+                with pytest.raises(InferenceServerException) as refused:
+                    call(headers)
+                assert refused.value.status() == "StatusCode.PERMISSION_DENIED", (name, refused.value)
+        assert client.is_model_ready("ranker")
+    finally:
+        client.close()
+
+
+def test_metrics_are_served_through_the_door_and_nothing_else_on_their_port(door):
+    status, text = _call(door.metrics, "GET", "/metrics")
+    assert status == 200 and b'nv_inference_request_success{model="ranker"' in text
+    for method, path in (("POST", "/metrics"), ("GET", "/v2/health/ready"), ("GET", "/metrics/../v2")):
+        status, reply = _call(door.metrics, method, path, b"{}" if method == "POST" else None)
+        assert status == 404, (method, path, status, reply)
+
+
+def _binary_body(dense: np.ndarray, categorical: np.ndarray) -> tuple[bytes, bytes]:
+    """(JSON header, whole body) of a binary-tensor request for the score."""
+    wire = serialize_bytes(categorical)
+    raw = np.ascontiguousarray(dense, np.float32).tobytes()
+    head = json.dumps({"inputs": [
+        {"name": schema.DENSE.name, "shape": list(dense.shape), "datatype": "FP32",
+         "parameters": {"binary_data_size": len(raw)}},
+        {"name": schema.CATEGORICAL.name, "shape": list(categorical.shape), "datatype": "BYTES",
+         "parameters": {"binary_data_size": len(wire)}}],
+        "outputs": [{"name": schema.SCORE.name, "parameters": {"binary_data": False}}]}).encode()
+    return head, head + raw + wire
+
+
+def _send(address: str, body: bytes, head_length: int | None, chunk: int | None, timeout: float = 120) -> tuple[int, bytes]:
+    """POST ``body`` to the ranker in one piece or in chunks of ``chunk`` bytes; (status, reply body)."""
+    host, port = address.rsplit(":", 1)
+    request = [b"POST /v2/models/ranker/infer HTTP/1.1\r\nHost: ranker\r\nContent-Type: application/octet-stream\r\n"]
+    if head_length is not None:
+        request.append(b"Inference-Header-Content-Length: %d\r\n" % head_length)
+    if chunk is None:
+        request.append(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    else:
+        request.append(b"Transfer-Encoding: chunked\r\n\r\n")
+        request += [b"%x\r\n%s\r\n" % (len(body[i:i + chunk]), body[i:i + chunk]) for i in range(0, len(body), chunk)]
+        request.append(b"0\r\n\r\n")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(b"".join(request))
+        reply = b""
+        while chunk_read := sock.recv(65536):
+            reply += chunk_read
+            head, sep, rest = reply.partition(b"\r\n\r\n")
+            lengths = [int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
+            if sep and lengths and len(rest) >= lengths[0]:
+                break
+    return int(reply.split(b" ", 2)[1]), reply.partition(b"\r\n\r\n")[2]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 100, 4096, 65536])
+def test_chunked_requests_of_any_chunk_size_score_as_unchunked(door, pipeline, chunk):
+    dense, cats = fresh_rows(600, seed=19)
+    head, body = _binary_body(dense, cats)
+    status, plain = _send(door.http, body, len(head), None)
+    assert status == 200, plain
+    status, chunked = _send(door.http, body, len(head), chunk)
+    assert status == 200, chunked
+    scores = np.asarray(json.loads(chunked)["outputs"][0]["data"], np.float32)
+    np.testing.assert_array_equal(scores, np.asarray(json.loads(plain)["outputs"][0]["data"], np.float32))
+    np.testing.assert_allclose(scores, pipeline.score(dense, cats)["score"].ravel(), atol=1e-5)
+
+
+def test_the_body_that_crashes_triton_is_answered_at_the_door(door, pipeline):
+    """3 MB in 3 million one-byte chunks: Triton 2.51's HTTP front end dies of it (SIGSEGV) when it
+    reads it itself; the gateway reads it whole and passes it on with its length."""
+    pid = door.triton_pid()
+    before = processes.rss(pid)
+    status, reply = _send(door.http, b"A" * 3_000_000, None, 1)
+    assert 400 <= status < 500, (status, reply[:300])
+    assert door.triton_pid() == pid and processes.rss(pid) - before < 64 * 2**20
+    dense, cats = fresh_rows(3, seed=21)
+    client = RankerClient(door.http, "http")
+    np.testing.assert_allclose(client.score(dense, cats), pipeline.score(dense, cats)["score"].ravel(), atol=1e-5)
+    client.close()
+
+
+def test_deploy_and_rollback_through_the_door_fail_no_request(door):
+    first, second = door.releases
+    with Load(door.http, fresh_rows(64, seed=44), attempts=1) as load:
+        for command, release in (("deploy", second), ("rollback", first)):
+            done = subprocess.run([sys.executable, "-m", "ensemble", command, "--url", door.http,
+                                   "--repository", str(door.repository)], capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert Control.of(door.replica_http, key=ADMIN_KEY).ready_versions() == [release]
+            assert declared.read(door.repository) == release
+    assert load.sent > 20 and load.failed == 0 and load.refused == 0, load.errors[:3]
+
+
+def test_a_killed_tritonserver_is_started_again_behind_the_door(door):
+    pid = door.triton_pid()
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 180
+    client = RankerClient(door.http, "http")
+    dense, cats = fresh_rows(2, seed=23)
+    while True:
+        again = door.triton_pid()
+        try:
+            if again not in (None, pid) and np.isfinite(client.score(dense, cats)).all():
+                break
+        except Exception:  # noqa: BLE001 - not back yet
+            pass
+        assert time.monotonic() < deadline, "\n".join(door.output[-20:])
+        time.sleep(0.5)
+    client.close()
+    assert all(_loopback(ip) for ip, _ in _listening(again))
+    # the restarted server loads the declared release, with its restricted APIs keyed again
+    assert Control.of(door.replica_http, key=ADMIN_KEY).ready_versions() == [declared.read(door.repository)]
+    assert _call(door.replica_http, "POST", "/v2/repository/index", b"{}")[0] == 403
