@@ -244,6 +244,10 @@ OVERLOAD_REFUSAL = "refused: "
 # scores it after the interactive requests of the same call.
 BULK_PARAMETER = "bulk"
 
+# The ``rank`` model's config parameter bounding a ranking request's candidates (by default the
+# ranker's max_batch_size: a ranking request is then no more work than the largest ranker request).
+MAX_CANDIDATES_PARAMETER = "max_candidates"
+
 
 def v2_json_request(dense, categorical, outputs: tuple[str, ...] = (SCORE.name,)) -> bytes:
     """The ranker's v2 JSON inference body.

@@ -302,9 +302,12 @@ def rank_config(widths: schema.Widths = schema.CRITEO_WIDTHS, layout: Layout = L
     _add(config, tuple(Binding(t, t.name) for t in outputs), "output", widths)
     config.instance_group.add(kind=pb.ModelInstanceGroup.Kind.Value(Kind.CPU.value),
                               count=RANK_INSTANCES["native" if layout is Layout.NATIVE else "python"])
-    for key, value in sorted({"context_dense": str(widths.context_dense),
-                              "context_categorical": str(widths.context_categorical),
-                              "ranker_max_batch_size": str(schema.MAX_BATCH_SIZE)}.items()):
+    parameters = {"context_dense": str(widths.context_dense), "context_categorical": str(widths.context_categorical),
+                  "ranker_max_batch_size": str(schema.MAX_BATCH_SIZE),
+                  schema.MAX_CANDIDATES_PARAMETER: str(schema.MAX_BATCH_SIZE)}
+    if layout is Layout.NATIVE:  # its instance threads score the rows themselves: at the ranker's priority
+        parameters[THREAD_NICE_PARAMETER] = str(MODEL_THREAD_NICE)
+    for key, value in sorted(parameters.items()):
         config.parameters[key].string_value = value
     return config
 

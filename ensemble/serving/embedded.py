@@ -21,6 +21,7 @@ cost, with no second process or inference hop.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -228,14 +229,26 @@ def _ranker_of(release: str | None) -> "RankerModel | None":
 class RankModel:
     """The ``rank`` model in Triton's process: one context and N candidates per request, scored by
     the pipeline of the ranker version the request's ``ensemble-release`` parameter names (a fleet's
-    gateway sets it), else of the one loaded last (:data:`_LOADED`); the ranker's admission policy
-    does not see these requests."""
+    gateway sets it), else of the one loaded last (:data:`_LOADED`).
+
+    Bounded as the ranker is: at most ``max_candidates`` candidates (400 / INVALID_ARGUMENT naming
+    the limit, before any is read); scored :data:`ranking.CHUNK_ROWS` rows at a time (no more than
+    the ranker's batches); under the ranker's deadline rule (the sooner of the request's timeout and
+    the server's latency objective, counted from the call's start): a request whose remaining chunks
+    would end past it, at the rate this model has measured, is refused with UNAVAILABLE as the
+    ranker refuses, before the work or between chunks; and on threads at the ranker's nice value."""
 
     def __init__(self, config_json: str):
         config = json.loads(config_json)
+        params = runtime.model_parameters(config_json)
         self.input_names = tuple(t["name"] for t in config["input"])
         self._types = {t["name"]: t["data_type"] for t in config["input"]}
+        ranker_rows = int(params.get("ranker_max_batch_size", schema.MAX_BATCH_SIZE))
+        self.max_candidates = ranking.max_candidates(params, ranker_rows)
+        self.chunk_rows = min(ranking.CHUNK_ROWS, ranker_rows)
+        self.thread_nice = thread_nice(params)  # the backend lowers its instance threads to it
         self.rows = 0
+        self.seconds_per_row: float | None = None  # measured on this model's own chunks (decayed)
 
     def close(self) -> None:
         pass
@@ -246,6 +259,9 @@ class RankModel:
         for i, request in enumerate(requests):
             try:
                 given = dict(zip(self.input_names, request[0]))
+                candidates = given.get(schema.CANDIDATE_DENSE.name)
+                if candidates is not None and len(candidates[1]):
+                    ranking.check_count(int(candidates[1][0]), self.max_candidates)
                 arrays = {name: self._array(name, value) for name, value in given.items() if value is not None}
                 ranker = _ranker_of(request[4] if len(request) > 4 else None)
                 if ranker is None:
@@ -253,17 +269,40 @@ class RankModel:
                               if not _LOADED else f"release {request[4]} of the ranker is not loaded here")
                     continue
                 k = arrays.get(schema.TOP_K.name)
-                order, scores = ranker.pipeline.rank(
+                k = int(k.reshape(-1)[0]) if k is not None and k.size else None
+                if k is not None and k < 0:
+                    raise ranking.RankError(f"top_k must be >= 0 (0: every candidate), not {k}")
+                widths = ranker.pipeline.widths
+                dense, categorical = ranking.broadcast(
                     arrays.get(schema.CONTEXT_DENSE.name), arrays.get(schema.CONTEXT_CATEGORICAL.name),
                     arrays.get(schema.CANDIDATE_DENSE.name), arrays.get(schema.CANDIDATE_CATEGORICAL.name),
-                    int(k.reshape(-1)[0]) if k is not None and k.size else None)
+                    (widths.context_dense, widths.context_categorical))
+                scores = self._score(ranker, dense, categorical, exec_start, _deadline(request[1], ranker))
                 self.rows += len(scores)
                 yield i, ("ok", ((schema.CANDIDATE_SCORES.name, np.ascontiguousarray(scores, np.float32)),
-                                 (schema.ORDER.name, np.ascontiguousarray(order, np.int32))))
+                                 (schema.ORDER.name, np.ascontiguousarray(ranking.top(scores, k), np.int32))))
+            except _Late as exc:
+                yield i, ("error", calls.UNAVAILABLE, str(exc))
             except (ranking.RankError, runtime.BadInput) as exc:
                 yield i, ("error", calls.INVALID_ARG, str(exc))
             except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer
                 yield i, ("error", calls.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def _score(self, ranker: "RankerModel", dense: np.ndarray, categorical: np.ndarray, start: float,
+               deadline: tuple[float, str]) -> np.ndarray:
+        """Every row's score, :attr:`chunk_rows` at a time; raises :class:`_Late` as soon as the rows
+        left would end past the deadline at the measured rate."""
+        limit, which = deadline
+        parts, n = [], len(dense)
+        for first in range(0, n, self.chunk_rows):
+            now = time.monotonic()
+            if self.seconds_per_row is not None and now - start + (n - first) * self.seconds_per_row > limit:
+                raise _Late(admission.refusal(now - start + (n - first) * self.seconds_per_row, limit, which))
+            rows = slice(first, first + self.chunk_rows)
+            parts.append(ranker.pipeline.score(dense[rows], categorical[rows])[schema.SCORE.name].reshape(-1))
+            rate = (time.monotonic() - now) / len(parts[-1])
+            self.seconds_per_row = rate if self.seconds_per_row is None else 0.8 * self.seconds_per_row + 0.2 * rate
+        return np.concatenate(parts)
 
     def _array(self, name: str, value: tuple) -> np.ndarray:
         code, shape, buffer = value
@@ -271,5 +310,31 @@ class RankModel:
         expected = self._types.get(name)
         if dtype is None or dtype.value != expected:
             raise runtime.BadInput(f"input '{name}' has Triton type {code}, expected {expected}")
-        array = runtime.deserialize_bytes(buffer) if dtype is schema.DType.STRING else np.frombuffer(buffer, dtype.numpy)
+        if any(d < 0 for d in shape):
+            raise runtime.BadInput(f"input '{name}' has a negative dimension in shape {list(shape)}")
+        count = math.prod(int(d) for d in shape)  # Python's integers: a shape whose byte size wraps stays large
+        if dtype is schema.DType.STRING:
+            try:
+                array = runtime.deserialize_bytes(buffer)
+            except ValueError as exc:
+                raise runtime.BadInput(f"input '{name}': {exc}") from None
+        else:
+            size = count * np.dtype(dtype.numpy).itemsize
+            if size != len(buffer):
+                raise runtime.BadInput(f"input '{name}' of shape {list(shape)} needs {size} bytes, got {len(buffer)}")
+            array = np.frombuffer(buffer, dtype.numpy)
+        if array.size != count:
+            raise runtime.BadInput(f"input '{name}' of shape {list(shape)} holds {array.size} values")
         return array.reshape(shape)
+
+
+class _Late(Exception):
+    """A ranking request that would end past its deadline: refused (UNAVAILABLE) as the ranker refuses."""
+
+
+def _deadline(timeout_us: int, ranker: "RankerModel") -> tuple[float, str]:
+    """(seconds, what sets them): the sooner of the request's timeout and the server's objective."""
+    timeout = timeout_us * 1e-6 if timeout_us > 0 else math.inf
+    policy = ranker.ranker.admission
+    objective = policy.objective_s if policy is not None else math.inf
+    return (timeout, admission.TIMEOUT) if timeout <= objective else (objective, admission.OBJECTIVE)

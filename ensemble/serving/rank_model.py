@@ -1,9 +1,11 @@
 """The python-backend ``model.py`` of the ``rank`` model (export copies this file to ``rank/1``).
 
-A ranking request carries the context once and N candidates. This model broadcasts the context onto
-the candidates (:mod:`ensemble.serving.ranking`), has the served ``ranker`` score the N rows in one
-request (several when N is above its max_batch_size) through Triton's in-process inference calls,
-and answers ``scores`` (every candidate's, in the order sent) and ``order`` (indices best first, the
+A ranking request carries the context once and N candidates, at most ``max_candidates`` (by default
+the ranker's max_batch_size; more is refused with INVALID_ARGUMENT naming the limit). This model
+broadcasts the context onto the candidates (:mod:`ensemble.serving.ranking`), has the served
+``ranker`` score the N rows in requests of at most :data:`ranking.CHUNK_ROWS` rows, one after the
+other (so the ranker's other requests are batched between them), through Triton's in-process
+inference calls, and answers ``scores`` (every candidate's, in the order sent) and ``order`` (indices best first, the
 first ``top_k`` when given). The ranker scores them under its own admission policy with this
 request's timeout, so a ranking request is refused exactly when its rows would be. A request that
 names a release in its ``ensemble-release`` parameter (a fleet's gateway sets it) is scored by that
@@ -23,7 +25,9 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        self.max_rows = int(params.get("ranker_max_batch_size", schema.MAX_BATCH_SIZE))
+        ranker_rows = int(params.get("ranker_max_batch_size", schema.MAX_BATCH_SIZE))
+        self.max_candidates = ranking.max_candidates(params, ranker_rows)
+        self.max_rows = min(ranking.CHUNK_ROWS, ranker_rows)
         self.context_widths = (int(params.get("context_dense", 0)), int(params.get("context_categorical", 0)))
 
     def execute(self, requests):
@@ -31,10 +35,18 @@ class TritonPythonModel:
 
     def _rank(self, request):
         try:
+            try:  # Triton checked shapes and types; the BYTES contents are read here
+                given = {name: _optional(request, name) for name in (
+                    schema.CONTEXT_DENSE.name, schema.CONTEXT_CATEGORICAL.name, schema.CANDIDATE_DENSE.name,
+                    schema.CANDIDATE_CATEGORICAL.name)}
+            except (ValueError, TypeError, RuntimeError) as exc:
+                raise ranking.RankError(f"malformed input: {exc}") from None
+            candidates = given[schema.CANDIDATE_DENSE.name]
+            if candidates is not None and candidates.ndim:
+                ranking.check_count(candidates.shape[0], self.max_candidates)
             dense, categorical = ranking.broadcast(
-                _optional(request, schema.CONTEXT_DENSE.name), _optional(request, schema.CONTEXT_CATEGORICAL.name),
-                _optional(request, schema.CANDIDATE_DENSE.name), _optional(request, schema.CANDIDATE_CATEGORICAL.name),
-                self.context_widths)
+                given[schema.CONTEXT_DENSE.name], given[schema.CONTEXT_CATEGORICAL.name],
+                given[schema.CANDIDATE_DENSE.name], given[schema.CANDIDATE_CATEGORICAL.name], self.context_widths)
             k = _optional(request, schema.TOP_K.name)
             k = int(k.reshape(-1)[0]) if k is not None and k.size else None
             if k is not None and k < 0:

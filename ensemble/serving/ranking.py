@@ -11,9 +11,36 @@ from __future__ import annotations
 
 import numpy as np
 
+from ensemble.schema import MAX_CANDIDATES_PARAMETER
+
 
 class RankError(ValueError):
-    """A ranking request that cannot be answered (no candidates, wrong widths, a negative k)."""
+    """A ranking request that cannot be answered (no candidates, too many, wrong widths, a negative k)."""
+
+
+# The rank model scores at most this many rows at a time, checking its deadline between them (the
+# native layout), or sends them to the ranker in requests of this size (the python-backend layouts).
+CHUNK_ROWS = 1024
+
+
+def max_candidates(params: dict[str, str], ranker_max_batch_size: int) -> int:
+    """The limit a rank model's ``parameters`` set (:data:`MAX_CANDIDATES_PARAMETER`, else the ranker's
+    max batch size); a ValueError the load reports when it is not a positive integer."""
+    text = params.get(MAX_CANDIDATES_PARAMETER, str(ranker_max_batch_size))
+    try:
+        limit = int(text)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise ValueError(f"{MAX_CANDIDATES_PARAMETER} must be a positive integer, not {text!r}")
+    return limit
+
+
+def check_count(candidates: int, limit: int) -> None:
+    """Refuse a request of more than ``limit`` candidates, naming the limit."""
+    if candidates > limit:
+        raise RankError(f"{candidates} candidates: a ranking request takes at most {limit} on this server "
+                        f"({MAX_CANDIDATES_PARAMETER}); send them in several requests")
 
 
 def broadcast(context_dense: np.ndarray | None, context_categorical: np.ndarray | None,
