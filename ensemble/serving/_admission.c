@@ -21,6 +21,8 @@
 #define TAIL_QUANTILE 0.9
 #define TAIL_STEP 0.02
 #define DOOR_S 1.5e-3
+#define BULK_WAIT 0.5
+#define YIELD_S 1.0
 
 typedef struct {
     PyObject_HEAD
@@ -36,9 +38,10 @@ typedef struct {
     double last_start, last_end;
     int64_t last_requests;
     int idle;
+    double interactive_at; /* when a call last held an interactive request (-inf: never) */
     /* refusal texts: a format with (predicted ms, deadline ms, which), what sets a deadline, and the
      * capacity refusal */
-    char refusal_format[ENSEMBLE_MESSAGE_SIZE], objective_text[64], timeout_text[64];
+    char refusal_format[ENSEMBLE_MESSAGE_SIZE], objective_text[64], timeout_text[64], bulk_text[64];
     char at_capacity[ENSEMBLE_MESSAGE_SIZE];
     /* One call at a time changes the state: the backend plans in C without the interpreter's lock, and
      * a model with more than one instance would plan from several threads. */
@@ -158,13 +161,28 @@ static int plan_call(Admission *s, const EnsembleAdmitted *requests, int32_t n, 
     const double waited_s = waited(s, now, n);
     const double hand_off = hand_per_request(s) * (double)n + DOOR_S;
     const double tail = s->tail;
+    for (int32_t i = 0; i < n; i++) { /* a call holding an interactive request: bulk yields from now on */
+        const EnsembleAdmitted r = requests[i];
+        if (!(r.bulk || py_min(prior_alone(s, r.rows), predict(s, r.rows, 1)) > s->objective_s)) {
+            s->interactive_at = now;
+            break;
+        }
+    }
+    const int yielding = now - s->interactive_at <= py_max(YIELD_S, s->objective_s);
     for (int32_t i = 0; i < n; i++) {
         const EnsembleAdmitted r = requests[i];
-        const int bulk = r.bulk || py_min(prior_alone(s, r.rows), predict(s, r.rows, 1)) > s->objective_s;
+        const double alone = py_min(prior_alone(s, r.rows), predict(s, r.rows, 1));
+        const int bulk = r.bulk || alone > s->objective_s;
         const double timeout = r.timeout_s > 0 ? r.timeout_s : INFINITY;
-        const int by_timeout = bulk || timeout < s->objective_s;
-        priced[i] = (Priced){bulk, by_timeout ? timeout : s->objective_s,
-                             by_timeout ? s->timeout_text : s->objective_text, tail * marginal(s, r.rows)};
+        if (bulk) {
+            const double bound = yielding ? s->tail * predict(s, r.rows, 1) + BULK_WAIT * s->objective_s : INFINITY;
+            priced[i] = (Priced){1, bound < timeout ? bound : timeout, bound < timeout ? s->bulk_text : s->timeout_text,
+                                 tail * marginal(s, r.rows)};
+        } else {
+            const int by_timeout = timeout < s->objective_s;
+            priced[i] = (Priced){0, by_timeout ? timeout : s->objective_s,
+                                 by_timeout ? s->timeout_text : s->objective_text, tail * marginal(s, r.rows)};
+        }
     }
     greedy(s, priced, n, waited_s, hand_off, INFINITY, plan);
     if (plan->n_first + plan->n_bulk == 0 && s->idle) { /* take one at the prior's price */
@@ -237,14 +255,14 @@ static int copy_text(PyObject *text, char *out, size_t size, const char *what) {
 
 /* Admission(objective_s, (prior_fixed, prior_per_row, prior_per_request, decay, ridge0, ridge1, xx0, xx1, xx2,
  *           xy0, xy1, fixed, per_row, per_request, tail, hand_decay, hand_seconds, hand_requests),
- *           (refusal_format, objective_text, timeout_text, at_capacity)) */
+ *           (refusal_format, objective_text, timeout_text, at_capacity, bulk_text)) */
 static PyObject *admission_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     double objective_s;
     PyObject *state, *texts;
     if (!PyArg_ParseTuple(args, "dO!O!:Admission", &objective_s, &PyTuple_Type, &state, &PyTuple_Type, &texts))
         return NULL;
-    if (PyTuple_GET_SIZE(state) != 18 || PyTuple_GET_SIZE(texts) != 4) {
-        PyErr_SetString(PyExc_ValueError, "Admission: 18 state values and 4 texts");
+    if (PyTuple_GET_SIZE(state) != 18 || PyTuple_GET_SIZE(texts) != 5) {
+        PyErr_SetString(PyExc_ValueError, "Admission: 18 state values and 5 texts");
         return NULL;
     }
     Admission *s = (Admission *)type->tp_alloc(type, 0);
@@ -262,10 +280,12 @@ static PyObject *admission_new(PyTypeObject *type, PyObject *args, PyObject *kwa
     s->fixed = v[11], s->per_row = v[12], s->per_request = v[13], s->tail = v[14];
     s->hand_decay = v[15], s->hand_seconds = v[16], s->hand_requests = v[17];
     s->idle = 1;
+    s->interactive_at = -INFINITY;
     if (copy_text(PyTuple_GET_ITEM(texts, 0), s->refusal_format, sizeof s->refusal_format, "refusal_format") < 0 ||
         copy_text(PyTuple_GET_ITEM(texts, 1), s->objective_text, sizeof s->objective_text, "objective_text") < 0 ||
         copy_text(PyTuple_GET_ITEM(texts, 2), s->timeout_text, sizeof s->timeout_text, "timeout_text") < 0 ||
-        copy_text(PyTuple_GET_ITEM(texts, 3), s->at_capacity, sizeof s->at_capacity, "at_capacity") < 0)
+        copy_text(PyTuple_GET_ITEM(texts, 3), s->at_capacity, sizeof s->at_capacity, "at_capacity") < 0 ||
+        copy_text(PyTuple_GET_ITEM(texts, 4), s->bulk_text, sizeof s->bulk_text, "bulk_text") < 0)
         goto fail;
     return (PyObject *)s;
 fail:
@@ -391,7 +411,8 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_admission", "The ranker's admission in C.", -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_admission", .m_doc = "The ranker's admission in C.",
+                                    .m_size = -1, .m_methods = methods};
 
 PyMODINIT_FUNC PyInit__admission(void) {
     if (PyType_Ready(&AdmissionType) < 0) return NULL;

@@ -4,10 +4,19 @@
 (Triton's ``timeout`` request parameter; the project's clients always send theirs) and the server's
 latency objective (``ensemble serve --latency-objective-ms``; the default and why it is what it is:
 :data:`ensemble.repository.configs.DEFAULT_OBJECTIVE_MS`).
-A *bulk* request is held to its client's timeout only: one its client marks so (the
-``schema.BULK_PARAMETER`` request parameter, which batch scoring sends), or one that could not meet
-the objective even alone on an idle server. Bulk requests are never refused for the objective; they
-wait their turn behind the work ahead of them.
+A *bulk* request is one its client marks so (the ``schema.BULK_PARAMETER`` request parameter,
+which batch scoring sends), or one that could not meet the objective even alone on an idle server.
+It is never held to the objective: it waits its turn behind the work ahead of it, for as long as its
+client's timeout allows, *while no interactive request is being served*. Bulk yields to interactive
+traffic: once a call has held an interactive request, and for :data:`YIELD_S` (or the objective,
+if longer) after, a bulk request's
+deadline is at most its own scoring plus half the objective (:data:`BULK_WAIT`), whatever its
+parameters. Triton's queue is first come, first served, so bulk requests queued ahead of an
+interactive one are what it waits for; holding them to that bound refuses (503, retryable) the ones
+that have waited longer, and an interactive request arriving behind a bulk flood waits about half
+its objective for the bulk ahead of it, not the flood's length. Batch scoring on a server with no
+interactive traffic keeps the whole model; beside interactive traffic it gets what is left within
+the bound, and its client retries what is refused.
 
 **Prediction.** The model sees requests only when Triton hands it a call: every request that
 arrived while the previous call ran, in arrival order (dynamic batching with prefetching). A
@@ -199,6 +208,11 @@ class Plan:
 
 
 OBJECTIVE, TIMEOUT = "the server's latency objective", "the request's timeout"
+BULK = "a bulk request's bound beside interactive traffic"
+# Beside interactive traffic a bulk request may wait this share of the objective before its scoring ends;
+# "beside" lasts this long (or the objective, if longer) after a call that held an interactive request.
+BULK_WAIT = 0.5
+YIELD_S = 1.0
 
 
 # A refusal's text, given (predicted ms, deadline ms, what sets the deadline): one template for the
@@ -233,6 +247,7 @@ class Admission:
         self.hand_off = hand_off or HandOff()
         self._last: tuple[float, float, int] | None = None  # (start, end, requests) of the previous call
         self._idle = True  # the current call started on an idle instance (not back to back)
+        self._interactive_at = -math.inf  # when a call last held an interactive request
 
     def waited(self, now: float, requests: int) -> float:
         """How long the requests of a call starting ``now`` can have waited: since the previous call
@@ -250,10 +265,14 @@ class Admission:
             return now - start
         return self.hand_off.per_request * requests
 
-    def deadline(self, request: Request) -> tuple[float, str]:
-        """Seconds from arrival, and what sets them."""
+    def deadline(self, request: Request, yielding: bool = False) -> tuple[float, str]:
+        """Seconds from arrival, and what sets them; ``yielding``: interactive requests are being
+        served (a bulk request's bound applies)."""
         timeout = request.timeout_s if request.timeout_s > 0 else math.inf
-        if self.is_bulk(request) or timeout < self.objective_s:
+        if self.is_bulk(request):
+            bound = self.cost.tail * self.cost.predict(request.rows, 1) + BULK_WAIT * self.objective_s if yielding else math.inf
+            return (bound, BULK) if bound < timeout else (timeout, TIMEOUT)
+        if timeout < self.objective_s:
             return timeout, TIMEOUT
         return self.objective_s, OBJECTIVE
 
@@ -266,7 +285,11 @@ class Admission:
         waited = self.waited(now, len(requests))
         hand_off = self.hand_off.per_request * len(requests) + DOOR_S
         tail = self.cost.tail
-        priced = [(self.is_bulk(r), *self.deadline(r), tail * self.cost.marginal(r.rows)) for r in requests]
+        bulk = [self.is_bulk(r) for r in requests]
+        if not all(bulk):
+            self._interactive_at = now
+        yielding = now - self._interactive_at <= max(YIELD_S, self.objective_s)
+        priced = [(b, *self.deadline(r, yielding), tail * self.cost.marginal(r.rows)) for b, r in zip(bulk, requests)]
         plan = self._greedy(priced, waited, hand_off, cap=math.inf)
         if not plan.taken and self._idle:
             self._take_one_at_prior(plan, requests, priced, waited, hand_off)
@@ -352,7 +375,7 @@ class NativeAdmission:
                  hand_off.decay, hand_off._seconds, hand_off._requests)
         self.objective_s = policy.objective_s
         self.native = _admission.Admission(policy.objective_s, tuple(float(v) for v in state),
-                                           (REFUSAL_FORMAT, OBJECTIVE, TIMEOUT, AT_CAPACITY))
+                                           (REFUSAL_FORMAT, OBJECTIVE, TIMEOUT, AT_CAPACITY, BULK))
 
     def plan(self, requests: Sequence[Request], now: float | None = None) -> Plan:
         """:meth:`Admission.plan`."""

@@ -20,6 +20,7 @@ import pytest
 from clients.triton import AsyncRankerClient, RankerClient, Retry, ScoringError
 from ensemble import schema
 from ensemble.repository.configs import LATENCY_OBJECTIVE_PARAMETER
+from ensemble.serving.admission import BULK
 from ensemble.schema import Priority
 from ensemble.models.registry import Layout
 from ensemble.serving.server import ServerOptions, TritonServer, free_port
@@ -88,11 +89,14 @@ def test_a_burst_of_bulk_requests_is_scored_without_refusals(tight_server, pipel
 
 def test_interactive_requests_beside_bulk_ones_are_answered_correctly(tight_server, pipeline):
     """Bulk and interactive requests in the same calls: the interactive answers go out first
-    (through the response sender), the bulk ones after; every answer is the in-process score."""
+    (through the response sender), the bulk ones after; every answer is the in-process score. Beside
+    interactive traffic a bulk request that would end past its own scoring plus half the objective
+    is refused (admission.py, "Bulk yields"): the bulk client retries, as batch scoring does."""
     dense, cats = fresh_rows(ROWS, seed=62)
     dense, cats = dense[:ROWS], cats[:ROWS]
     expected = pipeline.score(dense, cats)["score"].ravel()
-    bulk = RankerClient(tight_server.http_url, retry=Retry(attempts=1), priority=Priority.BATCH)
+    bulk = RankerClient(tight_server.http_url, retry=Retry(attempts=40, backoff=0.02, max_sleep=0.2),
+                        priority=Priority.BATCH)
     answers: list[tuple[int, np.ndarray]] = []
     refusals: list[str] = []
     errors: list[str] = []
@@ -123,6 +127,52 @@ def test_interactive_requests_beside_bulk_ones_are_answered_correctly(tight_serv
     assert answers and not errors, errors[:3]
     for i, scores in answers:
         np.testing.assert_allclose(scores, expected[i:i + 1], atol=1e-5)
+
+
+def test_a_bulk_flood_yields_to_interactive_requests(tight_server, pipeline):
+    """Six clients send 4,096-row bulk requests with a 600 s timeout back to back (each refusal sent
+    again at once); 1-row interactive requests sent beside them, one at a time without retries, are
+    answered, while the bulk requests queued ahead of them are refused with the bulk bound's text.
+    Were bulk requests held to their timeout only, each interactive request would wait for the flood
+    queued ahead of it, past its 20 ms objective, and be refused."""
+    dense, cats = fresh_rows(ROWS, seed=63)
+    dense, cats = dense[:ROWS], cats[:ROWS]
+    expected = pipeline.score(dense[:50], cats[:50])["score"].ravel()
+    stop = threading.Event()
+    bulk_refusals: list[str] = []
+
+    def flood() -> None:
+        client = RankerClient(tight_server.http_url, retry=Retry(attempts=1), priority=Priority.BATCH, timeout=600.0)
+        while not stop.is_set():
+            try:
+                client.score(dense, cats)
+            except ScoringError as exc:
+                bulk_refusals.append(str(exc.cause))
+        client.close()
+
+    threads = [threading.Thread(target=flood, daemon=True) for _ in range(6)]
+    for t in threads:
+        t.start()
+    answered, refused = 0, 0
+    try:
+        time.sleep(1.0)  # the flood's queue builds
+        client = RankerClient(tight_server.http_url, retry=Retry(attempts=1))
+        for i in range(50):
+            try:
+                np.testing.assert_allclose(client.score(dense[i:i + 1], cats[i:i + 1]), expected[i:i + 1], atol=1e-5)
+                answered += 1
+            except ScoringError as exc:
+                assert REFUSAL in str(exc.cause), exc
+                refused += 1
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    print(f"\nbeside a flood of 6 bulk clients: {answered} of 50 interactive answered, {refused} refused; "
+          f"{len(bulk_refusals)} bulk refusals")
+    assert any(BULK in text for text in bulk_refusals), bulk_refusals[:3]
+    assert answered >= 40, (answered, refused)
 
 
 OVERLOAD_MULTIPLE = 3.0  # of the closed-loop capacity: clearly more than the server takes, even if

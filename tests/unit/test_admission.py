@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from ensemble import schema
-from ensemble.serving.admission import (AT_CAPACITY, DOOR_S, Admission, CostModel, CostPrior, HandOff, NativeAdmission, Request,
-                                        calibrate)
+from ensemble.serving.admission import (AT_CAPACITY, BULK, DOOR_S, Admission, CostModel, CostPrior, HandOff, NativeAdmission,
+                                        Request, calibrate)
 
 TRUE = CostPrior(fixed=6e-4, per_row=2e-5, per_request=4e-5)
 HAND_OFF = 1e-4  # seconds per request outside the model's code
@@ -157,20 +157,47 @@ def test_a_call_that_refuses_still_takes_its_first_request_that_meets_its_deadli
     assert plan.first == [0] and len(plan.refused) == 5 and AT_CAPACITY in plan.refused.values()
 
 
-def test_bulk_requests_are_taken_after_the_interactive_ones_and_held_to_their_timeout_only():
-    policy = admission(10)
-    requests = [Request(4096, bulk=True, timeout_s=120.0), Request(1), Request(1),
-                Request(64, bulk=True, timeout_s=120.0), Request(4096, bulk=True, timeout_s=0.01)]
+@pytest.mark.parametrize("compiled", [False, True], ids=["python", "compiled"])
+def test_without_interactive_traffic_bulk_requests_are_held_to_their_timeout_only(compiled):
+    policy = NativeAdmission(admission(10)) if compiled else admission(10)
+    requests = [Request(4096, bulk=True, timeout_s=120.0), Request(64, bulk=True, timeout_s=120.0),
+                Request(4096, bulk=True), Request(4096, bulk=True, timeout_s=0.01)]
     plan = policy.plan(requests, now=0.0)
+    assert plan.first == [] and plan.bulk == [0, 1, 2]
+    assert list(plan.refused) == [3] and "the request's timeout" in plan.refused[3]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["python", "compiled"])
+def test_beside_interactive_traffic_bulk_requests_yield(compiled):
+    """A call that holds interactive requests scores them first, then takes bulk ones only while
+    each ends within its own scoring plus half the objective; the bound holds for a second (or the
+    objective, if longer) after the last interactive request, whatever the bulk requests' timeouts."""
+    policy = NativeAdmission(admission(200)) if compiled else admission(200)
+    big = Request(4096, bulk=True, timeout_s=120.0)  # 83 ms at the true cost; its bound 183 ms
+
+    def run(requests, now):
+        plan = policy.plan(requests, now)
+        rows = sum(requests[i].rows for i in plan.taken)
+        policy.finished(now, now + TRUE.fixed + TRUE.per_row * rows + TRUE.per_request * len(plan.taken),
+                        len(requests), rows, len(plan.taken))
+        return plan
+
+    plan = run([big, Request(1), Request(1), big, big], now=0.0)
     assert plan.first == [1, 2] and plan.bulk == [0, 3]
-    assert list(plan.refused) == [4] and "the request's timeout" in plan.refused[4]
+    assert list(plan.refused) == [4] and BULK in plan.refused[4]
+    plan = run([big, big, big], now=0.75)  # no interactive request in the call, but 0.75 s after one
+    assert plan.bulk == [0, 1] and list(plan.refused) == [2] and BULK in plan.refused[2]
+    assert run([big, big, big], now=2.0).bulk == [0, 1, 2]  # over a second after it: the timeout only
 
 
-def test_a_request_that_cannot_meet_the_objective_even_alone_is_bulk():
+@pytest.mark.parametrize("compiled", [False, True], ids=["python", "compiled"])
+def test_a_request_that_cannot_meet_the_objective_even_alone_is_bulk(compiled):
     policy = admission(10)
     assert policy.is_bulk(Request(4096)) and not policy.is_bulk(Request(100))
-    plan = policy.plan([Request(1), Request(4096), Request(4096)], now=0.0)
-    assert plan.first == [0] and plan.bulk == [1, 2] and not plan.refused
+    policy = NativeAdmission(policy) if compiled else policy
+    assert policy.plan([Request(4096), Request(4096)], now=0.0).bulk == [0, 1]  # alone: its timeout
+    plan = policy.plan([Request(1), Request(4096), Request(4096)], now=1.0)  # beside an interactive one
+    assert plan.first == [0] and plan.bulk == [1] and list(plan.refused) == [2] and BULK in plan.refused[2]
 
 
 def test_bulk_is_judged_on_the_cheaper_price_so_an_overloaded_fit_waves_nothing_through():
@@ -251,7 +278,7 @@ def _random_calls(seed: int, calls: int):
 
 @pytest.mark.parametrize("objective_ms", [3, 10, 20, 500])
 def test_the_compiled_policy_plans_and_fits_exactly_as_the_python_one(objective_ms):
-    seen = {"refused": 0, "crowded": 0, "bulk": 0, "first": 0}
+    seen = {"refused": 0, "crowded": 0, "bulk": 0, "first": 0, "bulk bound": 0}
     for seed in range(4):
         python = Admission(objective_ms / 1e3, CostModel(TRUE), HandOff(HAND_OFF))
         compiled = NativeAdmission(Admission(objective_ms / 1e3, CostModel(TRUE), HandOff(HAND_OFF)))
@@ -267,7 +294,8 @@ def test_the_compiled_policy_plans_and_fits_exactly_as_the_python_one(objective_
             assert compiled.native.state() == (python.cost.fixed, python.cost.per_row, python.cost.tail,
                                                python.hand_off.per_request, python.last_call)
             now = end
-            for key in seen:
+            for key in ("refused", "crowded", "bulk", "first"):
                 seen[key] += bool(getattr(expected, key))
+            seen["bulk bound"] += any(BULK in text for text in expected.refused.values())
     if objective_ms in (10, 20):  # these objectives exercise every branch of the plan
         assert all(seen.values()), seen
