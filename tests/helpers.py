@@ -153,3 +153,71 @@ def stop_process(pid: int, bound: float = 5.0) -> None:
             return
         time.sleep(0.005)
     raise AssertionError(f"process {pid} not stopped {bound:.0f}s after SIGSTOP")
+
+
+def start_serving(argv: list[str], env: dict | None = None, timeout: float = 420.0):
+    """Run ``python -m ensemble serve ARGV`` as a user would; return (process, output lines, read on)
+    once it prints its ``ready:`` line. The test fails with the output when it exits or times out."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    process = subprocess.Popen([sys.executable, "-m", "ensemble", "serve", *argv], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env)
+    output: list[str] = []
+    threading.Thread(target=lambda: [output.append(line.rstrip("\n")) for line in process.stdout], daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while not any(line.startswith("ready:") for line in output):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail("ensemble serve did not start:\n" + "\n".join(output))
+        time.sleep(0.2)
+    return process, output
+
+
+def stop_serving(process) -> None:
+    """SIGTERM an ``ensemble serve`` process and wait; kill it and what it started if it lingers."""
+    import subprocess
+
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(90)
+    except subprocess.TimeoutExpired:
+        for pid in processes.tree(process.pid)[1:]:
+            os.kill(pid, signal.SIGKILL)
+        process.kill()
+        process.wait()
+
+
+def http_exchange(address: str, data: bytes, timeout: float = 120.0) -> bytes:
+    """Send ``data`` on a new connection to ``host:port`` and read until the server closes it or one
+    HTTP reply (headers and a Content-Length body) has arrived; the raw reply."""
+    import socket
+
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(data)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+            head, sep, body = reply.partition(b"\r\n\r\n")
+            lengths = [int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
+            if sep and lengths and len(body) >= lengths[0]:
+                break
+    return reply
+
+
+def http_post(address: str, path: str, body: bytes, headers: dict | None = None, chunk: int | None = None,
+              timeout: float = 120.0) -> tuple[int, bytes]:
+    """POST ``body`` to ``path`` as raw HTTP/1.1, in one piece (Content-Length) or in chunks of
+    ``chunk`` bytes; (status, reply body)."""
+    lines = [f"POST {path} HTTP/1.1", "Host: ranker", "Content-Type: application/octet-stream",
+             *(f"{k}: {v}" for k, v in (headers or {}).items())]
+    if chunk is None:
+        request = ("\r\n".join(lines + [f"Content-Length: {len(body)}"]) + "\r\n\r\n").encode() + body
+    else:
+        parts = [b"%x\r\n%s\r\n" % (len(body[i:i + chunk]), body[i:i + chunk]) for i in range(0, len(body), chunk)]
+        request = ("\r\n".join(lines + ["Transfer-Encoding: chunked"]) + "\r\n\r\n").encode() + b"".join(parts) + b"0\r\n\r\n"
+    reply = http_exchange(address, request, timeout)
+    return int(reply.split(b" ", 2)[1]), reply.partition(b"\r\n\r\n")[2]

@@ -24,7 +24,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -41,7 +40,7 @@ from ensemble.schema import Model
 from ensemble.serving import declared, processes
 from ensemble.serving.control import ADMIN_HEADER, GRPC_ADMIN_HEADER, Control
 from ensemble.serving.server import free_ports
-from tests.helpers import ADMIN_KEY, Load, fresh_rows
+from tests.helpers import ADMIN_KEY, Load, fresh_rows, http_post, start_serving, stop_serving
 
 # (method, path, body) of each restricted HTTP API a client could try; reads first, then calls that
 # would change the server (never sent with the key here: the session's servers serve other tests).
@@ -60,7 +59,6 @@ RESTRICTED_WRITES = [("POST", "/v2/repository/models/ranker/unload", b"{}"),
 OPEN_HTTP = ["/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/ranker", "/v2/models/ranker/ready",
              "/v2/models/ranker/config", "/v2/models/ranker/stats"]
 REPLICA_LINE = re.compile(r"replica 0: HTTP http://([\d.]+:\d+)\s+gRPC grpc://([\d.]+:\d+)\s+metrics http://([\d.]+:\d+)")
-STARTUP_SECONDS = 300
 
 
 def _call(address: str, method: str, path: str, body: bytes | None = None,
@@ -152,11 +150,6 @@ class Door:
         return None
 
 
-def _read_lines(process: subprocess.Popen, into: list[str]) -> None:
-    for line in process.stdout:
-        into.append(line.rstrip("\n"))
-
-
 @pytest.fixture(scope="module")
 def door(trained, tmp_path_factory):
     """``ensemble serve --host 0.0.0.0`` on a private repository with two releases, the older declared."""
@@ -168,29 +161,13 @@ def door(trained, tmp_path_factory):
     declared.write(repository, first, "test")
     http, grpc, metrics = free_ports(3)
     env = {**os.environ, "ENSEMBLE_ADMIN_KEY": ADMIN_KEY}
-    process = subprocess.Popen([sys.executable, "-m", "ensemble", "serve", "--repository", str(repository),
-                                "--host", "0.0.0.0", "--http-port", str(http), "--grpc-port", str(grpc),
-                                "--metrics-port", str(metrics), "--log-file", str(root / "serve.log")],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    output: list[str] = []
-    threading.Thread(target=_read_lines, args=(process, output), daemon=True).start()
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while not any(line.startswith("ready:") for line in output):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail("the server did not start:\n" + "\n".join(output))
-        time.sleep(0.2)
+    process, output = start_serving(["--repository", str(repository), "--host", "0.0.0.0", "--http-port", str(http),
+                                     "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                                     "--log-file", str(root / "serve.log")], env)
     (replica,) = [m.groups() for m in map(REPLICA_LINE.match, output) if m]
     yield Door(process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", replica, output,
                repository, (first, second))
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(90)
-    except subprocess.TimeoutExpired:
-        for pid in processes.tree(process.pid)[1:]:
-            os.kill(pid, signal.SIGKILL)
-        process.kill()
-        process.wait()
+    stop_serving(process)
 
 
 def _listening(pid: int) -> list[tuple[str, int]]:
@@ -282,28 +259,10 @@ def _binary_body(dense: np.ndarray, categorical: np.ndarray) -> tuple[bytes, byt
     return head, head + raw + wire
 
 
-def _send(address: str, body: bytes, head_length: int | None, chunk: int | None, timeout: float = 120) -> tuple[int, bytes]:
+def _send(address: str, body: bytes, head_length: int | None, chunk: int | None) -> tuple[int, bytes]:
     """POST ``body`` to the ranker in one piece or in chunks of ``chunk`` bytes; (status, reply body)."""
-    host, port = address.rsplit(":", 1)
-    request = [b"POST /v2/models/ranker/infer HTTP/1.1\r\nHost: ranker\r\nContent-Type: application/octet-stream\r\n"]
-    if head_length is not None:
-        request.append(b"Inference-Header-Content-Length: %d\r\n" % head_length)
-    if chunk is None:
-        request.append(b"Content-Length: %d\r\n\r\n" % len(body) + body)
-    else:
-        request.append(b"Transfer-Encoding: chunked\r\n\r\n")
-        request += [b"%x\r\n%s\r\n" % (len(body[i:i + chunk]), body[i:i + chunk]) for i in range(0, len(body), chunk)]
-        request.append(b"0\r\n\r\n")
-    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        sock.sendall(b"".join(request))
-        reply = b""
-        while chunk_read := sock.recv(65536):
-            reply += chunk_read
-            head, sep, rest = reply.partition(b"\r\n\r\n")
-            lengths = [int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
-            if sep and lengths and len(rest) >= lengths[0]:
-                break
-    return int(reply.split(b" ", 2)[1]), reply.partition(b"\r\n\r\n")[2]
+    headers = {} if head_length is None else {"Inference-Header-Content-Length": str(head_length)}
+    return http_post(address, schema.RANKER_INFER_PATH, body, headers, chunk)
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 100, 4096, 65536])
@@ -425,19 +384,7 @@ def _rank_names(body: bytes, headers: dict) -> tuple[bytes, dict]:
 def _hostile(address: str, model: str, body: bytes, headers: dict) -> tuple[int, bytes]:
     if model == "rank":
         body, headers = _rank_names(body, headers)
-    host, port = address.rsplit(":", 1)
-    lines = [f"POST /v2/models/{model}/infer HTTP/1.1", "Host: ranker", "Content-Type: application/octet-stream",
-             *(f"{k}: {v}" for k, v in headers.items()), f"Content-Length: {len(body)}"]
-    with socket.create_connection((host, int(port)), timeout=120) as sock:
-        sock.sendall("\r\n".join(lines).encode() + b"\r\n\r\n" + body)
-        reply = b""
-        while chunk := sock.recv(65536):
-            reply += chunk
-            head, sep, rest = reply.partition(b"\r\n\r\n")
-            lengths = [int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
-            if sep and lengths and len(rest) >= lengths[0]:
-                break
-    return int(reply.split(b" ", 2)[1]), reply.partition(b"\r\n\r\n")[2]
+    return http_post(address, f"/v2/models/{model}/infer", body, headers)
 
 
 @pytest.mark.parametrize("target", ["triton", "door"])

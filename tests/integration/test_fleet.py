@@ -31,7 +31,7 @@ from ensemble import schema
 from ensemble.serving import processes
 from ensemble.serving.control import admin_headers
 from ensemble.serving.server import free_port
-from tests.helpers import fleet_ports, fresh_rows
+from tests.helpers import fleet_ports, fresh_rows, start_serving, stop_serving
 
 REPLICA_LINE = re.compile(r"replica (\d+): HTTP http://([\d.]+:\d+)\s+gRPC grpc://([\d.]+:\d+)")
 STARTUP_SECONDS = 420  # two replicas starting together on a busy 2-core machine
@@ -62,42 +62,19 @@ class Fleet:
         return "\n".join(self.output)
 
 
-def _read_lines(process: subprocess.Popen, into: list[str]) -> None:
-    for line in process.stdout:
-        into.append(line.rstrip("\n"))
-
-
 @pytest.fixture(scope="module")
 def fleet(trained, tmp_path_factory):
     log = tmp_path_factory.mktemp("fleet") / "serve.log"
     http, grpc, metrics = fleet_ports(2)
     # the fused layout: its ranker is a python-backend process of its own, which a test kills
-    cmd = [sys.executable, "-m", "ensemble", "serve", "--repository", str(trained.repository), "--replicas", "2",
-           "--layout", "fused",
-           "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--log-file", str(log)]
-    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    output: list[str] = []
-    threading.Thread(target=_read_lines, args=(process, output), daemon=True).start()
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while not any(line.startswith("ready:") for line in output):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail("the fleet did not start:\n" + "\n".join(output))
-        time.sleep(0.2)
+    process, output = start_serving(["--repository", str(trained.repository), "--replicas", "2", "--layout", "fused",
+                                     "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                                     "--log-file", str(log)], timeout=STARTUP_SECONDS)
     replicas = sorted((int(m.group(1)), m.group(2), m.group(3)) for m in map(REPLICA_LINE.match, output) if m)
     started = Fleet(process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", [(h, g) for _, h, g in replicas], output, log)
     yield started
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(90)
-        except subprocess.TimeoutExpired:
-            pass
-    for pid in processes.tree(process.pid)[1:] if process.poll() is None else []:
-        os.kill(pid, signal.SIGKILL)
-    if process.poll() is None:
-        process.kill()
-        process.wait()
+    if process.poll() is None:  # the last test stops it itself
+        stop_serving(process)
 
 
 def _rows(rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -26,10 +25,10 @@ from ensemble import cli, schema
 from ensemble.fleet import release as fleet_release
 from ensemble.fleet.gateway import Replica, routes_version
 from ensemble.repository.export import TrainedArtifacts, export_repository
-from ensemble.serving import declared, processes
+from ensemble.serving import declared
 from ensemble.serving.deploy import DeployError, available_releases
 from ensemble.serving.server import free_port
-from tests.helpers import fleet_ports, fresh_rows
+from tests.helpers import fleet_ports, fresh_rows, start_serving, stop_serving
 
 STARTUP_SECONDS = 420
 
@@ -61,18 +60,9 @@ def fleet(trained, tmp_path_factory):
     run = root / "run"
     env = {**os.environ, fleet_release.RUN_DIR_ENV: str(run)}
     http, grpc, metrics = fleet_ports(2)
-    process = subprocess.Popen([sys.executable, "-m", "ensemble", "serve", "--repository", str(repository),
-                                "--replicas", "2", "--http-port", str(http), "--grpc-port", str(grpc),
-                                "--metrics-port", str(metrics), "--log-file", str(root / "logs" / "serve.log")],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    output: list[str] = []
-    threading.Thread(target=lambda: [output.append(line.rstrip()) for line in process.stdout], daemon=True).start()
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while not any(line.startswith("ready:") for line in output):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail("the fleet did not start:\n" + "\n".join(output))
-        time.sleep(0.2)
+    process, output = start_serving(["--repository", str(repository), "--replicas", "2", "--http-port", str(http),
+                                     "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                                     "--log-file", str(root / "logs" / "serve.log")], env, timeout=STARTUP_SECONDS)
     previous = os.environ.get(fleet_release.RUN_DIR_ENV)
     os.environ[fleet_release.RUN_DIR_ENV] = str(run)  # the deploys below run in this process
     yield ReleaseFleet(process, repository, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", first, new, output)
@@ -80,14 +70,7 @@ def fleet(trained, tmp_path_factory):
         os.environ.pop(fleet_release.RUN_DIR_ENV, None)
     else:
         os.environ[fleet_release.RUN_DIR_ENV] = previous
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(90)
-    except subprocess.TimeoutExpired:
-        for pid in processes.tree(process.pid)[1:]:
-            os.kill(pid, signal.SIGKILL)
-        process.kill()
-        process.wait()
+    stop_serving(process)
 
 
 def _run_clients(fleet: ReleaseFleet, action) -> list[Client]:

@@ -15,27 +15,11 @@ import pytest
 from clients.triton import RankerClient
 from ensemble import schema
 from ensemble.serving.door import HTTP_MAX_INPUT_BYTES
-from tests.helpers import fresh_rows
-
-
-def _exchange(address: str, data: bytes, timeout: float = 30.0) -> bytes:
-    """Send ``data`` on a new connection and read until the server closes it or one HTTP reply
-    (headers + Content-Length body) has arrived."""
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        sock.sendall(data)
-        reply = b""
-        while chunk := sock.recv(65536):
-            reply += chunk
-            head, sep, body = reply.partition(b"\r\n\r\n")
-            lengths = [int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
-            if sep and lengths and len(body) >= lengths[0]:
-                break
-    return reply
+from tests.helpers import fresh_rows, http_exchange
 
 
 def _post(address: str, body: bytes, headers: bytes = b"") -> tuple[int, bytes]:
-    reply = _exchange(address, b"POST /v2/models/ranker/infer HTTP/1.1\r\nHost: ranker\r\nContent-Type: application/json\r\n"
+    reply = http_exchange(address, b"POST /v2/models/ranker/infer HTTP/1.1\r\nHost: ranker\r\nContent-Type: application/json\r\n"
                       + headers + b"Content-Length: %d\r\n\r\n" % len(body) + body)
     return int(reply.split(b" ", 2)[1]), reply.partition(b"\r\n\r\n")[2]
 
@@ -99,8 +83,8 @@ HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 ], ids=["not-http2", "unknown-frame", "garbage-headers-frame"])
 def test_malformed_grpc_frames_are_refused(server, pipeline, frames):
     # the server answers with its SETTINGS (and for a broken stream, grpc-status 14 "Failed parsing
-    # HTTP/2"), then closes the connection: _exchange returns on that close and raises if it is held
-    reply = _exchange(server.grpc_url, frames, timeout=10)
+    # HTTP/2"), then closes the connection: http_exchange returns on that close and raises if it is held
+    reply = http_exchange(server.grpc_url, frames, timeout=10)
     assert b"grpc-status\x010" not in reply, reply[:200]
     _still_serving(server, pipeline)
 

@@ -6,14 +6,13 @@ threads run at the ranker's priority."""
 from __future__ import annotations
 
 import json
-import socket
 
 import numpy as np
 import pytest
 
 from clients.triton import RankerClient
 from ensemble import schema
-from tests.helpers import fresh_rows
+from tests.helpers import fresh_rows, http_post
 
 
 def _rank_body(candidates: int, dense_shape=None, dense_bytes: bytes | None = None,
@@ -30,20 +29,8 @@ def _rank_body(candidates: int, dense_shape=None, dense_bytes: bytes | None = No
     return head + dense + wire, len(head)
 
 
-def _post(address: str, body: bytes, head_length: int, timeout: float = 120) -> tuple[int, bytes]:
-    host, port = address.rsplit(":", 1)
-    request = (b"POST /v2/models/rank/infer HTTP/1.1\r\nHost: rank\r\nContent-Type: application/octet-stream\r\n"
-               b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n" % (head_length, len(body)) + body)
-    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        sock.sendall(request)
-        reply = b""
-        while chunk := sock.recv(65536):
-            reply += chunk
-            head, sep, rest = reply.partition(b"\r\n\r\n")
-            lengths = [int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
-            if sep and lengths and len(rest) >= lengths[0]:
-                break
-    return int(reply.split(b" ", 2)[1]), reply.partition(b"\r\n\r\n")[2]
+def _post(address: str, body: bytes, head_length: int) -> tuple[int, bytes]:
+    return http_post(address, "/v2/models/rank/infer", body, {"Inference-Header-Content-Length": str(head_length)})
 
 
 def test_more_candidates_than_the_limit_are_refused_naming_it(layout_server):
