@@ -221,3 +221,26 @@ def http_post(address: str, path: str, body: bytes, headers: dict | None = None,
         request = ("\r\n".join(lines + ["Transfer-Encoding: chunked"]) + "\r\n\r\n").encode() + b"".join(parts) + b"0\r\n\r\n"
     reply = http_exchange(address, request, timeout)
     return int(reply.split(b" ", 2)[1]), reply.partition(b"\r\n\r\n")[2]
+
+
+def http_announce(address: str, path: str, length: int, headers: dict | None = None) -> tuple[int, bytes]:
+    """Send only the headers of a POST of ``length`` bytes with ``Expect: 100-continue`` and return
+    the final answer, body unsent. (A client that sends a body the gateway refuses part way can see
+    the connection reset before it reads the 413: this one sends none.)"""
+    import socket
+
+    host, port = address.rsplit(":", 1)
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    head = (f"POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n{extra}"
+            f"Content-Length: {length}\r\nExpect: 100-continue\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head)
+        reply = b""
+        while True:
+            while b"\r\n\r\n" not in reply and (chunk := sock.recv(65536)):
+                reply += chunk
+            if not reply.startswith(b"HTTP/1.1 100 "):
+                break
+            reply = reply.split(b"\r\n\r\n", 1)[1]  # Envoy says 100 itself; the route's answer follows
+    status = int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.1 ") else 0
+    return status, reply

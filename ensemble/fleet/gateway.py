@@ -288,11 +288,13 @@ def _forward(cluster: str, gateway: Gateway, grpc: bool) -> dict:
 
 
 def _refuse(status: int, text: str) -> dict:
-    """A route answered by the gateway itself, on the request's headers (the buffer filter, which
-    would wait for the whole body first, is off on it)."""
+    """A route answered by the gateway itself, on the request's headers (the buffer and Lua filters,
+    which would wait for the whole body first, are off on it)."""
     return {"direct_response": {"status": status, "body": {"inline_string": text}},
-            "typed_per_filter_config": {"envoy.filters.http.buffer": {
-                "@type": _TYPES + "extensions.filters.http.buffer.v3.BufferPerRoute", "disabled": True}}}
+            "typed_per_filter_config": {
+                "envoy.filters.http.buffer": {"@type": _TYPES + "extensions.filters.http.buffer.v3.BufferPerRoute",
+                                              "disabled": True},
+                LUA_FILTER: {"@type": _TYPES + "extensions.filters.http.lua.v3.LuaPerRoute", "disabled": True}}}
 
 
 LUA_FILTER = "envoy.filters.http.lua"

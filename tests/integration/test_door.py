@@ -40,7 +40,7 @@ from ensemble.schema import Model
 from ensemble.serving import declared, processes
 from ensemble.serving.control import ADMIN_HEADER, GRPC_ADMIN_HEADER, Control
 from ensemble.serving.server import free_ports
-from tests.helpers import ADMIN_KEY, Load, fresh_rows, http_post, start_serving, stop_serving
+from tests.helpers import ADMIN_KEY, Load, fresh_rows, http_announce, http_post, start_serving, stop_serving
 
 # (method, path, body) of each restricted HTTP API a client could try; reads first, then calls that
 # would change the server (never sent with the key here: the session's servers serve other tests).
@@ -290,6 +290,15 @@ def test_the_body_that_crashes_triton_is_answered_at_the_door(door, pipeline):
     client = RankerClient(door.http, "http")
     np.testing.assert_allclose(client.score(dense, cats), pipeline.score(dense, cats)["score"].ravel(), atol=1e-5)
     client.close()
+
+
+def test_a_million_candidates_are_refused_at_once(door):
+    """A ranking request of 1,000,001 candidates (156 MB of binary tensors) is refused on its headers:
+    413 before a byte of its body is read or sent."""
+    length = 1_000_001 * 4 * (schema.N_DENSE + schema.N_CATEGORICAL) + 400
+    started = time.monotonic()
+    status, reply = http_announce(door.http, "/v2/models/rank/infer", length, {"Inference-Header-Content-Length": "400"})
+    assert status == 413 and time.monotonic() - started < 5, reply[:200]
 
 
 def test_deploy_and_rollback_through_the_door_fail_no_request(door):

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,7 +30,7 @@ from ensemble import schema
 from ensemble.serving import processes
 from ensemble.serving.control import admin_headers
 from ensemble.serving.server import free_port
-from tests.helpers import fleet_ports, fresh_rows, start_serving, stop_serving
+from tests.helpers import fleet_ports, fresh_rows, http_announce, start_serving, stop_serving
 
 REPLICA_LINE = re.compile(r"replica (\d+): HTTP http://([\d.]+:\d+)\s+gRPC grpc://([\d.]+:\d+)")
 STARTUP_SECONDS = 420  # two replicas starting together on a busy 2-core machine
@@ -109,26 +108,6 @@ def _post(address: str, path: str, body: bytes, headers: dict | None = None) -> 
             return reply.status, reply.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
-
-
-def _announce(address: str, path: str, length: int) -> tuple[int, bytes]:
-    """Send only the headers of a POST of ``length`` bytes with ``Expect: 100-continue`` and return
-    the gateway's final answer, body unsent. (A client that sends a body the gateway refuses part
-    way can see the connection reset before it reads the 413: this one sends none.)"""
-    host, port = address.rsplit(":", 1)
-    head = (f"POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {length}\r\nExpect: 100-continue\r\n\r\n").encode()
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(head)
-        reply = b""
-        while True:
-            while b"\r\n\r\n" not in reply and (chunk := sock.recv(65536)):
-                reply += chunk
-            if not reply.startswith(b"HTTP/1.1 100 "):
-                break
-            reply = reply.split(b"\r\n\r\n", 1)[1]  # Envoy says 100 itself; the route's answer follows
-    status = int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.1 ") else 0
-    return status, reply
 
 
 def _ready(replica_http: str) -> bool:
@@ -228,7 +207,7 @@ def test_oversized_bodies_and_gzip_bombs_are_refused_before_the_replicas(fleet):
     status, reply = _post(fleet.http, schema.RANKER_INFER_PATH, bomb, {"Content-Encoding": "gzip"})
     assert status == 413, (status, reply[:200])
     # a client that announces its 20 MiB body and waits for `100 Continue` before sending it
-    status, reply = _announce(fleet.http, schema.RANKER_INFER_PATH, 20 * 2**20)
+    status, reply = http_announce(fleet.http, schema.RANKER_INFER_PATH, 20 * 2**20)
     assert status == 413, (status, reply[:200])
     status, reply = _post(fleet.http, schema.RANKER_INFER_PATH, body, {"Content-Encoding": "deflate"})
     assert status == 415, (status, reply[:200])
