@@ -50,11 +50,19 @@ def _train_config(args):
     from ensemble.models.xgb import XGBMatrix
     from ensemble.training import TrainConfig
 
+    from ensemble import dataset
+    from ensemble import model_size as sizes
+
     extra = {"xgb_matrix": XGBMatrix(args.xgb_matrix)} if getattr(args, "xgb_matrix", None) else {}
+    spec = dataset.load_spec(getattr(args, "dataset", None) or dataset.DEFAULT)
+    size = sizes.resolve(args.model_size, dict(spec.model), {
+        "embedding_dim": args.embedding_dim, "bottom_mlp": args.bottom_mlp, "top_mlp": args.top_mlp,
+        "xgb_rounds": args.xgb_rounds, "xgb_depth": args.xgb_depth})
     return training.TrainConfig(
         freq_threshold=args.freq_threshold,
-        xgb=XGBConfig(rounds=args.xgb_rounds),
-        dlrm=DLRMConfig(epochs=args.epochs or DLRMConfig().epochs, embedding_dim=args.embedding_dim),
+        xgb=XGBConfig(rounds=size.xgb_rounds, max_depth=size.xgb_depth),
+        dlrm=DLRMConfig(epochs=args.epochs or DLRMConfig().epochs, embedding_dim=size.embedding_dim,
+                        bottom_mlp=size.bottom_mlp, top_mlp=size.top_mlp),
         device=resolve_device(args.device),
         # Stages (the GPU deployment trains torch and TensorFlow models in separate images).
         models=tuple(args.models.split(",")) if getattr(args, "models", None) else TrainConfig().models,
@@ -424,14 +432,32 @@ def _add_synth(p: argparse.ArgumentParser, rows: int) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed of the generator")
 
 
+def _widths(text: str) -> tuple[int, ...]:
+    from ensemble.model_size import SizeError, widths
+
+    try:
+        return widths(text)
+    except SizeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", default="build", help="training artifacts and reports")
     p.add_argument("--freq-threshold", type=int, default=None,
                    help="Categorify frequency threshold for every categorical column (default: the dataset spec's; Criteo 3)")
-    p.add_argument("--xgb-rounds", type=int, default=400, help="most boosting rounds (early stopping)")
+    p.add_argument("--model-size", choices=["demo", "seed"], default=None,
+                   help="demo: 16-wide embeddings, 64-32 / 128-64 MLPs, up to 400 trees of depth 8; seed: the DLRM "
+                        "reference's Criteo size (128, 512-256-128 / 1024-1024-512-256-1) and up to 1,000 trees "
+                        "(default: the dataset spec's [model] size, else demo; the options below change it)")
+    p.add_argument("--xgb-rounds", type=int, default=None, help="most boosting rounds (early stopping)")
+    p.add_argument("--xgb-depth", type=int, default=None, help="the trees' maximum depth")
     p.add_argument("--epochs", type=int, default=None,
                    help="most DLRM epochs; the best on validation is kept (default 2; the movielens100k demo: 4)")
-    p.add_argument("--embedding-dim", type=int, default=16, help="DLRM embedding width")
+    p.add_argument("--embedding-dim", type=int, default=None, help="DLRM embedding width (the bottom MLP's output)")
+    p.add_argument("--bottom-mlp", type=_widths, default=None, metavar="W,W,...",
+                   help="the DLRMs' bottom MLP hidden widths, e.g. 512,256")
+    p.add_argument("--top-mlp", type=_widths, default=None, metavar="W,W,...",
+                   help="the DLRMs' top MLP hidden widths, e.g. 1024,1024,512,256")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu",
                    help="gpu: mixed precision and GPU trees (written for GPUs, not run on this project's machines)")
 

@@ -28,6 +28,9 @@ A spec file::
     [hash_buckets]               # optional: hash a categorical column's values into N buckets
     user_id = 100000
 
+    [model]                      # optional: the models' size (ensemble/model_size.py)
+    size = "seed"
+
 A *multi-hot* column holds a list of values per row (genres, tags): listed under ``multi_hot`` in
 ``[context]`` or ``[candidate]``, sent as one string with the items separated by ``list_separator``
 (default ``"|"``: ``"comedy|drama"``), and given its most items in ``[max_items]`` (required)::
@@ -61,6 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from ensemble import model_size
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "datasets"
 DEFAULT = "criteo"
@@ -105,6 +109,7 @@ class DatasetSpec:
     time: str | None = None
     source: str = "<string>"
     list_separator: str = "|"
+    model: tuple[tuple[str, object], ...] = ()  # the [model] table's settings (ensemble.model_size)
 
     def _names(self, kind: Kind, side: Side | None = None) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns if c.kind is kind and (side is None or c.side is side))
@@ -247,7 +252,7 @@ def bucket(value: bytes, buckets: int) -> bytes:
 
 
 _TOP_KEYS = {"name", "label", "time", "freq_threshold", "context", "candidate", "freq_threshold_by_column",
-             "hash_buckets", "list_separator", "max_items"}
+             "hash_buckets", "list_separator", "max_items", "model"}
 _SIDE_KEYS = {"continuous", "categorical", "multi_hot"}
 _MULTI_HOT = "multi_hot"
 
@@ -355,7 +360,11 @@ def parse_spec(text: str, source: str = "<string>") -> DatasetSpec:
     if not any(c.kind is Kind.CATEGORICAL for c in columns) or not any(c.kind is Kind.CONTINUOUS for c in columns):
         # The DLRMs need both a dense input and at least one embedding table.
         raise SpecError(f"{source}: the models need at least one continuous and one categorical column")
-    return DatasetSpec(name, label, tuple(columns), time, source, separator)
+    try:
+        model = tuple(sorted(model_size.from_table(raw.get("model", {}), source).items()))
+    except model_size.SizeError as exc:
+        raise SpecError(str(exc)) from None
+    return DatasetSpec(name, label, tuple(columns), time, source, separator, model)
 
 
 def builtin_names() -> tuple[str, ...]:
