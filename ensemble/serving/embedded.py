@@ -263,7 +263,7 @@ class RankModel:
                 if candidates is not None and len(candidates[1]):
                     ranking.check_count(int(candidates[1][0]), self.max_candidates)
                 arrays = {name: self._array(name, value) for name, value in given.items() if value is not None}
-                ranker = _ranker_of(request[4] if len(request) > 4 else None)
+                ranker = _ranker_of(ranking.release_named(request[4] if len(request) > 4 else None))
                 if ranker is None:
                     yield i, ("error", calls.UNAVAILABLE, "the ranker is not loaded: nothing to rank with"
                               if not _LOADED else f"release {request[4]} of the ranker is not loaded here")

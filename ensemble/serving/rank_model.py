@@ -82,12 +82,14 @@ class _RankerError(Exception):
 
 
 def _release(request) -> int:
-    """The ranker version the request's ``ensemble-release`` parameter names; -1 (Triton's choice) without one."""
+    """The ranker version the request's ``ensemble-release`` parameter names; -1 (Triton's choice) without
+    one; a :class:`ranking.RankError` when it names none (or the parameters cannot be read)."""
     try:
         value = json.loads(request.parameters() or "{}").get("ensemble-release")
-        return int(value) if value is not None else -1
-    except (ValueError, TypeError, AttributeError):
-        return -1
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
+        raise ranking.RankError("the request's parameters cannot be read") from None
+    named = ranking.release_named(value)
+    return int(named) if named is not None else -1
 
 
 def _optional(request, name):

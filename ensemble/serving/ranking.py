@@ -36,6 +36,18 @@ def max_candidates(params: dict[str, str], ranker_max_batch_size: int) -> int:
     return limit
 
 
+def release_named(value) -> str | None:
+    """The release a request's ``ensemble-release`` parameter names (a fleet's gateway sets it), as
+    its digits; None without one. Anything but a version number (text, bytes that were not UTF-8 and
+    reach here replaced) is the client's error: no release would ever match it."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    if not (text.isascii() and text.isdigit()):
+        raise RankError(f"ensemble-release must name a release (a version number), not {text[:40]!r}")
+    return text
+
+
 def check_count(candidates: int, limit: int) -> None:
     """Refuse a request of more than ``limit`` candidates, naming the limit."""
     if candidates > limit:

@@ -380,6 +380,8 @@ HOSTILE = {
                                                 [8193, schema.N_CATEGORICAL], bytes(4 * 26 * 8193)), {400}, {400}),
     "rank: shape whose byte size wraps": ("rank", *_binary([2**62, schema.N_DENSE], b"", [1, schema.N_CATEGORICAL],
                                                            _ONE_WIRE), {400}, {400}),
+    "rank: a release named in words": ("rank", _binary(*_ONE, _ONE_WIRE)[0],
+                                       {**_binary(*_ONE, _ONE_WIRE)[1], "ensemble-release": "latest"}, {400}, {400}),
 }
 
 

@@ -297,3 +297,30 @@ def test_lean_transform_of_a_multi_hot_column_equals_nvtabular(tmp_path):
     got = lean(transforms.dense_array(fresh, spec.continuous), transforms.encode_categorical(fresh, spec.categorical))
     assert got[1].shape == (n, 6) and np.array_equal(got[1], want[1]) and np.allclose(got[0], want[0])
     assert (got[1][1::7, 3:] == transforms.NULL_ID).all()  # no tags: every slot missing
+
+
+@pytest.mark.parametrize("value, named", [(None, None), ("7", "7"), (" 12 ", "12"), (7, "7")])
+def test_a_ranking_requests_release_is_a_version_number(value, named):
+    from ensemble.serving import ranking
+
+    assert ranking.release_named(value) == named
+
+
+@pytest.mark.parametrize("value", ["latest", "", "-1", "1.5", "\ufffd\ufffd", "٣"])
+def test_anything_else_named_as_the_release_is_the_clients_error(value):
+    from ensemble.serving import ranking
+
+    with pytest.raises(ranking.RankError, match="must name a release"):
+        ranking.release_named(value)
+
+
+def test_more_candidates_than_the_limit_are_refused_naming_it():
+    from ensemble.serving import ranking
+
+    ranking.check_count(8192, 8192)
+    with pytest.raises(ranking.RankError, match="at most 8192.*max_candidates"):
+        ranking.check_count(8193, 8192)
+    assert ranking.max_candidates({}, 8192) == 8192 and ranking.max_candidates({"max_candidates": "100"}, 8192) == 100
+    for bad in ("0", "-3", "many"):
+        with pytest.raises(ValueError, match="max_candidates must be a positive integer"):
+            ranking.max_candidates({"max_candidates": bad}, 8192)
