@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: setup demo test test-all gpu-acceptance clean
+.PHONY: setup demo test sanitize test-all gpu-acceptance clean
 
 setup: $(STAMP)
 
@@ -24,11 +24,19 @@ $(STAMP): requirements.txt pyproject.toml setup.py $(wildcard ensemble/*.h ensem
 demo: setup
 	$(BIN)/ensemble demo $(ARGS)
 
-# pytest exit code 5 means no test was collected: report it as the failure it is.
+# pytest exit code 5 means no test was collected: report it as the failure it is. Then `sanitize`.
 test: setup
 	$(BIN)/ruff check ensemble clients loadtest benchmarks tests
 	@$(BIN)/python -m pytest tests -q -rs $(ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+	@$(MAKE) --no-print-directory sanitize
+
+# The C code that reads client bytes under AddressSanitizer and UndefinedBehaviorSanitizer: the C paths'
+# unit tests on a sanitized build (build/sanitize), then every libFuzzer target (clang) for
+# SANITIZE_SECONDS each; any report fails it (docs/fuzzing.md).
+SANITIZE_SECONDS ?= 25
+sanitize: setup
+	$(BIN)/python -m tests.fuzz.sanitize --seconds $(SANITIZE_SECONDS)
 
 test-all: setup
 	$(BIN)/python -m pytest tests -q -rs -m "" $(ARGS)

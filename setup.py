@@ -31,21 +31,25 @@ except ImportError:  # an isolated build (the images' `pip install .`): built wi
 PYTHON_LIBRARY = sysconfig.get_config_var("INSTSONAME") or "libpython3.11.so.1.0"
 LIBRARY_NAME = sysconfig.get_config_var("LDVERSION") or "3.11"
 API = ["ensemble/kernel_api.h"]  # the C entry points the modules hand each other
+# Every warning is an error. Unused parameters are allowed: Python's and Triton's callback signatures
+# (self, kwargs, backend) take arguments a function may not need.
+WARNINGS = ["-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter"]
 
 setup(ext_modules=[
     Extension("ensemble.serving._native", ["ensemble/serving/_native.c"], optional=True,
-              depends=API, include_dirs=["ensemble"], extra_compile_args=["-O2"]),
+              depends=API, include_dirs=["ensemble"], extra_compile_args=[*WARNINGS, "-O2"]),
     Extension("ensemble.serving._admission", ["ensemble/serving/_admission.c"], optional=True,
-              depends=API, include_dirs=["ensemble"], extra_compile_args=["-O2", "-ffp-contract=off"]),
+              depends=API, include_dirs=["ensemble"], extra_compile_args=[*WARNINGS, "-O2", "-ffp-contract=off"]),
     Extension("ensemble.models._trees", ["ensemble/models/_trees.c"], optional=True,
-              depends=API, include_dirs=["ensemble"], extra_compile_args=["-O3"]),
+              depends=API, include_dirs=["ensemble"], extra_compile_args=[*WARNINGS, "-O3"]),
     Extension("ensemble.models._dlrm", ["ensemble/models/_dlrm.c"], optional=True,
-              depends=API, include_dirs=["ensemble"], extra_compile_args=["-O3", "-Wno-psabi"]),
+              depends=API, include_dirs=["ensemble"], extra_compile_args=[*WARNINGS, "-O3", "-Wno-psabi"]),
     Extension("ensemble.serving.libtriton_fused", ["ensemble/serving/fused_backend.c"],
-              optional=True, depends=["ensemble/serving/triton_api.h", *API], include_dirs=["ensemble"],
+              optional=True, depends=["ensemble/serving/triton_api.h", "ensemble/serving/backend_checks.h", *API],
+              include_dirs=["ensemble"],
               define_macros=[("PYTHON_LIBRARY", f'"{PYTHON_LIBRARY}"')],
               libraries=[f"python{LIBRARY_NAME}"], library_dirs=[sysconfig.get_config_var("LIBDIR") or ""],
-              extra_compile_args=["-O2", "-fvisibility=hidden"]),
+              extra_compile_args=[*WARNINGS, "-O2", "-fvisibility=hidden"]),
 ] + ([Extension("ensemble.serving._chain", ["ensemble/serving/_chain.c"], optional=True, depends=API,
-                include_dirs=["ensemble", numpy.get_include()], extra_compile_args=["-O2", "-ffp-contract=off"])]
+                include_dirs=["ensemble", numpy.get_include()], extra_compile_args=[*WARNINGS, "-O2", "-ffp-contract=off"])]
        if numpy is not None else []))

@@ -79,8 +79,8 @@ typedef struct {
      * the buffer must hold exactly count values. 0, or -1 with the reason in error. */
     int (*lookup_wire)(PyObject *vocabulary, const unsigned char *data, size_t size, int64_t fallback, int64_t *out,
                        size_t count, char *error, size_t error_size);
-    /* out[i] = max(x[i] if finite else fill, clip_min) + 1, in float32. */
-    void (*dense_prepare)(const float *x, float *out, size_t n, float fill, float clip_min);
+    /* out[i] = max(x[i] if finite else fill, clip_min) + 1, in float32; x at any address (4-byte aligned or not). */
+    void (*dense_prepare)(const void *x, float *out, size_t n, float fill, float clip_min);
     /* out[b] = sigmoid(bias + sum_m weights[m] * logit(clip(scores[m][b], eps, 1 - eps))), in float64. */
     void (*blend)(const float *const *scores, int models, const double *weights, double bias, double eps, float *out,
                   size_t rows);

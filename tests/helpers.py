@@ -211,14 +211,14 @@ def http_exchange(address: str, data: bytes, timeout: float = 120.0) -> bytes:
 def http_post(address: str, path: str, body: bytes, headers: dict | None = None, chunk: int | None = None,
               timeout: float = 120.0) -> tuple[int, bytes]:
     """POST ``body`` to ``path`` as raw HTTP/1.1, in one piece (Content-Length) or in chunks of
-    ``chunk`` bytes; (status, reply body)."""
-    lines = [f"POST {path} HTTP/1.1", "Host: ranker", "Content-Type: application/octet-stream",
-             *(f"{k}: {v}" for k, v in (headers or {}).items())]
+    ``chunk`` bytes; (status, reply body). A header's value may be bytes (sent as they are)."""
+    lines = [f"POST {path} HTTP/1.1".encode(), b"Host: ranker", b"Content-Type: application/octet-stream",
+             *(k.encode() + b": " + (v if isinstance(v, bytes) else str(v).encode()) for k, v in (headers or {}).items())]
     if chunk is None:
-        request = ("\r\n".join(lines + [f"Content-Length: {len(body)}"]) + "\r\n\r\n").encode() + body
+        request = b"\r\n".join(lines + [b"Content-Length: %d" % len(body)]) + b"\r\n\r\n" + body
     else:
         parts = [b"%x\r\n%s\r\n" % (len(body[i:i + chunk]), body[i:i + chunk]) for i in range(0, len(body), chunk)]
-        request = ("\r\n".join(lines + ["Transfer-Encoding: chunked"]) + "\r\n\r\n").encode() + b"".join(parts) + b"0\r\n\r\n"
+        request = b"\r\n".join(lines + [b"Transfer-Encoding: chunked"]) + b"\r\n\r\n" + b"".join(parts) + b"0\r\n\r\n"
     reply = http_exchange(address, request, timeout)
     return int(reply.split(b" ", 2)[1]), reply.partition(b"\r\n\r\n")[2]
 

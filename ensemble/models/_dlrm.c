@@ -793,7 +793,7 @@ static PyObject *forward(PyObject *self, PyObject *args) {
     PyObject *o[9];
     if (!PyArg_ParseTuple(args, "OOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8]))
         return NULL;
-    Buffer fixed[4] = {{{0}}}, layers[2 * MAX_LAYERS] = {{{0}}}, io[3] = {{{0}}};
+    Buffer fixed[4] = {0}, layers[2 * MAX_LAYERS] = {0}, io[3] = {0};
     Net net;
     PyObject *result = NULL;
     if (net_take(o[2], o[3], o[4], o[5], o[6], o[7], fixed, layers, &net) == 0 && io_take(o[0], o[1], o[8], io) == 0)
@@ -843,7 +843,7 @@ static PyObject *weights_call(PyObject *obj, PyObject *args, PyObject *kwargs) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "call with (dense, ids, out)");
         return NULL;
     }
-    Buffer io[3] = {{{0}}};
+    Buffer io[3] = {0};
     PyObject *result = io_take(dense, ids, out, io) == 0 ? net_forward(&((Weights *)obj)->net, io) : NULL;
     give_back(io, 3);
     return result;
@@ -895,7 +895,8 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_dlrm", "A DLRM forward pass in C.", -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_dlrm", .m_doc = "A DLRM forward pass in C.",
+                                    .m_size = -1, .m_methods = methods};
 
 PyMODINIT_FUNC PyInit__dlrm(void) {
     wide_ok = cpu_wide();

@@ -376,7 +376,8 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_trees", "Boosted trees as arrays.", -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_trees", .m_doc = "Boosted trees as arrays.",
+                                    .m_size = -1, .m_methods = methods};
 
 PyMODINIT_FUNC PyInit__trees(void) {
     wide_ok = cpu_wide();

@@ -27,6 +27,8 @@
 #include <unistd.h>
 
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define NO_IMPORT_ARRAY /* only numpy's types are read here: none of its C API tables */
+#define NO_IMPORT_UFUNC
 #include <numpy/ndarraytypes.h>
 #include <numpy/ufuncobject.h>
 
@@ -502,7 +504,8 @@ static PyTypeObject ChainType = {
     .tp_methods = chain_methods,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_chain", "The ranker's chain in C.", -1, NULL};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_chain",
+                                    .m_doc = "The ranker's chain in C.", .m_size = -1};
 
 PyMODINIT_FUNC PyInit__chain(void) {
     if (PyType_Ready(&ChainType) < 0) return NULL;

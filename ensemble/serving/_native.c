@@ -36,10 +36,14 @@ static PyObject *split_wire(PyObject *self, PyObject *arg) {
     }
     PyObject *out = PyList_New(count);
     if (out == NULL) { PyBuffer_Release(&view); return NULL; }
+    /* Second pass: every bound checked again, since the buffer may be memory another process writes
+     * meanwhile (a client's shared-memory region). */
     offset = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
+        if (size - offset < 4) goto changed;
         uint32_t length = ensemble_u32le(data + offset);
         offset += 4;
+        if ((Py_ssize_t)length > size - offset) goto changed;
         PyObject *item = PyBytes_FromStringAndSize((const char *)data + offset, length);
         if (item == NULL) { Py_DECREF(out); PyBuffer_Release(&view); return NULL; }
         PyList_SET_ITEM(out, i, item);
@@ -47,6 +51,11 @@ static PyObject *split_wire(PyObject *self, PyObject *arg) {
     }
     PyBuffer_Release(&view);
     return out;
+changed:
+    Py_DECREF(out);
+    PyBuffer_Release(&view);
+    PyErr_Format(PyExc_ValueError, "BYTES tensor changed while it was read (at byte %zd of %zd)", offset, size);
+    return NULL;
 truncated:
     PyBuffer_Release(&view);
     PyErr_Format(PyExc_ValueError, "BYTES tensor truncated at byte %zd of %zd", offset, size);
@@ -134,9 +143,14 @@ static PyObject *lookup(PyObject *self, PyObject *args) {
  * it: a value that is not finite becomes ``fill``, then max(value, clip_min), then value + 1. The
  * caller takes the logarithm with numpy (its float32 log is the one the workflow was fitted with).
  */
-static void prepare(const float *x, float *y, size_t n, float fill, float clip_min) {
+static void prepare(const void *x, float *y, size_t n, float fill, float clip_min) {
+    /* x may lie at any address: a request's float32 tensor starts wherever its client's request body put it
+     * (an HTTP request's binary data follows a JSON header of any length), so each value is copied out. */
+    const unsigned char *bytes = x;
     for (size_t i = 0; i < n; i++) {
-        float v = isfinite(x[i]) ? x[i] : fill;
+        float v;
+        memcpy(&v, bytes + i * sizeof v, sizeof v);
+        v = isfinite(v) ? v : fill;
         v = v < clip_min ? clip_min : v;
         y[i] = v + 1.0f;
     }
@@ -577,7 +591,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_native", .m_size = -1, .m_methods = methods};
 
 /* The C entry points (kernel_api.h). */
 static int64_t api_columns(PyObject *vocabulary) { return ((Vocabulary *)vocabulary)->columns; }

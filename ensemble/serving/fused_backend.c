@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend_checks.h"
 #include "kernel_api.h"
 #include "triton_api.h"
 
@@ -420,8 +421,11 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInsta
 
 /* One input as Python sees it: (datatype, shape, buffer) or None when the request lacks it. The
  * buffer is a read-only view of Triton's memory (valid until the request is released) or, when the
- * tensor arrived in pieces, a bytes copy. */
-static PyObject *input_object(TRITONBACKEND_Request *request, const char *name, PyObject **view) {
+ * tensor arrived in pieces, a bytes copy. NULL with `problem` set when the input is there but cannot
+ * be read here (a buffer in GPU memory, pieces that do not add up to its size, no memory for the copy):
+ * the request is then answered with that error. */
+static PyObject *input_object(TRITONBACKEND_Request *request, const char *name, PyObject **view, char *problem,
+                              size_t problem_size) {
     TRITONBACKEND_Input *input;
     TRITONSERVER_Error *err = TRITONBACKEND_RequestInput(request, name, &input);
     if (err) {
@@ -437,45 +441,61 @@ static PyObject *input_object(TRITONBACKEND_Request *request, const char *name, 
         TRITONSERVER_ErrorDelete(err);
         Py_RETURN_NONE;
     }
-    PyObject *shape_tuple = PyTuple_New(dims);
-    for (uint32_t d = 0; d < dims; d++) PyTuple_SET_ITEM(shape_tuple, d, PyLong_FromLongLong(shape[d]));
     PyObject *data = NULL;
-    if (buffers == 1) {
+    uint64_t offset = 0;
+    for (uint32_t b = 0; b < buffers; b++) {
         const void *buffer;
         uint64_t buffer_size;
         TS_MemoryType memory = TS_MEMORY_CPU;
         int64_t memory_id = 0;
-        err = TRITONBACKEND_InputBuffer(input, 0, &buffer, &buffer_size, &memory, &memory_id);
-        if (err == NULL && memory != TS_MEMORY_GPU) {
+        if ((err = TRITONBACKEND_InputBuffer(input, b, &buffer, &buffer_size, &memory, &memory_id))) {
+            snprintf(problem, problem_size, "input '%s': buffer %u of %u: %s", name, b, buffers,
+                     TRITONSERVER_ErrorMessage(err));
+            TRITONSERVER_ErrorDelete(err);
+            goto fail;
+        }
+        if (!backend_memory_readable(memory)) {
+            snprintf(problem, problem_size, "input '%s' is in GPU memory; this backend reads inputs in CPU memory only",
+                     name);
+            goto fail;
+        }
+        if (buffer_size > size - offset) {
+            snprintf(problem, problem_size, "input '%s': its buffers hold more than its %llu bytes", name,
+                     (unsigned long long)size);
+            goto fail;
+        }
+        if (buffers == 1) {
             data = PyMemoryView_FromMemory((char *)buffer, (Py_ssize_t)buffer_size, PyBUF_READ);
-            *view = data;
-            Py_INCREF(data);
+            if (data == NULL) goto no_memory;
+            *view = Py_NewRef(data);
+        } else {
+            if (data == NULL && (data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size)) == NULL) goto no_memory;
+            memcpy(PyBytes_AS_STRING(data) + offset, buffer, (size_t)buffer_size);
         }
-    } else {
-        data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
-        char *out = PyBytes_AS_STRING(data);
-        uint64_t offset = 0;
-        for (uint32_t b = 0; b < buffers && err == NULL; b++) {
-            const void *buffer;
-            uint64_t buffer_size;
-            TS_MemoryType memory = TS_MEMORY_CPU;
-            int64_t memory_id = 0;
-            err = TRITONBACKEND_InputBuffer(input, b, &buffer, &buffer_size, &memory, &memory_id);
-            if (err == NULL && offset + buffer_size <= size && memory != TS_MEMORY_GPU) {
-                memcpy(out + offset, buffer, buffer_size);
-                offset += buffer_size;
-            }
-        }
+        offset += buffer_size;
     }
-    if (err) { /* a buffer Triton could not give: the request is answered as lacking this input */
-        TRITONSERVER_ErrorDelete(err);
-        if (data != NULL && data != *view) Py_CLEAR(data);
+    if (offset != size) {
+        snprintf(problem, problem_size, "input '%s': its buffers hold %llu of its %llu bytes", name,
+                 (unsigned long long)offset, (unsigned long long)size);
+        goto fail;
     }
-    if (data == NULL) {
-        Py_DECREF(shape_tuple);
-        Py_RETURN_NONE;
+    if (data == NULL && (data = PyBytes_FromStringAndSize(NULL, 0)) == NULL) goto no_memory;
+    PyObject *shape_tuple = PyTuple_New(dims);
+    for (uint32_t d = 0; shape_tuple != NULL && d < dims; d++) {
+        PyObject *extent = PyLong_FromLongLong(shape[d]);
+        if (extent == NULL) Py_CLEAR(shape_tuple);
+        else PyTuple_SET_ITEM(shape_tuple, d, extent);
     }
-    return Py_BuildValue("(iNN)", (int)datatype, shape_tuple, data);
+    if (shape_tuple == NULL) goto no_memory;
+    PyObject *result = Py_BuildValue("(iNN)", (int)datatype, shape_tuple, data);
+    if (result != NULL) return result;
+    data = NULL; /* taken by Py_BuildValue, failed or not */
+no_memory:
+    python_error_text(problem, problem_size);
+fail:
+    Py_XDECREF(data);
+    if (problem[0] == '\0') snprintf(problem, problem_size, "input '%s' could not be read", name);
+    return NULL;
 }
 
 /* The request's "bulk" flag and its "ensemble-release" parameter (the release a fleet's gateway routed
@@ -498,45 +518,61 @@ static int request_parameters(TRITONBACKEND_Request *request, const char **relea
             TRITONSERVER_ErrorDelete(err);
             continue;
         }
-        if (strcmp(key, "bulk") == 0 && type == TS_PARAMETER_BOOL) bulk = *(const bool *)value ? 1 : 0;
-        if (strcasecmp(key, "ensemble-release") == 0 && type == TS_PARAMETER_STRING) *release = (const char *)value;
+        backend_parameter(key, type, value, &bulk, release);
     }
     return bulk;
 }
 
-/* (inputs, timeout_us, bulk, requested_outputs, release or None) for one request. */
-static PyObject *request_object(ModelState *state, TRITONBACKEND_Request *request, PyObject *views) {
-    PyObject *inputs = PyTuple_New(state->n_inputs);
-    for (int i = 0; i < state->n_inputs; i++) {
+/* (inputs, timeout_us, bulk, requested_outputs, release or None) for one request; NULL with `problem`
+ * set when the request cannot be handed to Python (see input_object). */
+static PyObject *request_object(ModelState *state, TRITONBACKEND_Request *request, PyObject *views, char *problem,
+                               size_t problem_size) {
+    PyObject *inputs = PyTuple_New(state->n_inputs), *outputs = NULL;
+    for (int i = 0; inputs != NULL && i < state->n_inputs; i++) {
         PyObject *view = NULL;
-        PyTuple_SET_ITEM(inputs, i, input_object(request, state->input_names[i], &view));
-        if (view) {
-            PyList_Append(views, view);
-            Py_DECREF(view);
+        PyObject *value = input_object(request, state->input_names[i], &view, problem, problem_size);
+        if (view && PyList_Append(views, view) < 0) { /* not released after the call: released now */
+            python_error_text(problem, problem_size);
+            PyObject *released = PyObject_CallMethod(view, "release", NULL);
+            if (released == NULL) PyErr_Clear();
+            Py_XDECREF(released);
+            Py_CLEAR(value);
         }
+        Py_XDECREF(view);
+        if (value == NULL) goto fail;
+        PyTuple_SET_ITEM(inputs, i, value);
     }
+    if (inputs == NULL) goto no_memory;
     uint64_t timeout_us = 0;
     TRITONSERVER_Error *err = TRITONBACKEND_InferenceRequestTimeoutMicroseconds(request, &timeout_us);
     if (err) TRITONSERVER_ErrorDelete(err);
     uint32_t count = 0;
     err = TRITONBACKEND_RequestOutputCount(request, &count);
     if (err) TRITONSERVER_ErrorDelete(err);
-    PyObject *outputs = PyTuple_New(count);
+    if ((outputs = PyTuple_New(count)) == NULL) goto no_memory;
     for (uint32_t i = 0; i < count; i++) {
         const char *name = "";
         err = TRITONBACKEND_RequestOutputName(request, i, &name);
         if (err) TRITONSERVER_ErrorDelete(err);
-        PyTuple_SET_ITEM(outputs, i, PyUnicode_FromString(name));
+        PyObject *text = PyUnicode_DecodeUTF8(name, (Py_ssize_t)strlen(name), "replace");
+        if (text == NULL) goto no_memory;
+        PyTuple_SET_ITEM(outputs, i, text);
     }
     const char *release = NULL;
     int bulk = request_parameters(request, &release);
-    PyObject *release_object = release ? PyUnicode_FromString(release) : NULL;
-    if (release_object == NULL) {
-        PyErr_Clear(); /* absent, or not UTF-8: no release named */
-        release_object = Py_NewRef(Py_None);
-    }
-    return Py_BuildValue("(NKONN)", inputs, (unsigned long long)timeout_us, bulk ? Py_True : Py_False, outputs,
-                         release_object);
+    PyObject *release_object = backend_release_object(release);
+    if (release_object == NULL) goto no_memory;
+    PyObject *result = Py_BuildValue("(NKONN)", inputs, (unsigned long long)timeout_us, bulk ? Py_True : Py_False,
+                                     outputs, release_object);
+    if (result != NULL) return result;
+    python_error_text(problem, problem_size); /* Py_BuildValue took inputs and outputs */
+    return NULL;
+no_memory:
+    python_error_text(problem, problem_size);
+fail:
+    Py_XDECREF(inputs);
+    Py_XDECREF(outputs);
+    return NULL;
 }
 
 /* Add one output tensor to a response, its bytes copied from `data`. */
@@ -640,11 +676,6 @@ typedef struct {
     int bulk;        /* marked bulk by its client */
 } PlainRequest;
 
-/* Whether a BYTES tensor's buffer holds exactly `count` strings. */
-static bool wire_holds(const unsigned char *p, uint64_t size, int64_t count) {
-    return ensemble_wire_offset(p, size, count) == size;
-}
-
 /* Whether a request is plain; if so, what the call needs of it. */
 static bool plain_request(const ModelState *state, TRITONBACKEND_Request *request, PlainRequest *out) {
     const char *release;
@@ -665,16 +696,11 @@ static bool plain_request(const ModelState *state, TRITONBACKEND_Request *reques
         int64_t memory_id = 0;
         if ((err = TRITONBACKEND_RequestInput(request, state->input_names[i], &input))) break;
         if ((err = TRITONBACKEND_InputProperties(input, &name, &datatype, &shape, &dims, &size, &buffers))) break;
-        if (datatype != state->plain_type[i] || dims != 2 || shape[0] < 1 || shape[0] > (1 << 24) ||
-            shape[1] != state->plain_width[i] || buffers != 1 || (out->rows >= 0 && shape[0] != out->rows))
+        if (!backend_plain_input(state->plain_type[i], state->plain_width[i], datatype, shape, dims, buffers, out->rows))
             return false;
         out->rows = shape[0];
         if ((err = TRITONBACKEND_InputBuffer(input, 0, &buffer, &buffer_size, &memory, &memory_id))) break;
-        int64_t values = shape[0] * shape[1];
-        if (memory == TS_MEMORY_GPU ||
-            (datatype == TS_TYPE_FP32 ? buffer_size != (uint64_t)values * sizeof(float)
-                                      : !wire_holds(buffer, buffer_size, values)))
-            return false;
+        if (!backend_plain_buffer(datatype, shape[0], shape[1], memory, buffer, buffer_size)) return false;
         out->data[i] = buffer;
         out->size[i] = buffer_size;
     }
@@ -720,12 +746,16 @@ static bool send_scores(const ModelState *state, TRITONBACKEND_Request *request,
  * failed as a whole: `text` says why) gets that error from the caller. */
 static void plain_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_t count,
                           const PlainRequest *plain, bool *answered, bool *succeeded, char *text, size_t text_size) {
+    /* Any allocation that fails leaves its Python error, and result NULL: every request then gets it. */
     PyObject *joined = PyTuple_New(state->n_inputs);
-    for (int i = 0; i < state->n_inputs; i++) {
+    for (int i = 0; joined != NULL && i < state->n_inputs; i++) {
         uint64_t size = 0;
         for (uint32_t r = 0; r < count; r++) size += plain[r].size[i];
         PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
-        if (bytes == NULL) break;
+        if (bytes == NULL) {
+            Py_CLEAR(joined);
+            break;
+        }
         char *at = PyBytes_AS_STRING(bytes);
         for (uint32_t r = 0; r < count; r++) {
             memcpy(at, plain[r].data[i], plain[r].size[i]);
@@ -733,16 +763,23 @@ static void plain_execute(ModelState *state, TRITONBACKEND_Request **requests, u
         }
         PyTuple_SET_ITEM(joined, i, bytes);
     }
-    PyObject *counts = PyTuple_New(count), *timeouts = PyTuple_New(count);
-    for (uint32_t r = 0; r < count; r++) {
-        PyTuple_SET_ITEM(counts, r, PyLong_FromLongLong(plain[r].rows));
-        PyTuple_SET_ITEM(timeouts, r, PyLong_FromUnsignedLongLong(plain[r].timeout_us));
+    PyObject *counts = joined ? PyTuple_New(count) : NULL, *timeouts = counts ? PyTuple_New(count) : NULL;
+    for (uint32_t r = 0; timeouts != NULL && r < count; r++) {
+        PyObject *rows = PyLong_FromLongLong(plain[r].rows), *timeout = PyLong_FromUnsignedLongLong(plain[r].timeout_us);
+        if (rows == NULL || timeout == NULL) {
+            Py_XDECREF(rows);
+            Py_XDECREF(timeout);
+            Py_CLEAR(timeouts);
+            break;
+        }
+        PyTuple_SET_ITEM(counts, r, rows);
+        PyTuple_SET_ITEM(timeouts, r, timeout);
     }
-    PyObject *result = PyErr_Occurred() ? NULL
-                                        : PyObject_CallFunctionObjArgs(state->plain_score, joined, counts, timeouts, NULL);
-    Py_DECREF(joined);
-    Py_DECREF(counts);
-    Py_DECREF(timeouts);
+    PyObject *result =
+        timeouts ? PyObject_CallFunctionObjArgs(state->plain_score, joined, counts, timeouts, NULL) : NULL;
+    Py_XDECREF(joined);
+    Py_XDECREF(counts);
+    Py_XDECREF(timeouts);
     PyObject *scores, *taken, *refused;
     if (result == NULL || !PyArg_ParseTuple(result, "OO!O!", &scores, &PyTuple_Type, &taken, &PyTuple_Type, &refused)) {
         python_error_text(text, text_size);
@@ -889,22 +926,44 @@ static void python_execute(ModelState *state, TRITONBACKEND_Request **requests, 
                            uint64_t exec_start, bool *answered, bool *succeeded, uint64_t *compute_start,
                            uint64_t *compute_end, char *text, size_t text_size) {
     PyObject *views = PyList_New(0);
-    PyObject *batch = PyList_New(request_count);
-    for (uint32_t r = 0; r < request_count; r++)
-        PyList_SET_ITEM(batch, r, request_object(state, requests[r], views));
+    PyObject *batch = PyList_New(0);
+    uint32_t *request_at = malloc((request_count ? request_count : 1) * sizeof *request_at); /* batch -> call */
+    if (views == NULL || batch == NULL || request_at == NULL) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        python_error_text(text, text_size);
+        goto done;
+    }
+    /* A request whose inputs cannot be read here is answered now with why; the rest go to Python. */
+    for (uint32_t r = 0; r < request_count; r++) {
+        char problem[400] = "";
+        PyObject *item = request_object(state, requests[r], views, problem, sizeof problem);
+        if (item != NULL && PyList_Append(batch, item) < 0) {
+            python_error_text(problem, sizeof problem);
+            Py_CLEAR(item);
+        }
+        if (item == NULL) {
+            send_error(requests[r], TS_ERROR_INVALID_ARG, problem);
+            answered[r] = true;
+            continue;
+        }
+        Py_DECREF(item);
+        request_at[PyList_GET_SIZE(batch) - 1] = r;
+    }
     *compute_start = now_ns();
     /* The Python side yields answers in the order they should go out: (index, answer) pairs, the
      * refusals and interactive answers before a bulk request's rows are scored. */
-    PyObject *answers = PyObject_CallMethod(state->model, "execute", "Od", batch, (double)exec_start * 1e-9);
+    const Py_ssize_t handed = PyList_GET_SIZE(batch);
+    PyObject *answers =
+        handed ? PyObject_CallMethod(state->model, "execute", "Od", batch, (double)exec_start * 1e-9) : NULL;
     if (answers == NULL) {
-        python_error_text(text, text_size);
+        if (handed) python_error_text(text, text_size);
     } else {
         PyObject *item;
         while ((item = PyIter_Next(answers)) != NULL) {
             long index = PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
-            if (index >= 0 && index < (long)request_count && !answered[index]) {
-                succeeded[index] = send_answer(requests[index], PyTuple_GET_ITEM(item, 1));
-                answered[index] = true;
+            if (index >= 0 && index < handed && !answered[request_at[index]]) {
+                succeeded[request_at[index]] = send_answer(requests[request_at[index]], PyTuple_GET_ITEM(item, 1));
+                answered[request_at[index]] = true;
             }
             Py_DECREF(item);
         }
@@ -922,8 +981,10 @@ static void python_execute(ModelState *state, TRITONBACKEND_Request **requests, 
         }
         Py_XDECREF(released);
     }
-    Py_DECREF(views);
-    Py_DECREF(batch);
+done:
+    Py_XDECREF(views);
+    Py_XDECREF(batch);
+    free(request_at);
 }
 
 /* This thread (a model instance's, on its first call) to nice value ``nice``, so that on a core it
@@ -984,8 +1045,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
             plain = NULL;
         }
     }
-    uint64_t rows = 0, total = 0;
-    for (uint32_t r = 0; plain != NULL && r < request_count; r++) total += (uint64_t)plain[r].rows;
+    uint64_t rows = 0;
     if (plain != NULL && state->chain != NULL) {
         compute_start = now_ns();
         native_execute(state, requests, request_count, plain, answered, succeeded, &rows, text, sizeof text);

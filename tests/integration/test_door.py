@@ -382,6 +382,9 @@ HOSTILE = {
                                                            _ONE_WIRE), {400}, {400}),
     "rank: a release named in words": ("rank", _binary(*_ONE, _ONE_WIRE)[0],
                                        {**_binary(*_ONE, _ONE_WIRE)[1], "ensemble-release": "latest"}, {400}, {400}),
+    "rank: a release header that is not UTF-8": ("rank", _binary(*_ONE, _ONE_WIRE)[0],
+                                                 {**_binary(*_ONE, _ONE_WIRE)[1], "ensemble-release": b"\xff\xfe7"},
+                                                 {400}, {400}),
 }
 
 
