@@ -148,13 +148,19 @@ def test_ranking_request_errors_are_clear_and_the_server_keeps_ranking(movielens
     assert len(client.rank(context, candidates).order) == len(candidates)
 
 
-def test_more_candidates_than_the_ranker_batch_are_scored_in_pieces(movielens_run, native_server):
-    from clients.triton import RankerClient
+def test_the_candidate_limit_is_scored_in_pieces_and_more_refused(movielens_run, native_server):
+    """8,192 candidates (the ranker's max batch size, the default max_candidates) are scored 1,024 at
+    a time and rank as in-process; 300 more are refused naming the limit."""
+    from clients.triton import RankerClient, ScoringError
 
     root, _ = movielens_run
     spec, context, candidates = _user_candidates()
-    many = candidates.iloc[np.arange(schema.MAX_BATCH_SIZE + 300) % len(candidates)].reset_index(drop=True)
-    ranking = RankerClient(native_server.grpc_url, "grpc", dataset=spec).rank(context, many, k=10)
+    client = RankerClient(native_server.grpc_url, "grpc", dataset=spec)
+    too_many = candidates.iloc[np.arange(schema.MAX_BATCH_SIZE + 300) % len(candidates)].reset_index(drop=True)
+    with pytest.raises(ScoringError, match="at most 8192 on this server"):
+        client.rank(context, too_many, k=10)
+    many = too_many.iloc[:schema.MAX_BATCH_SIZE]
+    ranking = client.rank(context, many, k=10)
     pipeline = Pipeline.from_repository(root / "repository", threads=1)
     want_order, want_scores = pipeline.rank(*_context_arrays(context, spec), *_candidate_arrays(many, spec), k=10)
     assert len(ranking.scores) == len(many)
