@@ -1,6 +1,7 @@
 """Ranking requests at their limit beside a 1-row closed loop: does the loop keep its latency?
 
-One client sends 1-row requests back to back (the closed loop); in the loaded phases a second sends
+One client sends 1-row requests back to back (the closed loop); in the loaded phases a second, in a
+process of its own, sends
 ranking requests of ``max_candidates`` candidates back to back with a deadline (its request timeout).
 Phases alternate, quiet and loaded, so the VM's drifts in speed hit both alike; the table gives the
 loop's p50 and p99 in each and their ratio, and the ranking requests' latency, refusals and misses
@@ -14,10 +15,10 @@ Not a test: prints a table and writes ``<out>/rank-beside.json``. ::
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -49,10 +50,17 @@ def _loop(url: str, protocol: str, rows, seconds: float) -> list[float]:
     return times
 
 
-def _ranker(url: str, protocol: str, candidates, deadline_s: float, stop: threading.Event, out: dict) -> None:
-    """Ranking requests back to back until ``stop``: latencies of the answered ones, refusals, misses."""
+def _ranker(url: str, protocol: str, candidates, deadline_s: float, stop, results, cpu: int | None) -> None:
+    """Ranking requests back to back until ``stop``, in a process of its own (so that its client's
+    work does not hold the loop's interpreter): latencies of the answered ones, refusals, misses."""
+    from ensemble.grpc_polling import import_grpc
+
+    import_grpc()
     from clients.triton import RankerClient, Retry
 
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    out = {"latencies": [], "refused": 0, "missed": 0, "errors": 0}
     client = RankerClient(url, protocol, timeout=deadline_s, retry=Retry(attempts=1))
     while not stop.is_set():
         start = time.perf_counter()
@@ -65,6 +73,7 @@ def _ranker(url: str, protocol: str, candidates, deadline_s: float, stop: thread
             out["refused" if "deadline" in str(exc) else "errors"] += 1
             time.sleep(0.01)
     client.close()
+    results.put(out)
 
 
 def run(repository: Path, rounds: int, seconds: float, protocol: str, candidates: int, deadline_s: float,
@@ -86,22 +95,19 @@ def run(repository: Path, rounds: int, seconds: float, protocol: str, candidates
         _loop(url, protocol, (dense[:1000], cats[:1000]), 1.0)  # warm-up
         for round_ in range(rounds):
             for loaded in (False, True):
-                out = {"latencies": [], "refused": 0, "missed": 0, "errors": 0}
-                stop = threading.Event()
+                context = multiprocessing.get_context("spawn")
+                stop, answers = context.Event(), context.Queue()
                 ranking = None
                 if loaded:
-                    def rank_thread() -> None:
-                        if rank_cpu is not None:
-                            os.sched_setaffinity(threading.get_native_id(), {rank_cpu})
-                        _ranker(url, protocol, (dense[:candidates], cats[:candidates]), deadline_s, stop, out)
-
-                    ranking = threading.Thread(target=rank_thread, daemon=True)
+                    ranking = context.Process(target=_ranker, args=(url, protocol, (dense[:candidates], cats[:candidates]),
+                                                                    deadline_s, stop, answers, rank_cpu), daemon=True)
                     ranking.start()
-                    time.sleep(0.5)  # the ranking requests under way before the loop is measured
+                    time.sleep(3.0)  # the process started and its ranking requests under way before the loop is measured
                 if loop_cpu is not None:
-                    os.sched_setaffinity(threading.get_native_id(), {loop_cpu})
+                    os.sched_setaffinity(0, {loop_cpu})
                 times = _loop(url, protocol, (dense[:1000], cats[:1000]), seconds)
                 stop.set()
+                out = answers.get(timeout=120) if ranking is not None else {}
                 if ranking is not None:
                     ranking.join(60)
                 point = {"round": round_ + 1, "rank_load": loaded, "requests": len(times),
