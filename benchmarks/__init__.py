@@ -15,3 +15,9 @@ def write_results(folder: str | Path, name: str, module: str, machine: str, **fi
                                 **fields}, indent=1))
     print(f"wrote {path}")
     return path
+
+
+def percentile(samples, q: float) -> float:
+    """The sample at quantile ``q`` (nearest rank, 0 <= q <= 1) of ``samples``; NaN when there are none."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else float("nan")

@@ -21,13 +21,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks import write_results
+from benchmarks import percentile, write_results
 from ensemble.machine import summary
-
-
-def _percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else float("nan")
 
 
 def _flood(url: str, rows, stop: threading.Event, scored: list[int]) -> None:
@@ -70,7 +65,7 @@ def _interactive(url: str, rows, rate: float, seconds: float, objective_s: float
         for k in range(count):
             pool.submit(one, k, begin + k / rate)
     return {"sent": count, "answered": len(latencies), "refused": len(refused), "failed": len(failed),
-            "p50_ms": _percentile(latencies, 0.5) * 1e3, "p99_ms": _percentile(latencies, 0.99) * 1e3,
+            "p50_ms": percentile(latencies, 0.5) * 1e3, "p99_ms": percentile(latencies, 0.99) * 1e3,
             "late": sum(t > objective_s for t in latencies), "errors": failed[:3]}
 
 

@@ -30,13 +30,9 @@ from ensemble import schema
 from ensemble.machine import summary
 from ensemble.models.registry import Layout
 from ensemble.serving.server import DEFAULT_LAYOUT
+from benchmarks import percentile
 
 TARGET_ADDED_P50_MS = 0.3
-
-
-def _percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def one_row_inputs(module, seed: int = 5) -> list:
@@ -77,7 +73,7 @@ def _measure(protocol: str, addresses: dict[str, str], requests: int, blocks: in
     row: dict = {"protocol": protocol, "requests_per_path": per_block * blocks, "blocks": blocks}
     for path, values in samples.items():
         row[f"{path}_p50_ms"] = statistics.median(values)
-        row[f"{path}_p99_ms"] = _percentile(values, 0.99)
+        row[f"{path}_p99_ms"] = percentile(values, 0.99)
     row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
     row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
     row["within_target"] = row["added_p50_ms"] <= TARGET_ADDED_P50_MS

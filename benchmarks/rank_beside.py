@@ -23,14 +23,9 @@ import time
 from pathlib import Path
 
 
-from benchmarks import write_results
+from benchmarks import percentile, write_results
 from ensemble import schema
 from ensemble.machine import summary
-
-
-def _percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else float("nan")
 
 
 def _loop(url: str, protocol: str, rows, seconds: float) -> list[float]:
@@ -111,11 +106,11 @@ def run(repository: Path, rounds: int, seconds: float, protocol: str, candidates
                 if ranking is not None:
                     ranking.join(60)
                 point = {"round": round_ + 1, "rank_load": loaded, "requests": len(times),
-                         "p50_ms": _percentile(times, 0.5), "p99_ms": _percentile(times, 0.99)}
+                         "p50_ms": percentile(times, 0.5), "p99_ms": percentile(times, 0.99)}
                 if loaded:
                     lat = out["latencies"]
                     point.update(rank_answered=len(lat), rank_refused=out["refused"], rank_missed=out["missed"],
-                                 rank_errors=out["errors"], rank_p50_ms=_percentile(lat, 0.5),
+                                 rank_errors=out["errors"], rank_p50_ms=percentile(lat, 0.5),
                                  rank_max_ms=max(lat) if lat else float("nan"))
                 results.append(point)
                 print(point, flush=True)

@@ -24,11 +24,7 @@ import numpy as np
 from ensemble import dataset, schema
 from ensemble.machine import summary
 from ensemble.models.registry import Layout
-
-
-def _percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+from benchmarks import percentile
 
 
 def _inputs(spec: dataset.DatasetSpec, candidates: int, seed: int = 11):
@@ -90,7 +86,7 @@ def run(args) -> list[dict]:
                 row = {"layout": layout, "protocol": protocol, "candidates": args.candidates}
                 for name, values in samples.items():
                     row[f"{name}_p50_ms"] = statistics.median(values)
-                    row[f"{name}_p99_ms"] = _percentile(values, 0.99)
+                    row[f"{name}_p99_ms"] = percentile(values, 0.99)
                 row["ranking_over_flat_p50"] = row["ranking_p50_ms"] / row["flat_p50_ms"]
                 results.append(row)
                 client.close()  # an open connection would hold up the server's stop

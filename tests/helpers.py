@@ -244,3 +244,20 @@ def http_announce(address: str, path: str, length: int, headers: dict | None = N
             reply = reply.split(b"\r\n\r\n", 1)[1]  # Envoy says 100 itself; the route's answer follows
     status = int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.1 ") else 0
     return status, reply
+
+
+def two_releases(trained, root: Path, keep: int = 2) -> tuple[Path, int, int]:
+    """A private copy of the trained repository under ``root`` with a second release exported into it
+    and the first declared (what a server started on it serves): (repository, first, second)."""
+    import shutil
+
+    from ensemble.repository.export import TrainedArtifacts, export_repository
+    from ensemble.serving import declared
+    from ensemble.serving.deploy import available_releases
+
+    repository = root / "repository"
+    shutil.copytree(trained.repository, repository)
+    first = available_releases(repository)[-1]
+    declared.write(repository, first, "test")
+    second = int(export_repository(TrainedArtifacts.under(trained.workdir), repository, keep=keep)[schema.Model.RANKER].name)
+    return repository, first, second

@@ -144,16 +144,14 @@ class Gateway:
         if self.metrics_port is not None and (len(self.replicas) != 1 or self.replicas[0].metrics_port is None):
             raise GatewayError("a gateway serves metrics for one replica with a metrics port, not for "
                                f"{len(self.replicas)} replica(s)")
-        ports = [self.http_port, self.grpc_port, self.admin_port, *self._metrics_ports()]
-        ports += [p for r in self.replicas for p in (r.http_port, r.grpc_port)]
-        bad = [p for p in ports if not 0 < p < 65536]
+        # the replicas' metrics ports count only where the gateway serves them
+        replicas = [(r.host, p) for r in self.replicas
+                    for p in (r.http_port, r.grpc_port, r.metrics_port if self.metrics_port is not None else None)
+                    if p is not None]
+        bad = [p for p in [p for _, p in self.listeners()] + [p for _, p in replicas] if not 0 < p < 65536]
         if bad:
             raise GatewayError(f"port(s) {', '.join(map(str, bad))} out of range 1-65535")
-        listened = [(self.host, self.http_port), (self.host, self.grpc_port), ("127.0.0.1", self.admin_port)]
-        listened += [(self.host, p) for p in self._metrics_ports()[:1]]
-        if self.dns_refresh is None:  # resolved replicas listen on other machines
-            listened += [(r.host, p) for r in self.replicas for p in (r.http_port, r.grpc_port)]
-            listened += [(r.host, p) for p in self._metrics_ports()[1:] for r in self.replicas]
+        listened = self.listeners() + (replicas if self.dns_refresh is None else [])  # resolved: other machines
         seen: set[int] = set()
         twice = sorted({p for _, p in listened if p in seen or seen.add(p)})
         if twice:
@@ -168,10 +166,6 @@ class Gateway:
             raise GatewayError(f"dns_refresh must be > 0 seconds, got {self.dns_refresh}")
         if self.release is not None and not 0 < self.release < 2**63:
             raise GatewayError(f"release must be a positive version number, got {self.release}")
-
-    def _metrics_ports(self) -> list[int]:
-        """The public metrics port and the replica's, when the gateway serves metrics."""
-        return [] if self.metrics_port is None else [self.metrics_port, self.replicas[0].metrics_port]
 
     def listeners(self) -> list[tuple[str, int]]:
         """Every (address, port) this gateway's Envoy binds."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -35,12 +34,10 @@ import pytest
 from clients.triton import RankerClient
 from clients.wire import serialize_bytes
 from ensemble import schema
-from ensemble.repository.export import TrainedArtifacts, export_repository
-from ensemble.schema import Model
 from ensemble.serving import declared, processes
 from ensemble.serving.control import ADMIN_HEADER, GRPC_ADMIN_HEADER, Control
 from ensemble.serving.server import free_ports
-from tests.helpers import ADMIN_KEY, Load, fresh_rows, http_announce, http_post, start_serving, stop_serving
+from tests.helpers import ADMIN_KEY, Load, fresh_rows, http_announce, http_post, start_serving, stop_serving, two_releases
 
 # (method, path, body) of each restricted HTTP API a client could try; reads first, then calls that
 # would change the server (never sent with the key here: the session's servers serve other tests).
@@ -154,11 +151,7 @@ class Door:
 def door(trained, tmp_path_factory):
     """``ensemble serve --host 0.0.0.0`` on a private repository with two releases, the older declared."""
     root = tmp_path_factory.mktemp("door")
-    repository = root / "repository"
-    shutil.copytree(trained.repository, repository)
-    (first,) = [int(p.name) for p in (repository / Model.RANKER.value).iterdir() if p.name.isdigit()]
-    second = int(export_repository(TrainedArtifacts.under(trained.workdir), repository)[Model.RANKER].name)
-    declared.write(repository, first, "test")
+    repository, first, second = two_releases(trained, root)
     http, grpc, metrics = free_ports(3)
     env = {**os.environ, "ENSEMBLE_ADMIN_KEY": ADMIN_KEY}
     process, output = start_serving(["--repository", str(repository), "--host", "0.0.0.0", "--http-port", str(http),

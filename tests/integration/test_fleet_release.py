@@ -10,7 +10,6 @@ answered by the new release it must never be answered by the old one again.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -24,11 +23,10 @@ from benchmarks.fleet_release import Client, _tritonserver_pid
 from ensemble import cli, schema
 from ensemble.fleet import release as fleet_release
 from ensemble.fleet.gateway import Replica, routes_version
-from ensemble.repository.export import TrainedArtifacts, export_repository
 from ensemble.serving import declared
-from ensemble.serving.deploy import DeployError, available_releases
+from ensemble.serving.deploy import DeployError
 from ensemble.serving.server import free_port
-from tests.helpers import fleet_ports, fresh_rows, start_serving, stop_serving
+from tests.helpers import fleet_ports, fresh_rows, start_serving, stop_serving, two_releases
 
 STARTUP_SECONDS = 420
 
@@ -52,11 +50,7 @@ class ReleaseFleet:
 @pytest.fixture(scope="module")
 def fleet(trained, tmp_path_factory):
     root = tmp_path_factory.mktemp("fleet-release")
-    repository = root / "repository"
-    shutil.copytree(trained.repository, repository)
-    first = available_releases(repository)[-1]
-    declared.write(repository, first, "test")
-    new = int(export_repository(TrainedArtifacts.under(trained.workdir), repository, keep=3)[schema.Model.RANKER].name)
+    repository, first, new = two_releases(trained, root, keep=3)
     run = root / "run"
     env = {**os.environ, fleet_release.RUN_DIR_ENV: str(run)}
     http, grpc, metrics = fleet_ports(2)
