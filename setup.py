@@ -19,7 +19,9 @@
   the ``fused`` and ``ensemble`` layouts still serve (``ensemble serve --layout native`` says why it cannot).
 """
 
+import importlib.util
 import sysconfig
+from pathlib import Path
 
 from setuptools import Extension, setup
 
@@ -27,6 +29,13 @@ try:  # ensemble.serving._chain reads numpy's ufunc struct (numpy/ufuncobject.h)
     import numpy
 except ImportError:  # an isolated build (the images' `pip install .`): built without the chain
     numpy = None
+
+# ensemble.models._openvino links the C runtime the openvino wheel ships (headers and libraries), found
+# where that wheel is installed; without it the module is not built and a release that declares OpenVINO
+# says so at load (ensemble.models.engines).
+_OPENVINO = importlib.util.find_spec("openvino")
+OPENVINO = Path(_OPENVINO.origin).parent if _OPENVINO and _OPENVINO.origin else None
+OPENVINO_C = sorted((OPENVINO / "libs").glob("libopenvino_c.so.*")) if OPENVINO else []
 
 PYTHON_LIBRARY = sysconfig.get_config_var("INSTSONAME") or "libpython3.11.so.1.0"
 LIBRARY_NAME = sysconfig.get_config_var("LDVERSION") or "3.11"
@@ -50,6 +59,9 @@ setup(ext_modules=[
               define_macros=[("PYTHON_LIBRARY", f'"{PYTHON_LIBRARY}"')],
               libraries=[f"python{LIBRARY_NAME}"], library_dirs=[sysconfig.get_config_var("LIBDIR") or ""],
               extra_compile_args=[*WARNINGS, "-O2", "-fvisibility=hidden"]),
-] + ([Extension("ensemble.serving._chain", ["ensemble/serving/_chain.c"], optional=True, depends=API,
+] + ([Extension("ensemble.models._openvino", ["ensemble/models/_openvino.c"], optional=True, depends=API,
+                include_dirs=["ensemble", str(OPENVINO / "include")], extra_compile_args=[*WARNINGS, "-O2"],
+                extra_link_args=[str(OPENVINO_C[-1]), f"-Wl,-rpath,{OPENVINO / 'libs'}"])]
+       if OPENVINO_C else []) + ([Extension("ensemble.serving._chain", ["ensemble/serving/_chain.c"], optional=True, depends=API,
                 include_dirs=["ensemble", numpy.get_include()], extra_compile_args=[*WARNINGS, "-O2", "-ffp-contract=off"])]
        if numpy is not None else []))

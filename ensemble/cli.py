@@ -116,7 +116,8 @@ def _server_options(args):
                          log_file=Path(args.log_file) if args.log_file else None,
                          admin_key=os.environ.get(ADMIN_KEY_ENV) or None,
                          latency_summaries=_latency_summaries(args),
-                         latency_objective_ms=args.latency_objective_ms, allocator=Allocator(args.allocator))
+                         latency_objective_ms=args.latency_objective_ms, allocator=Allocator(args.allocator),
+                         require_declared=getattr(args, "require_declared", False))
 
 
 def cmd_synth(args) -> int:
@@ -194,6 +195,7 @@ def cmd_serve(args) -> int:
             print(f"ready: HTTP http://{server.http_url}  gRPC grpc://{server.grpc_url}  metrics {server.metrics_url}")
             preloaded = allocator.library(server.options.allocator) or "the system's"
             print(f"log: {server.log_file}; allocator: {preloaded}", flush=True)
+            _print_engines(options.repository)
             supervisor.run(stopped)
 
         run_until_signal(on_tick=supervise)
@@ -203,6 +205,35 @@ def cmd_serve(args) -> int:
         return 1
     server.stop()
     print("stopped")
+    return 0
+
+
+def _print_engines(repository: Path) -> None:
+    """Which engine scores each DLRM step of the newest release, as the release declares it (the server's
+    log says what each replica loaded: ensemble.models.engines)."""
+    from ensemble.models import engines
+    from ensemble.serving.runtime import release_versions
+
+    try:
+        lines = engines.describe(release_versions(repository))
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        lines = [f"engines: not read ({exc})"]
+    for line in lines:
+        print(f"engine {line}", flush=True)
+
+
+def cmd_engines(args) -> int:
+    from ensemble.models import engines
+    from ensemble.serving.runtime import release_versions
+
+    folders = release_versions(Path(args.repository), args.release)
+    if args.measure:
+        for record in engines.redeclare(folders, args.budget):
+            print(f"{record['step']}: measured on {record['machine']['model']}: "
+                  + "; ".join(f"{e} " + " ".join(f"{r}:{t:g}" for r, t in times.items())
+                              for e, times in record["us_per_row"].items()) + " (us per row at rows:)")
+    for line in engines.describe(folders):
+        print(line)
     return 0
 
 
@@ -222,6 +253,7 @@ def _serve_fleet(args) -> int:
     def supervise(stopped) -> None:
         fleet.start()
         print("\n".join(fleet.describe()), flush=True)
+        _print_engines(Path(args.repository))
         fleet.run(stopped)
 
     try:
@@ -496,6 +528,9 @@ def _add_server(p: argparse.ArgumentParser) -> None:
                    help="quantiles (with allowed rank error) of the latency summaries; implies "
                         "--latency-summaries (default: "
                         f"{monitoring.format_quantiles(monitoring.DEFAULT_QUANTILES)})")
+    p.add_argument("--require-declared", action="store_true",
+                   help="refuse to start when a DLRM step's declared engine (the release's engine.json) cannot "
+                        "run on this machine, instead of scoring with the C pass or the framework (logged)")
     p.add_argument("--allocator", choices=["auto", "tcmalloc", "system"], default="auto",
                    help="tritonserver's memory allocator: auto preloads tcmalloc when installed (Debian: "
                         "libtcmalloc-minimal4), else runs on the system's")
@@ -669,6 +704,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server(p)
     p.add_argument("--keep-serving", action="store_true", help="keep the server up after the demo")
     p.set_defaults(func=cmd_demo)
+
+    p = _command(sub, "engines", "which inference engine scores each DLRM step of a release; --measure re-chooses "
+                                 "on this machine")
+    p.add_argument("--repository", default="model_repository", help="the Triton model repository")
+    p.add_argument("--release", type=int, default=None, help="the release (default: the newest)")
+    p.add_argument("--measure", action="store_true",
+                   help="measure every engine that runs here at 1, 16, 100 and 1,000 rows and declare the one the "
+                        "rule picks (rewrites engine.json and the step's manifest; a server takes it at its next load)")
+    p.add_argument("--budget", type=float, default=0.05, help="seconds of calls per engine and point (--measure)")
+    p.set_defaults(func=cmd_engines)
 
     p = _command(sub, "check", "verify the repository against the pinned NGC Triton release (no GPU needed)")
     p.add_argument("--repository", default="model_repository", help="the Triton model repository")

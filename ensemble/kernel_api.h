@@ -70,6 +70,10 @@ typedef struct {
     int64_t (*forward)(PyObject *weights, const float *dense, const int64_t *ids, int64_t rows, float *out);
 } EnsembleDlrmApi;
 
+/* ensemble.models._openvino: a DLRM compiled by OpenVINO (an _openvino.Engine object), the same entry points
+ * as _dlrm's; its forward also returns -3 when the runtime fails. */
+#define ENSEMBLE_OPENVINO_CAPSULE "ensemble.models._openvino." ENSEMBLE_API_ATTRIBUTE
+
 /* ensemble.serving._native: the categorical lookup and the elementwise steps. */
 #define ENSEMBLE_NATIVE_CAPSULE "ensemble.serving._native." ENSEMBLE_API_ATTRIBUTE
 typedef struct {

@@ -8,6 +8,7 @@ Shapes: B = batch, F = 26 categorical columns, D = embedding width, P = (F+1)F/2
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Callable
 
@@ -22,6 +23,7 @@ from ensemble.models.dlrm import DLRMConfig, as_source, score_source, table_offs
 from ensemble.device import Device
 
 MODEL_FILE = TORCHSCRIPT
+LOG = logging.getLogger(__name__)
 
 
 def _mlp(widths: list[int], last_relu: bool) -> nn.Sequential:
@@ -216,10 +218,25 @@ class TorchScorer:
         self.model = torch.jit.load(str(Path(model_dir) / MODEL_FILE), map_location=self._device).eval()
         # On the CPU the same weights through one C call (ensemble/models/_dlrm.c) when it gives
         # TorchScript's scores on a sample batch: 1 row ~15 us instead of ~60-100, 100 rows ~1.6x.
-        self._kernel = None
-        if device is Device.CPU and dlrm_kernel.available():
-            self._kernel = dlrm_kernel.checked(dlrm_kernel.DLRMWeights.from_torchscript(self.model), self.framework,
-                                               "dlrm_torch")
+        # The engine the release declares for this step (ensemble.models.engines): the C pass or
+        # OpenVINO, chosen by measurement at export; said loudly when it cannot run here.
+        self._kernel, self.kernel_c, self.weights, self.engine = None, None, None, "framework (GPU)"
+        if device is Device.CPU:
+            from ensemble.models import engines
+
+            self.weights = dlrm_kernel.DLRMWeights.from_torchscript(self.model)
+            if self.weights is None:
+                LOG.warning("dlrm_torch: the C forward pass declines this model: its graph is not the exported "
+                            "DLRM's shape (linear layers, one stacked table, the pairwise interaction)")
+            elif not dlrm_kernel.available():
+                LOG.warning("dlrm_torch: the C forward pass is not built, or this CPU lacks AVX2+FMA")
+            kernel = dlrm_kernel.checked(self.weights, self.framework, "dlrm_torch") if dlrm_kernel.available() else None
+            self.kernel_c = kernel
+            limits = dlrm_kernel.cardinalities(self.weights) if self.weights is not None else None
+            n_dense = self.weights.bottom[0][0].shape[0] if self.weights is not None else 0
+            self._kernel, self.engine = engines.load(Path(model_dir), "dlrm_torch", kernel, self.framework, limits,
+                                                     n_dense, max(threads, 2))
+            engines.announce("dlrm_torch", self.engine)
 
     @property
     def kernel(self) -> "dlrm_kernel.DLRMWeights | None":

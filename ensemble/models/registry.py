@@ -147,9 +147,16 @@ def _finish_xgb(staging: Path) -> None:
 
 
 def _finish_dlrm_tf(staging: Path) -> None:
-    from ensemble.models import dlrm_tf
+    from ensemble.models import dlrm_tf, engines
 
     dlrm_tf.write_tflite(staging)  # what the CPU layouts run; the GPU layout serves the SavedModel
+    engines.finish(staging, Model.DLRM_TF.value, dlrm_tf.TFScorer(staging))  # the CPU engine, by measurement
+
+
+def _finish_dlrm_torch(staging: Path) -> None:
+    from ensemble.models import dlrm_torch, engines
+
+    engines.finish(staging, Model.DLRM_TORCH.value, dlrm_torch.TorchScorer(staging))  # the CPU engine, by measurement
 
 
 def _fil_parameters(release: TritonRelease) -> tuple[tuple[str, str], ...]:
@@ -180,7 +187,8 @@ COMPONENTS: tuple[Component, ...] = (
     Component(Model.DLRM_TORCH, (artifacts.TORCHSCRIPT,), _load_dlrm_torch,
               GpuServing(platform="pytorch_libtorch", on_gpu=True, input_names=_indexed(_TORCH_STEP.inputs),
                          output_names=_indexed(_TORCH_STEP.outputs),
-                         parameters=lambda r: (("INFERENCE_MODE", "true"),))),
+                         parameters=lambda r: (("INFERENCE_MODE", "true"),)),
+              finish=_finish_dlrm_torch),
     # Keras `model.export` names the signature inputs after the keras.Input names (the schema
     # names) and its single output `output_0`.
     Component(Model.DLRM_TF, (artifacts.SAVEDMODEL,), _load_dlrm_tf,

@@ -64,7 +64,7 @@ typedef struct {
     PyObject_HEAD
     const EnsembleNativeApi *native;
     const EnsembleTreesApi *trees;
-    const EnsembleDlrmApi *dlrm;
+    const EnsembleDlrmApi *dlrm[2]; /* the torch DLRM's and the TF DLRM's engine: _dlrm's or _openvino's */
     PyObject *vocabulary, *torch, *tf; /* held: the kernels read their C fields */
     Py_buffer means, stds, node_column, node_threshold, leaves;
     int held; /* how many of those buffers are held */
@@ -101,6 +101,15 @@ static int numpy_log(Chain *c) {
 
 static const void *api_of(const char *capsule) {
     return PyCapsule_Import(capsule, 0);
+}
+
+/* The entry points of a DLRM engine object: a _dlrm.Weights or an _openvino.Engine, else NULL (TypeError). */
+static const EnsembleDlrmApi *dlrm_api(PyObject *engine) {
+    const char *name = Py_TYPE(engine)->tp_name;
+    if (strcmp(name, "ensemble.models._dlrm.Weights") == 0) return api_of(ENSEMBLE_DLRM_CAPSULE);
+    if (strcmp(name, "ensemble.models._openvino.Engine") == 0) return api_of(ENSEMBLE_OPENVINO_CAPSULE);
+    PyErr_Format(PyExc_TypeError, "Chain: a DLRM must be a _dlrm.Weights or an _openvino.Engine, not %s", name);
+    return NULL;
 }
 
 /* A contiguous buffer of count items of itemsize bytes (count < 0: any number); raw: any buffer of that
@@ -159,19 +168,18 @@ static PyObject *chain_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     pthread_cond_init(&c->helper.wake, NULL);
     c->native = api_of(ENSEMBLE_NATIVE_CAPSULE);
     c->trees = c->native ? api_of(ENSEMBLE_TREES_CAPSULE) : NULL;
-    c->dlrm = c->trees ? api_of(ENSEMBLE_DLRM_CAPSULE) : NULL;
-    if (c->dlrm == NULL || numpy_log(c) < 0) goto fail;
-    if (strcmp(Py_TYPE(vocabulary)->tp_name, "ensemble.serving._native.Vocabulary") != 0 ||
-        strcmp(Py_TYPE(torch)->tp_name, "ensemble.models._dlrm.Weights") != 0 ||
-        strcmp(Py_TYPE(tf)->tp_name, "ensemble.models._dlrm.Weights") != 0) {
-        PyErr_SetString(PyExc_TypeError, "Chain: a _native.Vocabulary and two _dlrm.Weights");
+    c->dlrm[0] = c->trees ? dlrm_api(torch) : NULL;
+    c->dlrm[1] = c->dlrm[0] ? dlrm_api(tf) : NULL;
+    if (c->dlrm[1] == NULL || numpy_log(c) < 0) goto fail;
+    if (strcmp(Py_TYPE(vocabulary)->tp_name, "ensemble.serving._native.Vocabulary") != 0) {
+        PyErr_SetString(PyExc_TypeError, "Chain: a _native.Vocabulary and two DLRM engines");
         goto fail;
     }
     c->vocabulary = Py_NewRef(vocabulary);
     c->torch = Py_NewRef(torch);
     c->tf = Py_NewRef(tf);
     c->columns = c->native->columns(vocabulary);
-    c->n_dense = c->dlrm->n_dense(torch);
+    c->n_dense = c->dlrm[0]->n_dense(torch);
     if (take_items(means, &c->means, c->n_dense, 4, 0, "means") < 0) goto fail;
     c->held++;
     if (take_items(stds, &c->stds, c->n_dense, 4, 0, "stds") < 0) goto fail;
@@ -188,8 +196,8 @@ static PyObject *chain_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     c->held++;
     if (take_items(leaves, &c->leaves, c->n_trees * (n_internal + 1), 4, 0, "leaves") < 0) goto fail;
     c->held++;
-    if (c->n_trees < 1 || c->node_column.len / 4 != c->n_trees * n_internal || c->dlrm->n_dense(tf) != c->n_dense ||
-        c->dlrm->n_ids(torch) != c->columns || c->dlrm->n_ids(tf) != c->columns || PyTuple_GET_SIZE(weights) != MODELS) {
+    if (c->n_trees < 1 || c->node_column.len / 4 != c->n_trees * n_internal || c->dlrm[1]->n_dense(tf) != c->n_dense ||
+        c->dlrm[0]->n_ids(torch) != c->columns || c->dlrm[1]->n_ids(tf) != c->columns || PyTuple_GET_SIZE(weights) != MODELS) {
         PyErr_SetString(PyExc_ValueError, "Chain: the trees, both DLRMs and the vocabulary do not take the same "
                                           "features, or the blend does not weigh three scores");
         goto fail;
@@ -266,10 +274,12 @@ static int score_rows(const Chain *c, const Parts *in, float *out, int64_t strid
                       c->leaves.buf, c->base_margin, scratch, models);
     PyObject *dlrms[2] = {c->torch, c->tf};
     for (int k = 0; k < 2; k++) {
-        const int64_t bad = c->dlrm->forward(dlrms[k], x, ids, total, models + (k + 1) * stride);
+        const int64_t bad = c->dlrm[k]->forward(dlrms[k], x, ids, total, models + (k + 1) * stride);
         if (bad != -1) {
             if (bad == -2)
                 snprintf(error, error_size, "out of memory for %lld rows", (long long)total);
+            else if (bad == -3)
+                snprintf(error, error_size, "the %s DLRM's inference engine failed", k ? "TF" : "torch");
             else
                 snprintf(error, error_size, "row %lld, column %lld: id %lld is outside its embedding table",
                          (long long)(bad / C), (long long)(bad % C), (long long)ids[bad]);

@@ -65,6 +65,8 @@ class ServerOptions:
             the ranker is loaded with it in its config. None: the repository config's own
             (``configs.DEFAULT_OBJECTIVE_MS`` as exported).
         allocator: the memory allocator tritonserver runs with (:mod:`ensemble.serving.allocator`).
+        require_declared: a DLRM step whose release declares an engine that cannot run here fails to load
+            (so the server does not start) instead of scoring with another (:mod:`ensemble.models.engines`).
     """
 
     repository: Path
@@ -79,6 +81,7 @@ class ServerOptions:
     admin_key: str | None = None
     latency_summaries: LatencySummaries = LatencySummaries()
     latency_objective_ms: float | None = None
+    require_declared: bool = False
     allocator: Allocator = Allocator.AUTO
 
     @property
@@ -249,6 +252,15 @@ class TritonServer:
         # the next fork then waits on a thread that never ends (seen: `rank` stubs starting after the
         # native ranker loaded, about 1 start in 9). The models here compute on one thread anyway.
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
+        # oneTBB (under OpenVINO, the DLRM engine a release may declare) opens its hwloc binding with
+        # RTLD_DEEPBIND unless this is set: the deep-bound hwloc then frees memory the preloaded tcmalloc
+        # allocated with glibc's free, and tritonserver aborts ("free(): invalid pointer") at the first
+        # model OpenVINO compiles. The variable changes only that binding flag.
+        env.setdefault("TBB_ENABLE_SANITIZERS", "1")
+        if self.options.require_declared:  # a DLRM step whose declared engine cannot run here does not load
+            from ensemble.models.engines import REQUIRE_ENV
+
+            env[REQUIRE_ENV] = "1"
         return allocator.preloaded(env, self.options.allocator)
 
     def start(self) -> "TritonServer":

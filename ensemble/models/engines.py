@@ -1,0 +1,371 @@
+"""Which inference engine scores each DLRM step: chosen by measurement at export, declared in the
+release, stated at load.
+
+Engines a CPU server can run from C (no Python call per request):
+
+- ``c``: the project's forward pass (``ensemble/models/_dlrm.c``), weights read from the exported model;
+- ``openvino``: OpenVINO's CPU runtime (``ensemble/models/_openvino.c``) on the step's OpenVINO IR
+  (``openvino/model.xml``, converted at export from the TorchScript or TFLite model), in ``f32``, or in
+  ``bf16`` where the CPU has bfloat16 instructions and the scores hold (:data:`BF16_TOLERANCE`).
+
+At export (:func:`declare`) each engine scores random rows of the step's own tables at 1, 16, 100 and
+1,000 rows, alternating, best of a few repetitions; the rule (:func:`pick`) keeps the engine whose
+slowest point, against the fastest engine at that point, is the least slow. The choice, the machine
+(CPU model and flags), every measurement and the parity against the framework's fp32 go into the
+version folder's ``engine.json``. ``ensemble engines`` re-chooses for the machine it runs on.
+
+At load (:func:`load`) a step builds its declared engine; when it cannot (OpenVINO not built, the CPU
+lacks bf16, the engine fails its parity check) it logs an error naming the step, the declared and the
+substitute engine, and counts it in :data:`UNDECLARED`; with ``ENSEMBLE_REQUIRE_DECLARED=1``
+(``ensemble serve --require-declared``) it raises instead, so the model does not load.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+LOG = logging.getLogger(__name__)
+
+ENGINE_FILE = "engine.json"
+OPENVINO_DIR = "openvino"
+OPENVINO_MODEL = "model.xml"
+ROWS = (1, 16, 100, 1000)
+# The largest difference from the framework's fp32 probability a bf16 engine may show on the parity rows.
+BF16_TOLERANCE = 1e-3
+# The same for the fp32 engines (float32 sums in another order).
+F32_TOLERANCE = 1e-5
+REQUIRE_ENV = "ENSEMBLE_REQUIRE_DECLARED"
+BUDGET_ENV = "ENSEMBLE_ENGINE_BUDGET"  # seconds of calls per engine and point at export (default 0.02)
+# Steps that loaded an engine other than the one their release declares in this process: step -> reason.
+UNDECLARED: dict[str, str] = {}
+
+
+
+def _runtime():
+    """``ensemble.models._openvino``, or None when this install was built without the openvino wheel's C
+    runtime. Imported on first use: the operator's commands never load OpenVINO."""
+    try:
+        from ensemble.models import _openvino
+    except ImportError:
+        return None
+    return _openvino
+
+
+class EngineUnavailable(RuntimeError):
+    """The declared engine cannot score here and the server was told to require it."""
+
+
+def cpu() -> dict:
+    """This machine's CPU model and the instruction-set flags the engines care about."""
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx_vnni", "avx512_vnni")
+    return {"model": model, "flags": [f for f in wanted if f in flags]}
+
+
+def has_bf16(machine: dict | None = None) -> bool:
+    flags = set((machine or cpu())["flags"])
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def write_openvino(model_dir: Path, step: str) -> Path:
+    """Convert the step's exported model (TorchScript ``model.pt`` or TFLite ``model.tflite``) to OpenVINO
+    IR under ``<model_dir>/openvino/``, inputs named ``dense_features`` and ``category_ids`` (fp32 weights
+    kept: the precision is chosen when the model is compiled)."""
+    import openvino as ov
+
+    from ensemble.models import artifacts, dlrm_tf
+
+    out = Path(model_dir) / OPENVINO_DIR
+    out.mkdir(exist_ok=True)
+    if step == "dlrm_torch":
+        import torch
+
+        module = torch.jit.load(str(Path(model_dir) / artifacts.TORCHSCRIPT)).eval()
+        example = (torch.zeros(2, _first_linear_in(module)), torch.zeros(2, _n_ids_torch(module), dtype=torch.int64))
+        model = ov.convert_model(module, example_input=example)
+    else:
+        model = ov.convert_model(str(Path(model_dir) / dlrm_tf.TFLITE))
+    model.reshape({port.get_any_name(): [-1, port.get_partial_shape()[1]] for port in model.inputs})
+    path = out / OPENVINO_MODEL
+    ov.save_model(model, str(path), compress_to_fp16=False)
+    return path
+
+
+def _first_linear_in(module) -> int:
+    """The dense inputs of a frozen TorchScript DLRM: its first linear layer's input width."""
+    for node in module.graph.nodes():
+        if node.kind() == "aten::linear":
+            return int(node.inputsAt(1).toIValue().shape[1])
+    raise ValueError("no linear layer in the TorchScript DLRM")
+
+
+def _n_ids_torch(module) -> int:
+    """The id columns of a frozen TorchScript DLRM: the length of its table offsets."""
+    for node in module.graph.nodes():
+        if node.kind() == "aten::add" and node.inputsAt(1).toIValue() is not None:
+            return int(node.inputsAt(1).toIValue().numel())
+    raise ValueError("no id offsets in the TorchScript DLRM")
+
+
+def finish(staging: Path, step: str, scorer) -> None:
+    """At export: the OpenVINO IR beside the step's model, then the measured choice (``engine.json``).
+    A model OpenVINO cannot convert keeps the other engines (logged)."""
+    from ensemble.models import dlrm_kernel
+
+    try:
+        if not (Path(staging) / OPENVINO_DIR / OPENVINO_MODEL).is_file():
+            write_openvino(staging, step)
+    except Exception as exc:  # noqa: BLE001 - any converter failure: the release still exports
+        LOG.warning("%s: no OpenVINO model (%s); the other engines are measured", step, exc)
+    weights = scorer.weights
+    limits = dlrm_kernel.cardinalities(weights) if weights is not None else None
+    if limits is None:
+        LOG.warning("%s: the model's tables could not be read; the framework scores", step)
+        (Path(staging) / ENGINE_FILE).write_text(json.dumps({"step": step, "engine": "framework", "precision": "f32",
+                                                             "machine": cpu()}, indent=1))
+        return
+    declare(staging, step, scorer.kernel_c, scorer.framework, limits, weights.bottom[0][0].shape[0])
+
+
+STEPS = ("dlrm_torch", "dlrm_tf")
+
+
+def describe(folders: dict) -> list[str]:
+    """One line per DLRM step of a release (``Model`` -> version folder): its declared engine and why."""
+    lines = []
+    for model, folder in folders.items():
+        if getattr(model, "value", model) not in STEPS:
+            continue
+        declared = Declared.read(folder)
+        if declared is None:
+            lines.append(f"{model.value}: no engine declared (a release exported before engines were declared): "
+                         "the C pass where it agrees with the framework, else the framework")
+            continue
+        record = declared.record
+        worst = record.get("worst_ratio", {})
+        parity = record.get("parity", {}).get("max_abs_diff_vs_framework_fp32", {}).get(declared.name)
+        lines.append(f"{model.value}: {declared.name}, chosen on {record.get('machine', {}).get('model', '?')} "
+                     f"({', '.join(f'{e} x{r}' for e, r in worst.items())} of the fastest at its slowest point of "
+                     f"{', '.join(map(str, ROWS))} rows"
+                     + (f"; differs from the framework's fp32 by at most {parity:.1g}" if parity is not None else "")
+                     + ")")
+    return lines
+
+
+def redeclare(folders: dict, budget: float | None = None) -> list[dict]:
+    """Measure again on this machine and rewrite each DLRM step's ``engine.json`` (and its manifest):
+    ``ensemble engines``. A running server takes the new choice when it loads the release again."""
+    from ensemble.models import dlrm_kernel, dlrm_tf, dlrm_torch
+    from ensemble.repository import manifest
+
+    records = []
+    for model, folder in folders.items():
+        if model.value not in STEPS:
+            continue
+        manifest.verify(folder, model)
+        scorer = (dlrm_torch.TorchScorer if model.value == "dlrm_torch" else dlrm_tf.TFScorer)(folder)
+        weights = scorer.weights
+        if weights is None:
+            raise ValueError(f"{model.value}: the model's tables could not be read")
+        if not (Path(folder) / OPENVINO_DIR / OPENVINO_MODEL).is_file():
+            try:
+                write_openvino(folder, model.value)
+            except Exception as exc:  # noqa: BLE001 - the other engines are still measured
+                LOG.warning("%s: no OpenVINO model (%s)", model.value, exc)
+        records.append(declare(folder, model.value, scorer.kernel_c, scorer.framework,
+                               dlrm_kernel.cardinalities(weights), weights.bottom[0][0].shape[0], budget))
+        manifest.write(folder, model)
+    return records
+
+
+class OpenVinoDLRM:
+    """A step's OpenVINO engine with the C kernel's interface (``into``, ``native``, ``__call__``)."""
+
+    def __init__(self, model_dir: Path, precision: str, limits: np.ndarray, n_dense: int, threads: int = 2):
+        import openvino as ov
+
+        path = Path(model_dir) / OPENVINO_DIR / OPENVINO_MODEL
+        inputs = ov.Core().read_model(str(path)).inputs
+        dense_index = next(k for k, port in enumerate(inputs) if port.get_element_type() == ov.Type.f32)
+        self.precision = precision
+        self.native = _runtime().Engine(str(path), precision, np.ascontiguousarray(limits, np.int64), n_dense,
+                                       dense_index, threads)
+
+    def into(self, dense_features: np.ndarray, category_ids: np.ndarray, out: np.ndarray) -> None:
+        self.native(dense_features, category_ids, out)
+
+    def __call__(self, dense_features: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
+        dense = np.ascontiguousarray(dense_features, dtype=np.float32)
+        out = np.empty(len(dense), np.float32)
+        self.native(dense, np.ascontiguousarray(category_ids, dtype=np.int64), out)
+        return out.reshape(-1, 1)
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What ``engine.json`` says: the engine and precision, and the record behind the choice."""
+
+    engine: str
+    precision: str
+    record: dict
+
+    @property
+    def name(self) -> str:
+        return self.engine if self.engine == "c" else f"{self.engine}-{self.precision}"
+
+    @classmethod
+    def read(cls, model_dir: Path) -> "Declared | None":
+        path = Path(model_dir) / ENGINE_FILE
+        if not path.is_file():
+            return None
+        record = json.loads(path.read_text())
+        return cls(record["engine"], record.get("precision", "f32"), record)
+
+
+def _inputs(limits: np.ndarray, n_dense: int, rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ids = np.stack([rng.integers(0, max(int(limit), 1), rows) for limit in limits], axis=1).astype(np.int64)
+    return rng.normal(size=(rows, n_dense)).astype(np.float32), ids
+
+
+def candidates(model_dir: Path, kernel, limits: np.ndarray, n_dense: int, machine: dict) -> dict[str, Callable]:
+    """name -> f(dense, ids) for every engine that runs here on this step."""
+    found: dict[str, Callable] = {}
+    if kernel is not None:
+        found["c"] = kernel
+    if _runtime() is not None and (Path(model_dir) / OPENVINO_DIR / OPENVINO_MODEL).is_file():
+        for precision in ("f32", "bf16") if has_bf16(machine) else ("f32",):
+            try:
+                found[f"openvino-{precision}"] = OpenVinoDLRM(model_dir, precision, limits, n_dense, threads=1)
+            except RuntimeError as exc:
+                LOG.warning("openvino %s does not compile this model here (%s)", precision, exc)
+    return found
+
+
+def measure(engines: dict[str, Callable], limits: np.ndarray, n_dense: int, budget: float,
+            repeats: int = 3) -> dict[str, dict[int, float]]:
+    """Microseconds per row of each engine at each of :data:`ROWS`, best of ``repeats``, alternating."""
+    times = {name: {} for name in engines}
+    for rows in ROWS:
+        dense, ids = _inputs(limits, n_dense, rows, rows)
+        best = dict.fromkeys(engines, float("inf"))
+        for _ in range(repeats):
+            for name, f in engines.items():
+                f(dense, ids)
+                calls, start = 0, time.perf_counter()
+                while True:
+                    f(dense, ids)
+                    calls += 1
+                    elapsed = time.perf_counter() - start
+                    if elapsed >= budget:
+                        break
+                best[name] = min(best[name], elapsed / calls / rows * 1e6)
+        for name in engines:
+            times[name][rows] = round(best[name], 3)
+    return times
+
+
+def pick(times: dict[str, dict[int, float]], eligible: list[str]) -> tuple[str, dict[str, float]]:
+    """The eligible engine whose worst ratio to the fastest eligible engine, over the measured batch
+    sizes, is the smallest (ties: the order of ``eligible``); and every engine's worst ratio."""
+    fastest = {rows: min(times[e][rows] for e in eligible) for rows in ROWS}
+    worst = {e: round(max(times[e][rows] / fastest[rows] for rows in ROWS), 3) for e in eligible}
+    return min(eligible, key=lambda e: (worst[e], eligible.index(e))), worst
+
+
+def declare(model_dir: Path, step: str, kernel, framework: Callable, limits: np.ndarray, n_dense: int,
+            budget: float | None = None) -> dict:
+    """Measure the engines that run here on this step, pick one, write ``engine.json``; return the record."""
+    model_dir = Path(model_dir)
+    machine = cpu()
+    budget = float(os.environ.get(BUDGET_ENV, "0.02")) if budget is None else budget
+    engines = candidates(model_dir, kernel, limits, n_dense, machine)
+    dense, ids = _inputs(limits, n_dense, 512, 7)
+    reference = np.asarray(framework(dense, ids), np.float32).reshape(-1)
+    parity, eligible = {}, []
+    for name, f in engines.items():
+        gap = float(np.abs(np.asarray(f(dense, ids)).reshape(-1) - reference).max())
+        parity[name] = gap
+        if gap <= (BF16_TOLERANCE if name.endswith("bf16") else F32_TOLERANCE):
+            eligible.append(name)
+    times = measure({n: engines[n] for n in eligible}, limits, n_dense, budget) if eligible else {}
+    chosen, worst = pick(times, eligible) if eligible else ("framework", {})
+    engine, _, precision = chosen.partition("-")
+    record = {"step": step, "engine": engine, "precision": precision or "f32", "machine": machine,
+              "rule": "the engine whose slowest point against the fastest engine at that point is the least slow",
+              "us_per_row": times, "worst_ratio": worst,
+              "parity": {"rows": len(reference), "max_abs_diff_vs_framework_fp32": parity,
+                         "bounds": {"f32": F32_TOLERANCE, "bf16": BF16_TOLERANCE}},
+              "openvino": _runtime().version() if _runtime() is not None else None}
+    (model_dir / ENGINE_FILE).write_text(json.dumps(record, indent=1))
+    LOG.info("%s: declared engine %s (%s)", step, chosen, ", ".join(f"{e} worst x{r}" for e, r in worst.items()))
+    return record
+
+
+def announce(step: str, text: str) -> None:
+    """The line a server's log shows for each DLRM step it loads (stderr: Triton's log)."""
+    print(f"ensemble: {step} scores with {text}", file=sys.stderr, flush=True)
+
+
+def load(model_dir: Path, step: str, kernel, framework: Callable, limits: np.ndarray | None, n_dense: int,
+         threads: int = 2):
+    """The engine that scores ``step`` here: its declared one when it runs and agrees with the framework,
+    else the C kernel (when checked) or None (the framework), said loudly. Returns (engine or None, text)."""
+    declared = Declared.read(model_dir)
+    if declared is None:
+        return kernel, "c (no engine declared: the release predates engine.json)" if kernel is not None else \
+            "framework (no engine declared, no C kernel)"
+    reason = None
+    if declared.engine == "c":
+        if kernel is not None:
+            return kernel, "c (declared)"
+        reason = "the C forward pass is not built for this CPU or declined the model"
+    elif declared.engine == "openvino":
+        if _runtime() is None:
+            reason = "OpenVINO's C runtime is not built into this install"
+        elif declared.precision not in ("f32", "bf16"):
+            reason = f"this install does not know the precision {declared.precision!r}"
+        elif declared.precision == "bf16" and not has_bf16():
+            reason = "this CPU has no bfloat16 instructions"
+        elif limits is None:
+            reason = "the model's tables could not be read"
+        else:
+            try:
+                engine = OpenVinoDLRM(model_dir, declared.precision, limits, n_dense, threads)
+                dense, ids = _inputs(limits, n_dense, 64, 11)
+                gap = float(np.abs(engine(dense, ids).reshape(-1) - np.asarray(framework(dense, ids)).reshape(-1)).max())
+                bound = BF16_TOLERANCE if declared.precision == "bf16" else F32_TOLERANCE
+                if gap <= bound:
+                    return engine, f"{declared.name} (declared; measured on {declared.record['machine']['model']})"
+                reason = f"it differs from the framework by {gap:.2g} (bound {bound:g})"
+            except (RuntimeError, ValueError, OSError) as exc:
+                reason = f"it did not load ({exc})"
+    elif declared.engine == "framework":
+        return None, "framework (declared: no C-callable engine reads this model)"
+    else:
+        reason = f"unknown engine {declared.engine!r}"
+    substitute = "c" if kernel is not None else "framework"
+    message = f"{step}: the declared engine {declared.name} cannot score here: {reason}; {substitute} scores instead"
+    if os.environ.get(REQUIRE_ENV) == "1":
+        raise EngineUnavailable(message + f" ({REQUIRE_ENV}=1: refusing to load)")
+    LOG.error(message)
+    UNDECLARED[step] = reason
+    return kernel, f"{substitute} (UNDECLARED: {reason})"

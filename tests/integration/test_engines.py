@@ -1,0 +1,126 @@
+"""A release at the DLRM seed's widths (small vocabularies keep it quick) served in the native layout by
+a real tritonserver: each DLRM step declares the engine its export measured fastest here, the server
+scores with it (its log says so) and answers as the in-process pipeline on the same engines does; a
+declared engine that cannot run here is said loudly, or refused with --require-declared."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from clients.triton import RankerClient
+from ensemble import model_size, schema
+from ensemble.models import engines
+from ensemble.models.dlrm import DLRMConfig
+from ensemble.models.xgb import XGBConfig
+from ensemble.repository import manifest
+from ensemble.repository.export import TrainedArtifacts, export_repository
+from ensemble.schema import Model
+from ensemble.serving.runtime import Pipeline, release_versions
+from ensemble.serving.server import ServerError, ServerOptions, TritonServer, free_port
+from ensemble.features import transforms
+from tests.helpers import ADMIN_KEY
+
+
+@pytest.fixture(scope="module")
+def seed_release(trained, tmp_path_factory):
+    from ensemble import training
+
+    root = tmp_path_factory.mktemp("seed-size")
+    size = model_size.SIZES["seed"]
+    config = training.TrainConfig(xgb=XGBConfig(rounds=20, max_depth=6),
+                                  dlrm=DLRMConfig(epochs=1, embedding_dim=size.embedding_dim,
+                                                  bottom_mlp=size.bottom_mlp, top_mlp=size.top_mlp))
+    training.train_all(trained.train, trained.valid, trained.test, root / "work", config, log=lambda _: None)
+    repository = root / "model_repository"
+    export_repository(TrainedArtifacts.under(root / "work"), repository)
+    return root, repository
+
+
+def _server(repository, log_file, **options) -> TritonServer:
+    return TritonServer(ServerOptions(repository, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                                      log_file=log_file, admin_key=ADMIN_KEY, startup_timeout=240, **options))
+
+
+def _rows(trained, n: int = 100):
+    frame = trained.test.head(n)
+    return transforms.dense_array(frame), transforms.encode_categorical(frame)
+
+
+def test_each_dlrm_step_declares_the_engine_its_measurement_picked(seed_release):
+    _, repository = seed_release
+    folders = release_versions(repository)
+    for step in engines.STEPS:
+        declared = engines.Declared.read(folders[Model(step)])
+        record = declared.record
+        assert record["machine"] == engines.cpu() and record["step"] == step
+        times = record["us_per_row"]
+        # every eligible engine measured at every point; the declared one is what the rule picks from them
+        assert times and all(set(points) == {str(r) for r in engines.ROWS} for points in times.values())
+        as_ints = {e: {int(r): t for r, t in points.items()} for e, points in times.items()}
+        assert engines.pick(as_ints, list(times))[0] == declared.name
+        if engines._runtime() is not None:  # OpenVINO built: measured in f32, and in bf16 where the CPU has it
+            assert "openvino-f32" in times and ("openvino-bf16" in times) == engines.has_bf16()
+        parity = record["parity"]["max_abs_diff_vs_framework_fp32"]
+        assert parity[declared.name] <= (engines.BF16_TOLERANCE if declared.precision == "bf16" else engines.F32_TOLERANCE)
+    lines = engines.describe(folders)
+    assert len(lines) == 2 and all("chosen on" in line for line in lines)
+
+
+def test_the_native_layout_scores_with_the_declared_engines(trained, seed_release):
+    root, repository = seed_release
+    folders = release_versions(repository)
+    names = {step: engines.Declared.read(folders[Model(step)]).name for step in engines.STEPS}
+    dense, categorical = _rows(trained)
+    pipeline = Pipeline.from_repository(repository)
+    expected = pipeline.score(dense, categorical)
+    server = _server(repository, root / "native.log")
+    server.start()
+    try:
+        got = RankerClient(server.http_url, "http").score(dense, categorical, all_scores=True)
+    finally:
+        server.stop()
+    log = (root / "native.log").read_text(errors="replace")
+    for step, name in names.items():
+        assert f"ensemble: {step} scores with {name} (declared" in log, log[-3000:]
+    assert "UNDECLARED" not in log
+    for tensor in schema.RANKER_OUTPUTS:
+        gap = np.abs(np.asarray(got[tensor.name]).reshape(-1) - expected[tensor.name].reshape(-1)).max()
+        assert gap <= 1e-5, (tensor.name, gap)
+
+
+def _declare_unknown_precision(repository):
+    """A release whose torch DLRM declares OpenVINO in a precision this install does not know (as a release
+    written by a newer version would), its manifest written again as an operator's tool would."""
+    folder = release_versions(repository)[Model.DLRM_TORCH]
+    path = folder / engines.ENGINE_FILE
+    record = json.loads(path.read_text())
+    record.update(engine="openvino", precision="int8")
+    path.write_text(json.dumps(record))
+    manifest.write(folder, Model.DLRM_TORCH)
+
+
+def test_an_engine_that_cannot_run_here_is_said_loudly_and_refused_when_required(trained, seed_release, tmp_path):
+    _, source = seed_release
+    repository = tmp_path / "repo"
+    shutil.copytree(source, repository)
+    _declare_unknown_precision(repository)
+    server = _server(repository, tmp_path / "loud.log")
+    server.start()
+    try:
+        dense, categorical = _rows(trained, 8)
+        scores = RankerClient(server.http_url, "http").score(dense, categorical)
+        assert np.isfinite(np.asarray(scores)).all()
+    finally:
+        server.stop()
+    log = (tmp_path / "loud.log").read_text(errors="replace")
+    assert "dlrm_torch: the declared engine openvino-int8 cannot score here" in log
+    assert "ensemble: dlrm_torch scores with" in log and "(UNDECLARED: this install does not know the precision" in log
+    strict = _server(repository, tmp_path / "strict.log", require_declared=True)
+    with pytest.raises(ServerError):
+        strict.start()
+    strict.stop()
+    assert "ENSEMBLE_REQUIRE_DECLARED=1: refusing to load" in (tmp_path / "strict.log").read_text(errors="replace")
