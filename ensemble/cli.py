@@ -227,6 +227,13 @@ def cmd_engines(args) -> int:
     from ensemble.serving.runtime import release_versions
 
     folders = release_versions(Path(args.repository), args.release)
+    for choice in args.declare or ():
+        step, _, name = choice.partition("=")
+        try:
+            engines.set_engine(folders, step, name)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.measure:
         for record in engines.redeclare(folders, args.budget):
             print(f"{record['step']}: measured on {record['machine']['model']}: "
@@ -713,6 +720,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure every engine that runs here at 1, 16, 100 and 1,000 rows and declare the one the "
                         "rule picks (rewrites engine.json and the step's manifest; a server takes it at its next load)")
     p.add_argument("--budget", type=float, default=0.05, help="seconds of calls per engine and point (--measure)")
+    p.add_argument("--declare", action="append", metavar="STEP=ENGINE",
+                   help="declare an engine by hand (c, openvino-f32, openvino-bf16, framework), e.g. "
+                        "dlrm_torch=openvino-f32; repeatable")
     p.set_defaults(func=cmd_engines)
 
     p = _command(sub, "check", "verify the repository against the pinned NGC Triton release (no GPU needed)")

@@ -3,8 +3,8 @@
  * (ensemble/models/engines.py chooses and records it; the model is the step's OpenVINO IR, written at
  * export from the TorchScript or TFLite model).
  *
- * An Engine holds one compiled model and a pool of inference requests (one per concurrent caller: the
- * chain scores a call's two halves on two threads). A call wraps the caller's buffers as tensors (no
+ * An Engine holds a compiled copy of the model and its inference request per caller that may run at once
+ * (the chain scores a call's two halves on two threads). A call wraps the caller's buffers as tensors (no
  * copy in), runs the request synchronously and copies the probabilities out. Ids are checked against
  * each column's table before the run, as the C forward pass checks them: OpenVINO's gather answers an
  * id outside its table with a zero vector instead of an error.
@@ -23,18 +23,19 @@
 
 #include "kernel_api.h"
 
-#define POOL 8 /* idle inference requests kept; more concurrent callers get requests made for them */
+#define SLOTS 8 /* most compiled copies of a model one Engine holds */
 
 typedef struct {
     PyObject_HEAD
     ov_core_t *core;
-    ov_compiled_model_t *compiled;
+    int slots;
+    ov_compiled_model_t *compiled[SLOTS]; /* one copy per caller that may run at once */
+    ov_infer_request_t *request[SLOTS];
+    int busy[SLOTS]; /* guarded by lock */
+    pthread_mutex_t lock;
     int64_t n_dense, n_ids;
     size_t dense_index, ids_index;
     int64_t *limits; /* each id column's table size */
-    pthread_mutex_t lock; /* guards idle */
-    ov_infer_request_t *idle[POOL];
-    int n_idle;
     char precision[16];
 } Engine;
 
@@ -46,23 +47,32 @@ static void set_error(const char *what, ov_status_e status) {
                  detail && *detail ? ": " : "", detail ? detail : "");
 }
 
-static ov_infer_request_t *take_request(Engine *e) {
-    ov_infer_request_t *request = NULL;
+/* A free slot's request (*slot set), or, when every slot is busy, a request made for this call on the first
+ * copy (*slot = -1; OpenVINO runs it after the copy's other call). NULL: out of memory. */
+static ov_infer_request_t *take_request(Engine *e, int *slot) {
     pthread_mutex_lock(&e->lock);
-    if (e->n_idle > 0) request = e->idle[--e->n_idle];
-    pthread_mutex_unlock(&e->lock);
-    if (request == NULL && ov_compiled_model_create_infer_request(e->compiled, &request) != OK) return NULL;
-    return request;
-}
-
-static void give_request(Engine *e, ov_infer_request_t *request) {
-    pthread_mutex_lock(&e->lock);
-    if (e->n_idle < POOL) {
-        e->idle[e->n_idle++] = request;
-        request = NULL;
+    for (int k = 0; k < e->slots; k++) {
+        if (!e->busy[k]) {
+            e->busy[k] = 1;
+            pthread_mutex_unlock(&e->lock);
+            *slot = k;
+            return e->request[k];
+        }
     }
     pthread_mutex_unlock(&e->lock);
-    if (request != NULL) ov_infer_request_free(request);
+    *slot = -1;
+    ov_infer_request_t *request = NULL;
+    return ov_compiled_model_create_infer_request(e->compiled[0], &request) == OK ? request : NULL;
+}
+
+static void give_request(Engine *e, ov_infer_request_t *request, int slot) {
+    if (slot < 0) {
+        ov_infer_request_free(request);
+        return;
+    }
+    pthread_mutex_lock(&e->lock);
+    e->busy[slot] = 0;
+    pthread_mutex_unlock(&e->lock);
 }
 
 static ov_tensor_t *wrap(ov_element_type_e type, int64_t rows, int64_t width, const void *data) {
@@ -85,7 +95,8 @@ static int64_t engine_forward(PyObject *obj, const float *dense, const int64_t *
         for (int64_t c = 0; c < e->n_ids; c++)
             if (row[c] < 0 || row[c] >= e->limits[c]) return r * e->n_ids + c;
     }
-    ov_infer_request_t *request = take_request(e);
+    int slot;
+    ov_infer_request_t *request = take_request(e, &slot);
     if (request == NULL) return -2;
     ov_tensor_t *d = wrap(F32, rows, e->n_dense, dense), *i = wrap(I64, rows, e->n_ids, ids), *result = NULL;
     int64_t status = -1;
@@ -107,7 +118,7 @@ static int64_t engine_forward(PyObject *obj, const float *dense, const int64_t *
     if (result) ov_tensor_free(result);
     if (d) ov_tensor_free(d);
     if (i) ov_tensor_free(i);
-    give_request(e, request);
+    give_request(e, request, slot);
     return status;
 }
 
@@ -118,8 +129,10 @@ static const EnsembleDlrmApi API = {engine_n_dense, engine_n_ids, engine_forward
 
 static void engine_dealloc(PyObject *obj) {
     Engine *e = (Engine *)obj;
-    for (int k = 0; k < e->n_idle; k++) ov_infer_request_free(e->idle[k]);
-    if (e->compiled) ov_compiled_model_free(e->compiled);
+    for (int k = 0; k < e->slots; k++) {
+        if (e->request[k]) ov_infer_request_free(e->request[k]);
+        if (e->compiled[k]) ov_compiled_model_free(e->compiled[k]);
+    }
     if (e->core) ov_core_free(e->core);
     PyMem_RawFree(e->limits);
     pthread_mutex_destroy(&e->lock);
@@ -128,7 +141,8 @@ static void engine_dealloc(PyObject *obj) {
 
 /* Engine(model_path, precision, limits, n_dense, dense_index, threads): precision "f32" or "bf16";
  * limits: each id column's table size (int64 buffer); dense_index: which of the model's two inputs takes
- * the dense values (the other takes the ids); threads: the callers that may run at once. */
+ * the dense values (the other takes the ids); threads: the callers that may run at once (1..8), each
+ * given a compiled copy of its own. */
 static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     const char *path, *precision;
     PyObject *limits;
@@ -140,8 +154,8 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
         PyErr_SetString(PyExc_ValueError, "Engine: precision must be 'f32' or 'bf16'");
         return NULL;
     }
-    if (n_dense < 1 || (dense_index != 0 && dense_index != 1) || threads < 1 || threads > 64) {
-        PyErr_SetString(PyExc_ValueError, "Engine: n_dense >= 1, dense_index 0 or 1, threads 1..64");
+    if (n_dense < 1 || (dense_index != 0 && dense_index != 1) || threads < 1 || threads > SLOTS) {
+        PyErr_SetString(PyExc_ValueError, "Engine: n_dense >= 1, dense_index 0 or 1, threads 1..8");
         return NULL;
     }
     Py_buffer view;
@@ -169,21 +183,27 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     e->dense_index = (size_t)dense_index;
     e->ids_index = (size_t)(1 - dense_index);
     snprintf(e->precision, sizeof e->precision, "%s", precision);
-    char streams[16], total[16];
-    snprintf(streams, sizeof streams, "%d", threads);
-    snprintf(total, sizeof total, "%d", threads);
     ov_status_e s;
     Py_BEGIN_ALLOW_THREADS
     s = ov_core_create(&e->core);
-    /* One thread per stream and as many streams as callers: a call runs on one core, as the C pass
-     * does; the threads are not pinned (the server's own CPU list applies). */
-    if (s == OK)
-        s = ov_core_compile_model_from_file(e->core, path, "CPU", 12, &e->compiled, ov_property_key_num_streams, streams,
-                                            ov_property_key_inference_num_threads, total,
+    /* A copy of one stream of one thread per caller: a synchronous call runs on its caller's thread, and
+     * callers on two threads (the chain's two halves) run at once. Two callers of one copy wait for each
+     * other, and a copy of two streams hands each call to a thread of its own: both measured slower (two
+     * DLRMs of the seed's size, 100 rows cut in two on two threads: 1.44 ms with a copy per thread, 2.44
+     * with one shared single-stream copy, 1.51 with one two-stream copy; AMD EPYC, 2 cores). The threads
+     * are not pinned (the server's own CPU list applies). */
+    for (int k = 0; s == OK && k < threads; k++) {
+        s = ov_core_compile_model_from_file(e->core, path, "CPU", 12, &e->compiled[k], ov_property_key_num_streams, "1",
+                                            ov_property_key_inference_num_threads, "1",
                                             ov_property_key_hint_enable_cpu_pinning, "NO",
                                             ov_property_key_hint_performance_mode, "LATENCY",
                                             ov_property_key_hint_inference_precision, precision,
                                             ov_property_key_hint_enable_hyper_threading, "NO");
+        if (s == OK) {
+            e->slots = k + 1;
+            s = ov_compiled_model_create_infer_request(e->compiled[k], &e->request[k]);
+        }
+    }
     Py_END_ALLOW_THREADS
     if (s != OK) {
         set_error(path, s);

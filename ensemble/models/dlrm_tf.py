@@ -169,8 +169,7 @@ class TFScorer:
         self.kernel_c = kernel
         limits = dlrm_kernel.cardinalities(self.weights) if self.weights is not None else None
         n_dense = self.weights.bottom[0][0].shape[0] if self.weights is not None else 0
-        self._kernel, self.engine = engines.load(Path(model_dir), "dlrm_tf", kernel, self.framework, limits, n_dense,
-                                                 max(threads, 2))
+        self._kernel, self.engine = engines.load(Path(model_dir), "dlrm_tf", kernel, self.framework, limits, n_dense)
         engines.announce("dlrm_tf", self.engine)
 
     def _interpreter(self):

@@ -235,7 +235,7 @@ class TorchScorer:
             limits = dlrm_kernel.cardinalities(self.weights) if self.weights is not None else None
             n_dense = self.weights.bottom[0][0].shape[0] if self.weights is not None else 0
             self._kernel, self.engine = engines.load(Path(model_dir), "dlrm_torch", kernel, self.framework, limits,
-                                                     n_dense, max(threads, 2))
+                                                     n_dense)
             engines.announce("dlrm_torch", self.engine)
 
     @property

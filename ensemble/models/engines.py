@@ -125,10 +125,18 @@ def _n_ids_torch(module) -> int:
     raise ValueError("no id offsets in the TorchScript DLRM")
 
 
-def finish(staging: Path, step: str, scorer) -> None:
+def finish(staging: Path, step: str, load_scorer: Callable) -> None:
     """At export: the OpenVINO IR beside the step's model, then the measured choice (``engine.json``).
-    A model OpenVINO cannot convert keeps the other engines (logged)."""
+    A model OpenVINO cannot convert keeps the other engines (logged). ``load_scorer()``: the step's scorer
+    (loaded without the line a server logs: nothing is served here)."""
     from ensemble.models import dlrm_kernel
+
+    global _QUIET
+    _QUIET = True
+    try:
+        scorer = load_scorer()
+    finally:
+        _QUIET = False
 
     try:
         if not (Path(staging) / OPENVINO_DIR / OPENVINO_MODEL).is_file():
@@ -162,8 +170,9 @@ def describe(folders: dict) -> list[str]:
         record = declared.record
         worst = record.get("worst_ratio", {})
         parity = record.get("parity", {}).get("max_abs_diff_vs_framework_fp32", {}).get(declared.name)
-        lines.append(f"{model.value}: {declared.name}, chosen on {record.get('machine', {}).get('model', '?')} "
-                     f"({', '.join(f'{e} x{r}' for e, r in worst.items())} of the fastest at its slowest point of "
+        how = "declared by hand" if "by hand" in record.get("rule", "") else "chosen"
+        lines.append(f"{model.value}: {declared.name}, {how} on {record.get('machine', {}).get('model', '?')} "
+                     f"(measured: {', '.join(f'{e} x{r}' for e, r in worst.items())} of the fastest at its slowest point of "
                      f"{', '.join(map(str, ROWS))} rows"
                      + (f"; differs from the framework's fp32 by at most {parity:.1g}" if parity is not None else "")
                      + ")")
@@ -320,8 +329,13 @@ def declare(model_dir: Path, step: str, kernel, framework: Callable, limits: np.
     return record
 
 
+_QUIET = False  # set while an export loads a step to measure it
+
+
 def announce(step: str, text: str) -> None:
     """The line a server's log shows for each DLRM step it loads (stderr: Triton's log)."""
+    if _QUIET:
+        return
     print(f"ensemble: {step} scores with {text}", file=sys.stderr, flush=True)
 
 
@@ -369,3 +383,26 @@ def load(model_dir: Path, step: str, kernel, framework: Callable, limits: np.nda
     LOG.error(message)
     UNDECLARED[step] = reason
     return kernel, f"{substitute} (UNDECLARED: {reason})"
+
+
+def set_engine(folders: dict, step: str, name: str) -> dict:
+    """Declare ``name`` (``c``, ``openvino-f32``, ``openvino-bf16`` or ``framework``) for ``step`` by hand,
+    keeping the record of the last measurement (``ensemble engines --declare STEP=ENGINE``): for an operator
+    who wants, say, fp32 where bf16 measured faster. The step's manifest is written again."""
+    from ensemble.repository import manifest
+    from ensemble.schema import Model
+
+    if step not in STEPS:
+        raise ValueError(f"{step}: engines are declared for {', '.join(STEPS)}")
+    engine, _, precision = name.partition("-")
+    if engine not in ("c", "openvino", "framework") or (engine == "openvino") != bool(precision) or \
+            precision not in ("", "f32", "bf16"):
+        raise ValueError(f"{name}: one of c, openvino-f32, openvino-bf16, framework")
+    folder = folders[Model(step)]
+    manifest.verify(folder, Model(step))
+    record = (Declared.read(folder).record if Declared.read(folder) else {"step": step, "machine": cpu()})
+    record.update(engine=engine, precision=precision or "f32", rule="declared by hand (ensemble engines --declare)")
+    (Path(folder) / ENGINE_FILE).write_text(json.dumps(record, indent=1))
+    manifest.write(folder, Model(step))
+    return record
+

@@ -150,13 +150,13 @@ def _finish_dlrm_tf(staging: Path) -> None:
     from ensemble.models import dlrm_tf, engines
 
     dlrm_tf.write_tflite(staging)  # what the CPU layouts run; the GPU layout serves the SavedModel
-    engines.finish(staging, Model.DLRM_TF.value, dlrm_tf.TFScorer(staging))  # the CPU engine, by measurement
+    engines.finish(staging, Model.DLRM_TF.value, lambda: dlrm_tf.TFScorer(staging))  # the CPU engine, by measurement
 
 
 def _finish_dlrm_torch(staging: Path) -> None:
     from ensemble.models import dlrm_torch, engines
 
-    engines.finish(staging, Model.DLRM_TORCH.value, dlrm_torch.TorchScorer(staging))  # the CPU engine, by measurement
+    engines.finish(staging, Model.DLRM_TORCH.value, lambda: dlrm_torch.TorchScorer(staging))  # the CPU engine, by measurement
 
 
 def _fil_parameters(release: TritonRelease) -> tuple[tuple[str, str], ...]:

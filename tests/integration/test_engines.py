@@ -67,7 +67,7 @@ def test_each_dlrm_step_declares_the_engine_its_measurement_picked(seed_release)
         parity = record["parity"]["max_abs_diff_vs_framework_fp32"]
         assert parity[declared.name] <= (engines.BF16_TOLERANCE if declared.precision == "bf16" else engines.F32_TOLERANCE)
     lines = engines.describe(folders)
-    assert len(lines) == 2 and all("chosen on" in line for line in lines)
+    assert len(lines) == 2 and all(" chosen on " in line and "measured: " in line for line in lines)
 
 
 def test_the_native_layout_scores_with_the_declared_engines(trained, seed_release):

@@ -1,0 +1,136 @@
+"""The engine rule and the declared engine at load, on small real DLRMs (TorchScript and TFLite)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ensemble.models import dlrm_tf, dlrm_torch, engines
+from ensemble.models.dlrm import DLRMConfig
+
+CONFIG = DLRMConfig(embedding_dim=8, bottom_mlp=(16,), top_mlp=(16,), cardinalities=(7, 5, 9))
+
+
+@pytest.fixture(scope="module")
+def torch_step(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("dlrm_torch")
+    dlrm_torch.save(dlrm_torch.build(CONFIG).eval(), folder)
+    engines.finish(folder, "dlrm_torch", lambda: dlrm_torch.TorchScorer(folder))
+    return folder
+
+
+def _rows(n: int = 50, seed: int = 3):
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=(n, 13)).astype(np.float32),
+            np.stack([rng.integers(0, c, n) for c in CONFIG.cardinalities], axis=1).astype(np.int64))
+
+
+def test_the_rule_keeps_the_engine_least_slow_at_its_slowest_point():
+    times = {"c": {1: 4.0, 16: 1.0, 100: 1.0, 1000: 1.0},
+             "openvino-f32": {1: 8.0, 16: 0.5, 100: 0.4, 1000: 0.4},
+             "openvino-bf16": {1: 5.0, 16: 0.6, 100: 0.5, 1000: 0.5}}
+    chosen, worst = engines.pick(times, list(times))
+    assert worst == {"c": 2.5, "openvino-f32": 2.0, "openvino-bf16": 1.25} and chosen == "openvino-bf16"
+    assert engines.pick({"a": {r: 1.0 for r in engines.ROWS}, "b": {r: 1.0 for r in engines.ROWS}}, ["b", "a"])[0] == "b"
+
+
+def test_export_declares_a_measured_engine_that_serves_the_framework_s_scores(torch_step):
+    declared = engines.Declared.read(torch_step)
+    record = declared.record
+    assert record["step"] == "dlrm_torch" and record["machine"]["model"] == engines.cpu()["model"]
+    assert declared.name in record["us_per_row"] and set(map(int, record["us_per_row"][declared.name])) == set(engines.ROWS)
+    scorer = dlrm_torch.TorchScorer(torch_step)
+    assert scorer.engine.startswith(f"{declared.name} (declared")
+    dense, ids = _rows()
+    assert np.abs(scorer(dense, ids) - scorer.framework(dense, ids)).max() <= (
+        engines.BF16_TOLERANCE if declared.precision == "bf16" else engines.F32_TOLERANCE)
+
+
+@pytest.mark.skipif(engines._runtime() is None, reason="OpenVINO's C runtime is not built into this install")
+@pytest.mark.parametrize("precision", ["f32", "bf16"])
+def test_the_openvino_engine_scores_as_the_framework_and_refuses_ids_outside_the_tables(torch_step, precision):
+    if precision == "bf16" and not engines.has_bf16():
+        pytest.skip("this CPU has no bfloat16 instructions")
+    engine = engines.OpenVinoDLRM(torch_step, precision, np.array(CONFIG.cardinalities), 13)
+    dense, ids = _rows()
+    framework = dlrm_torch.TorchScorer(torch_step).framework(dense, ids)
+    bound = engines.BF16_TOLERANCE if precision == "bf16" else engines.F32_TOLERANCE
+    assert np.abs(engine(dense, ids) - framework).max() <= bound
+    # each row alone, and the rows split in two: every row scores the same
+    halves = np.concatenate([engine(dense[:17], ids[:17]), engine(dense[17:], ids[17:])])
+    assert np.array_equal(halves, engine(dense, ids))
+    for bad in (-1, CONFIG.cardinalities[2]):
+        wrong = ids.copy()
+        wrong[4, 2] = bad
+        with pytest.raises(ValueError, match=f"row 4, column 2: id {bad} is outside its embedding table"):
+            engine(dense, wrong)
+    with pytest.raises(ValueError, match="float32"):
+        engine.native(dense[:, :5].copy(), ids, np.empty(len(ids), np.float32))
+
+
+def _declare(folder, **fields):
+    path = folder / engines.ENGINE_FILE
+    record = json.loads(path.read_text())
+    record.update(fields)
+    path.write_text(json.dumps(record))
+
+
+def test_a_declared_engine_that_cannot_run_is_said_loudly_or_refused(torch_step, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    folder = tmp_path / "step"
+    shutil.copytree(torch_step, folder)
+    _declare(folder, engine="openvino", precision="int8")
+    engines.UNDECLARED.clear()
+    scorer = dlrm_torch.TorchScorer(folder)
+    assert "UNDECLARED: this install does not know the precision 'int8'" in scorer.engine
+    assert "dlrm_torch" in engines.UNDECLARED
+    assert "ensemble: dlrm_torch scores with c (UNDECLARED" in capsys.readouterr().err
+    dense, ids = _rows()
+    assert np.abs(scorer(dense, ids) - scorer.framework(dense, ids)).max() <= engines.F32_TOLERANCE
+    monkeypatch.setenv(engines.REQUIRE_ENV, "1")
+    with pytest.raises(engines.EngineUnavailable, match="declared engine openvino-int8 cannot score here"):
+        dlrm_torch.TorchScorer(folder)
+
+
+def test_a_release_without_engine_json_keeps_the_checked_c_pass(torch_step, tmp_path):
+    import shutil
+
+    folder = tmp_path / "old"
+    shutil.copytree(torch_step, folder)
+    (folder / engines.ENGINE_FILE).unlink()
+    scorer = dlrm_torch.TorchScorer(folder)
+    assert scorer.engine.startswith("c (no engine declared") and scorer.kernel is scorer.kernel_c
+
+
+def test_the_keras_dlrm_declares_and_loads_its_engine(tmp_path):
+    model = dlrm_tf.build(CONFIG)
+    dlrm_tf.save(model, tmp_path)
+    dlrm_tf.write_tflite(tmp_path)
+    engines.finish(tmp_path, "dlrm_tf", lambda: dlrm_tf.TFScorer(tmp_path))
+    declared = engines.Declared.read(tmp_path)
+    scorer = dlrm_tf.TFScorer(tmp_path)
+    assert scorer.engine.startswith(f"{declared.name} (declared")
+    dense, ids = _rows()
+    assert np.abs(scorer(dense, ids) - scorer.framework(dense, ids)).max() <= engines.BF16_TOLERANCE
+
+
+def test_declare_by_hand_checks_the_name(torch_step, tmp_path):
+    import shutil
+
+    from ensemble.repository import manifest
+    from ensemble.schema import Model
+
+    folder = tmp_path / "by-hand"
+    shutil.copytree(torch_step, folder)
+    manifest.write(folder, Model.DLRM_TORCH)
+    folders = {Model.DLRM_TORCH: folder}
+    for wrong in ("openvino", "c-f32", "tensorrt", "openvino-int4"):
+        with pytest.raises(ValueError, match="one of c, openvino-f32"):
+            engines.set_engine(folders, "dlrm_torch", wrong)
+    record = engines.set_engine(folders, "dlrm_torch", "c")
+    assert record["engine"] == "c" and "by hand" in record["rule"]
+    manifest.verify(folder, Model.DLRM_TORCH)  # written again: the folder still loads
+    assert dlrm_torch.TorchScorer(folder).engine == "c (declared)"
