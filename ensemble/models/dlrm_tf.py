@@ -154,6 +154,7 @@ class TFScorer:
         import threading
 
         self._path, self._threads = str(Path(model_dir) / TFLITE), threads
+        self.folder = Path(model_dir)
         self._local = threading.local()
         interpreter = self._interpreter()[0]  # load now: a broken file fails at load, not on the first request
         # The same weights through one C call (ensemble/models/_dlrm.c) when it gives the

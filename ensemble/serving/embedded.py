@@ -95,6 +95,22 @@ class RankerModel:
         """Rows scored by the last call (the backend's batch statistics)."""
         return self.ranker.rows
 
+    @property
+    def engines(self) -> tuple[tuple[str, str, str], ...]:
+        """(step, the engine that scores it, the engine its release declares) per DLRM step: the backend's
+        ``ensemble_engine_*`` metrics (:mod:`ensemble.models.engines`)."""
+        from ensemble.models.engines import Declared
+
+        found = []
+        for model, step in self.pipeline.steps.items():
+            scorer = step.fn
+            if not hasattr(scorer, "engine"):
+                continue
+            folder = getattr(scorer, "folder", None)
+            declared = Declared.read(folder) if folder is not None else None
+            found.append((model.value, scorer.engine.split(" ", 1)[0], declared.name if declared else "none"))
+        return tuple(found)
+
     def close(self) -> None:
         """Called when Triton unloads this version: the process (Triton's) lives on."""
         if self in _LOADED:

@@ -122,6 +122,7 @@ static TRITONSERVER_Error *python_start(void) {
 
 #define PLAIN_INPUTS 4   /* the most inputs a plain call may have */
 #define PLAIN_OUTPUTS 16 /* the most outputs it may answer */
+#define ENGINE_METRICS 8 /* series of the engine metrics one model version holds */
 
 typedef struct {
     PyObject *model;        /* ensemble.serving.embedded.Model */
@@ -143,6 +144,9 @@ typedef struct {
     int64_t split_rows;
     /* The nice value the model's instance threads take on their first call (0: left as they are). */
     int thread_nice;
+    /* This version's ensemble_engine_info and ensemble_engine_undeclared series, one pair per DLRM step. */
+    int n_metrics;
+    TRITONSERVER_Metric *metrics[ENGINE_METRICS];
 } ModelState;
 
 /* The plain path in C from the model's chain and admission objects (None: none), when both modules
@@ -208,6 +212,70 @@ static void plain_spec(ModelState *state, const char *name) {
     Py_DECREF(spec);
 }
 
+/* ----- which engine scores each DLRM step, as metrics -----
+ *
+ * ensemble_engine_info{model, version, step, engine, declared} is 1 per DLRM step of a loaded version
+ * (engine: what scores it here; declared: what its release declares, ensemble/models/engines.py), and
+ * ensemble_engine_undeclared{model, version, step} is 1 when the two differ (the load logged why), else 0:
+ * what an alert watches. The series go when the version unloads. */
+static TRITONSERVER_MetricFamily *engine_info_family, *engine_undeclared_family;
+
+static TRITONSERVER_Metric *labelled(TRITONSERVER_MetricFamily *family, const char *const *names,
+                                     const char *const *values, int count, double value) {
+    const TRITONSERVER_Parameter *labels[5];
+    for (int k = 0; k < count; k++) labels[k] = TRITONSERVER_ParameterNew(names[k], TS_PARAMETER_STRING, values[k]);
+    TRITONSERVER_Metric *metric = NULL;
+    TRITONSERVER_Error *err = TRITONSERVER_MetricNew(&metric, family, labels, (uint64_t)count);
+    for (int k = 0; k < count; k++) TRITONSERVER_ParameterDelete((TRITONSERVER_Parameter *)labels[k]);
+    if (err) {
+        TRITONSERVER_ErrorDelete(err);
+        return NULL;
+    }
+    if ((err = TRITONSERVER_MetricSet(metric, value))) TRITONSERVER_ErrorDelete(err);
+    return metric;
+}
+
+/* The series of the model's engines attribute ((step, engine, declared) tuples), when it has one. Called
+ * with the interpreter's lock held. */
+static void engine_metrics(ModelState *state, const char *name, uint64_t version) {
+    PyObject *engines = PyObject_GetAttrString(state->model, "engines");
+    if (engines == NULL || !PyTuple_Check(engines)) {
+        PyErr_Clear();
+        Py_XDECREF(engines);
+        return;
+    }
+    TRITONSERVER_Error *err = NULL;
+    if (engine_info_family == NULL &&
+        (err = TRITONSERVER_MetricFamilyNew(&engine_info_family, TS_METRIC_GAUGE, "ensemble_engine_info",
+                                            "1 per DLRM step: the engine that scores it here and the one its "
+                                            "release declares")) == NULL)
+        err = TRITONSERVER_MetricFamilyNew(&engine_undeclared_family, TS_METRIC_GAUGE, "ensemble_engine_undeclared",
+                                           "1 when a DLRM step does not score with the engine its release declares");
+    if (err) {
+        TRITONSERVER_ErrorDelete(err);
+        log_line(TS_LOG_WARN, "the engine metrics could not be created");
+        Py_DECREF(engines);
+        return;
+    }
+    char version_text[24];
+    snprintf(version_text, sizeof version_text, "%llu", (unsigned long long)version);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(engines) && state->n_metrics + 2 <= ENGINE_METRICS; i++) {
+        const char *step, *engine, *declared;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(engines, i), "sss", &step, &engine, &declared)) {
+            PyErr_Clear();
+            continue;
+        }
+        const char *info_names[] = {"model", "version", "step", "engine", "declared"};
+        const char *info_values[] = {name, version_text, step, engine, declared};
+        TRITONSERVER_Metric *info = labelled(engine_info_family, info_names, info_values, 5, 1.0);
+        TRITONSERVER_Metric *off = labelled(engine_undeclared_family, info_names, info_values, 3,
+                                            strcmp(engine, declared) != 0 && strcmp(declared, "none") != 0);
+        if (info) state->metrics[state->n_metrics++] = info;
+        if (off) state->metrics[state->n_metrics++] = off;
+    }
+    Py_DECREF(engines);
+}
+
 TRITONSERVER_Error *TRITONBACKEND_Initialize(TRITONBACKEND_Backend *backend) {
     (void)backend;
     uint32_t major, minor;
@@ -257,6 +325,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
         if (nice == NULL) PyErr_Clear(); /* a model without the attribute: threads left as they are */
         else if (PyLong_Check(nice)) state->thread_nice = (int)PyLong_AsLong(nice);
         Py_XDECREF(nice);
+        engine_metrics(state, name, version);
     }
     if (state->model == NULL || state->input_names == NULL) {
         char text[900];
@@ -287,6 +356,10 @@ TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
     Py_XDECREF(state->admission);
     Py_DECREF(state->model);
     PyGILState_Release(gil);
+    for (int k = 0; k < state->n_metrics; k++) {
+        TRITONSERVER_Error *gone = TRITONSERVER_MetricDelete(state->metrics[k]);
+        if (gone) TRITONSERVER_ErrorDelete(gone);
+    }
     for (int k = 0; k < state->n_outputs; k++) free(state->output_names[k]);
     for (int i = 0; i < state->n_inputs; i++) free(state->input_names[i]);
     free(state->input_names);

@@ -65,6 +65,20 @@ TRITONSERVER_Error *TRITONSERVER_MessageDelete(TRITONSERVER_Message *message);
 TRITONSERVER_Error *TRITONSERVER_LogMessage(TS_LogLevel level, const char *file, int line,
                                             const char *message);
 
+/* Custom metrics (Triton's metrics endpoint shows them beside its own) */
+typedef struct TRITONSERVER_MetricFamily TRITONSERVER_MetricFamily;
+typedef struct TRITONSERVER_Metric TRITONSERVER_Metric;
+typedef struct TRITONSERVER_Parameter TRITONSERVER_Parameter;
+typedef enum { TS_METRIC_COUNTER, TS_METRIC_GAUGE } TS_MetricKind;
+TRITONSERVER_Error *TRITONSERVER_MetricFamilyNew(TRITONSERVER_MetricFamily **family, TS_MetricKind kind,
+                                                 const char *name, const char *description);
+TRITONSERVER_Error *TRITONSERVER_MetricNew(TRITONSERVER_Metric **metric, TRITONSERVER_MetricFamily *family,
+                                           const TRITONSERVER_Parameter **labels, uint64_t label_count);
+TRITONSERVER_Error *TRITONSERVER_MetricDelete(TRITONSERVER_Metric *metric);
+TRITONSERVER_Error *TRITONSERVER_MetricSet(TRITONSERVER_Metric *metric, double value);
+TRITONSERVER_Parameter *TRITONSERVER_ParameterNew(const char *name, TS_ParameterType type, const void *value);
+void TRITONSERVER_ParameterDelete(TRITONSERVER_Parameter *parameter);
+
 /* Backend, model, instance */
 TRITONSERVER_Error *TRITONBACKEND_ApiVersion(uint32_t *major, uint32_t *minor);
 TRITONSERVER_Error *TRITONBACKEND_ModelName(TRITONBACKEND_Model *model, const char **name);

@@ -45,6 +45,24 @@ def _server(repository, log_file, **options) -> TritonServer:
                                       log_file=log_file, admin_key=ADMIN_KEY, startup_timeout=240, **options))
 
 
+def _engine_metrics(server) -> dict:
+    """The ranker's engine series on the metrics endpoint: (family, step) -> (engine, declared, value) for
+    ensemble_engine_info, the value for ensemble_engine_undeclared."""
+    import urllib.request
+
+    from ensemble.serving.monitoring import parse_exposition
+
+    with urllib.request.urlopen(f"http://{server.metrics_url.split('//')[-1]}", timeout=10) as answer:
+        families = parse_exposition(answer.read().decode())
+    found = {}
+    for labels, value in families.get("ensemble_engine_info", []):
+        assert labels["model"] == "ranker"
+        found["ensemble_engine_info", labels["step"]] = (labels["engine"], labels["declared"], value)
+    for labels, value in families.get("ensemble_engine_undeclared", []):
+        found["ensemble_engine_undeclared", labels["step"]] = value
+    return found
+
+
 def _rows(trained, n: int = 100):
     frame = trained.test.head(n)
     return transforms.dense_array(frame), transforms.encode_categorical(frame)
@@ -81,8 +99,12 @@ def test_the_native_layout_scores_with_the_declared_engines(trained, seed_releas
     server.start()
     try:
         got = RankerClient(server.http_url, "http").score(dense, categorical, all_scores=True)
+        metrics = _engine_metrics(server)
     finally:
         server.stop()
+    for step, name in names.items():
+        assert metrics["ensemble_engine_info", step] == (name, name, 1.0)
+        assert metrics["ensemble_engine_undeclared", step] == 0.0
     log = (root / "native.log").read_text(errors="replace")
     for step, name in names.items():
         assert f"ensemble: {step} scores with {name} (declared" in log, log[-3000:]
@@ -114,8 +136,12 @@ def test_an_engine_that_cannot_run_here_is_said_loudly_and_refused_when_required
         dense, categorical = _rows(trained, 8)
         scores = RankerClient(server.http_url, "http").score(dense, categorical)
         assert np.isfinite(np.asarray(scores)).all()
+        metrics = _engine_metrics(server)
     finally:
         server.stop()
+    assert metrics["ensemble_engine_undeclared", "dlrm_torch"] == 1.0
+    assert metrics["ensemble_engine_info", "dlrm_torch"][1:] == ("openvino-int8", 1.0)
+    assert metrics["ensemble_engine_undeclared", "dlrm_tf"] == 0.0
     log = (tmp_path / "loud.log").read_text(errors="replace")
     assert "dlrm_torch: the declared engine openvino-int8 cannot score here" in log
     assert "ensemble: dlrm_torch scores with" in log and "(UNDECLARED: this install does not know the precision" in log
