@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import re
 from dataclasses import dataclass
 from enum import Enum
@@ -12,6 +14,8 @@ import numpy as np
 from ensemble import schema
 from ensemble.models.artifacts import FIL_CHECKPOINT, TREES_LIBRARY, XGB_JSON
 from ensemble.device import Device
+
+LOG = logging.getLogger(__name__)
 
 MODEL_FILE = XGB_JSON
 FIL_FILE = FIL_CHECKPOINT
@@ -325,13 +329,19 @@ class TreeArrays:
         learner = json.loads(Path(path).read_text())["learner"]
         booster, params = learner["gradient_booster"], learner["learner_model_param"]
         trees = booster.get("model", {}).get("trees", [])
-        if (booster.get("name") != "gbtree" or learner["objective"]["name"] != "binary:logistic"
-                or int(params.get("num_target", "1")) != 1 or int(params.get("num_class", "0")) > 1 or not trees
-                or any(int(t) for tree in trees for t in tree.get("split_type", []))):
-            return None
-        depths = [_depth(tree) for tree in trees]
-        depth = max(1, max(depths))
-        if depth > cls.MAX_DEPTH:
+        reason = (f"booster {booster.get('name')!r}, not gbtree" if booster.get("name") != "gbtree" else
+                  f"objective {learner['objective']['name']!r}, not binary:logistic"
+                  if learner["objective"]["name"] != "binary:logistic" else
+                  "more than one target or class"
+                  if int(params.get("num_target", "1")) != 1 or int(params.get("num_class", "0")) > 1 else
+                  "no trees" if not trees else
+                  "categorical splits" if any(int(t) for tree in trees for t in tree.get("split_type", [])) else None)
+        if reason is None:
+            depth = max(1, max(_depth(tree) for tree in trees))
+            if depth > cls.MAX_DEPTH:
+                reason = f"depth {depth} > {cls.MAX_DEPTH}"
+        if reason is not None:
+            LOG.warning("xgb: the C trees decline this model (%s); TL2cgen's library and XGBoost score it", reason)
             return None
         n_internal, n_leaves = (1 << depth) - 1, 1 << depth
         column = np.zeros((len(trees), n_internal), np.uint32)
@@ -355,6 +365,8 @@ class TreeArrays:
         base_score = float(str(params["base_score"]).strip("[]"))
         base_margin = float(np.log(base_score) - np.log1p(-base_score))
         if not np.isfinite(threshold).all():  # the missing-value columns need finite thresholds
+            LOG.warning("xgb: the C trees decline this model (a split threshold is not finite); TL2cgen's "
+                        "library and XGBoost score it")
             return None
         return cls(column.ravel(), threshold.ravel(), leaves.ravel(), depth, base_margin, int(params["num_feature"]))
 
