@@ -26,13 +26,13 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks import write_results
 from ensemble.machine import summary
+from ensemble.models.engines import per_row_us
 
 ROWS = (1, 16, 100, 1000)
 N_DENSE, N_COLUMNS = 13, 26
@@ -168,19 +168,8 @@ def measure(engines: dict, table_rows: int, repeats: int, budget: float) -> list
     for rows in ROWS:
         dense, ids = inputs(rows, table_rows, rows)
         reference = next(iter(engines.values()))(dense, ids)
-        best = {name: float("inf") for name in engines}
         gaps = {name: float(np.abs(f(dense, ids) - reference).max()) for name, f in engines.items()}
-        for _ in range(repeats):
-            for name, f in engines.items():
-                f(dense, ids)
-                calls, start = 0, time.perf_counter()
-                while True:
-                    f(dense, ids)
-                    calls += 1
-                    elapsed = time.perf_counter() - start
-                    if elapsed >= budget:
-                        break
-                best[name] = min(best[name], elapsed / calls / rows * 1e6)
+        best = per_row_us(engines, dense, ids, repeats, budget)
         for name in engines:
             points.append({"rows": rows, "engine": name, "us_per_row": round(best[name], 3),
                            "max_abs_diff": gaps[name]})

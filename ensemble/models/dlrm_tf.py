@@ -3,7 +3,6 @@ Exported as a SavedModel with Keras ``model.export`` (signature output ``output_
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Callable
 
@@ -14,8 +13,6 @@ from ensemble.models import dlrm_kernel, metrics
 from ensemble.models.artifacts import SAVEDMODEL, SAVEDMODEL_OUTPUT, TFLITE
 from ensemble.models.dlrm import DLRMConfig, as_source, score_source, table_offsets
 from ensemble.device import Device
-
-LOG = logging.getLogger(__name__)
 
 MODEL_DIR = SAVEDMODEL
 SIGNATURE_OUTPUT = SAVEDMODEL_OUTPUT
@@ -157,21 +154,13 @@ class TFScorer:
         self.folder = Path(model_dir)
         self._local = threading.local()
         interpreter = self._interpreter()[0]  # load now: a broken file fails at load, not on the first request
-        # The same weights through one C call (ensemble/models/_dlrm.c) when it gives the
-        # interpreter's scores on a sample batch: 1 row and 100 rows both faster than LiteRT here.
-        # The engine the release declares for this step (ensemble.models.engines), said loudly when it
-        # cannot run here.
+        # The engine the release declares for this step (ensemble.models.engines): the C pass (the same
+        # weights through one C call, ensemble/models/_dlrm.c) or OpenVINO, said loudly when it cannot run here.
         from ensemble.models import engines
 
         self.weights = dlrm_kernel.DLRMWeights.from_tflite(interpreter)
-        if not dlrm_kernel.available():
-            LOG.warning("dlrm_tf: the C forward pass is not built, or this CPU lacks AVX2+FMA")
-        kernel = dlrm_kernel.checked(self.weights, self.framework, "dlrm_tf") if dlrm_kernel.available() else None
-        self.kernel_c = kernel
-        limits = dlrm_kernel.cardinalities(self.weights) if self.weights is not None else None
-        n_dense = self.weights.bottom[0][0].shape[0] if self.weights is not None else 0
-        self._kernel, self.engine = engines.load(Path(model_dir), "dlrm_tf", kernel, self.framework, limits, n_dense)
-        engines.announce("dlrm_tf", self.engine)
+        self.kernel_c, self._kernel, self.engine = engines.attach(Path(model_dir), "dlrm_tf", self.weights,
+                                                                  self.framework)
 
     def _interpreter(self):
         state = getattr(self._local, "state", None)

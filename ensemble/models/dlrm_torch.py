@@ -229,15 +229,8 @@ class TorchScorer:
             if self.weights is None:
                 LOG.warning("dlrm_torch: the C forward pass declines this model: its graph is not the exported "
                             "DLRM's shape (linear layers, one stacked table, the pairwise interaction)")
-            elif not dlrm_kernel.available():
-                LOG.warning("dlrm_torch: the C forward pass is not built, or this CPU lacks AVX2+FMA")
-            kernel = dlrm_kernel.checked(self.weights, self.framework, "dlrm_torch") if dlrm_kernel.available() else None
-            self.kernel_c = kernel
-            limits = dlrm_kernel.cardinalities(self.weights) if self.weights is not None else None
-            n_dense = self.weights.bottom[0][0].shape[0] if self.weights is not None else 0
-            self._kernel, self.engine = engines.load(Path(model_dir), "dlrm_torch", kernel, self.framework, limits,
-                                                     n_dense)
-            engines.announce("dlrm_torch", self.engine)
+            self.kernel_c, self._kernel, self.engine = engines.attach(Path(model_dir), "dlrm_torch", self.weights,
+                                                                      self.framework)
 
     @property
     def kernel(self) -> "dlrm_kernel.DLRMWeights | None":

@@ -249,6 +249,41 @@ class Declared:
         return cls(record["engine"], record.get("precision", "f32"), record)
 
 
+def attach(model_dir: Path, step: str, weights, framework: Callable):
+    """A DLRM scorer's engines at load: (the C pass when it reproduces the framework, else None; the engine
+    that scores; the text the server logs, announced). ``weights``: the model's weights as the C pass reads
+    them (None: it declined the model's graph)."""
+    from ensemble.models import dlrm_kernel
+
+    if not dlrm_kernel.available():
+        LOG.warning("%s: the C forward pass is not built, or this CPU lacks AVX2+FMA", step)
+    kernel = dlrm_kernel.checked(weights, framework, step) if dlrm_kernel.available() else None
+    limits = dlrm_kernel.cardinalities(weights) if weights is not None else None
+    n_dense = weights.bottom[0][0].shape[0] if weights is not None else 0
+    engine, text = load(Path(model_dir), step, kernel, framework, limits, n_dense)
+    announce(step, text)
+    return kernel, engine, text
+
+
+def per_row_us(engines: dict[str, Callable], dense: np.ndarray, ids: np.ndarray, repeats: int,
+               budget: float) -> dict[str, float]:
+    """Microseconds per row of each engine on these rows: calls for ``budget`` seconds, engines alternating,
+    best of ``repeats``."""
+    best = dict.fromkeys(engines, float("inf"))
+    for _ in range(repeats):
+        for name, f in engines.items():
+            f(dense, ids)
+            calls, start = 0, time.perf_counter()
+            while True:
+                f(dense, ids)
+                calls += 1
+                elapsed = time.perf_counter() - start
+                if elapsed >= budget:
+                    break
+            best[name] = min(best[name], elapsed / calls / len(dense) * 1e6)
+    return best
+
+
 def _inputs(limits: np.ndarray, n_dense: int, rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     ids = np.stack([rng.integers(0, max(int(limit), 1), rows) for limit in limits], axis=1).astype(np.int64)
@@ -275,20 +310,8 @@ def measure(engines: dict[str, Callable], limits: np.ndarray, n_dense: int, budg
     times = {name: {} for name in engines}
     for rows in ROWS:
         dense, ids = _inputs(limits, n_dense, rows, rows)
-        best = dict.fromkeys(engines, float("inf"))
-        for _ in range(repeats):
-            for name, f in engines.items():
-                f(dense, ids)
-                calls, start = 0, time.perf_counter()
-                while True:
-                    f(dense, ids)
-                    calls += 1
-                    elapsed = time.perf_counter() - start
-                    if elapsed >= budget:
-                        break
-                best[name] = min(best[name], elapsed / calls / rows * 1e6)
-        for name in engines:
-            times[name][rows] = round(best[name], 3)
+        for name, us in per_row_us(engines, dense, ids, repeats, budget).items():
+            times[name][rows] = round(us, 3)
     return times
 
 
