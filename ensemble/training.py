@@ -215,6 +215,11 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
     on_cluster = client is not None and isinstance(sources.train, ShardSource) and isinstance(sources.valid, ShardSource)
     for split in ("valid", "test"):  # labels in scoring order (these splits' sources do not shuffle)
         labels[split] = np.concatenate([y for _, _, y in getattr(sources, split).epoch(0)] or [np.zeros(0, np.int8)])
+    # the export's held-out rows: int8 calibrates on validation rows, reduced precisions are judged on test rows
+    from ensemble.models import engines
+
+    for split, rows in (("valid", engines.CALIBRATION_ROWS), ("test", engines.HELD_OUT_ROWS)):
+        engines.write_held_out(workdir / engines.HELD_OUT_DIR, split, getattr(sources, split).epoch(0), rows)
     trees = None
     if "xgb" in config.models:
         start = time.perf_counter()

@@ -22,6 +22,7 @@ substitute engine, and counts it in :data:`UNDECLARED`; with ``ENSEMBLE_REQUIRE_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -38,11 +39,21 @@ LOG = logging.getLogger(__name__)
 ENGINE_FILE = "engine.json"
 OPENVINO_DIR = "openvino"
 OPENVINO_MODEL = "model.xml"
+OPENVINO_INT8 = "model-int8.xml"  # the same model quantized to int8 (nncf), when held-out rows were at hand
 ROWS = (1, 16, 100, 1000)
 # The largest difference from the framework's fp32 probability a bf16 engine may show on the parity rows.
 BF16_TOLERANCE = 1e-3
 # The same for the fp32 engines (float32 sums in another order).
 F32_TOLERANCE = 1e-5
+# A reduced precision (bf16, int8) is eligible only when its held-out AUC is within this of the framework's
+# fp32 (when the export has held-out rows; without them bf16 is judged by BF16_TOLERANCE, int8 not at all).
+AUC_TOLERANCE = 1e-3
+# At load an int8 engine only has to score random rows near the framework (its accuracy was judged on the
+# held-out rows at export).
+INT8_LOAD_TOLERANCE = 0.05
+HELD_OUT_DIR = "held_out"  # in a training run's work folder: valid.npz and test.npz (ensemble.training)
+HELD_OUT_ROWS = 20000  # test rows an export scores to judge a reduced precision
+CALIBRATION_ROWS = 3000  # validation rows the int8 quantization calibrates its activation ranges on
 REQUIRE_ENV = "ENSEMBLE_REQUIRE_DECLARED"
 BUDGET_ENV = "ENSEMBLE_ENGINE_BUDGET"  # seconds of calls per engine and point at export (default 0.02)
 # Steps that loaded an engine other than the one their release declares in this process: step -> reason.
@@ -145,6 +156,14 @@ def finish(staging: Path, step: str, load_scorer: Callable) -> None:
         LOG.warning("%s: no OpenVINO model (%s); the other engines are measured", step, exc)
     weights = scorer.weights
     limits = dlrm_kernel.cardinalities(weights) if weights is not None else None
+    ir = Path(staging) / OPENVINO_DIR / OPENVINO_MODEL
+    calibration = _held_out_rows("valid", CALIBRATION_ROWS, weights.bottom[0][0].shape[0], len(limits)) \
+        if limits is not None and ir.is_file() else None
+    if calibration is not None:
+        try:
+            write_int8(staging, calibration[:2])
+        except Exception as exc:  # noqa: BLE001 - any quantizer failure: the other engines are measured
+            LOG.warning("%s: no int8 model (%s)", step, exc)
     if limits is None:
         LOG.warning("%s: the model's tables could not be read; the framework scores", step)
         (Path(staging) / ENGINE_FILE).write_text(json.dumps({"step": step, "engine": "framework", "precision": "f32",
@@ -181,7 +200,8 @@ def describe(folders: dict) -> list[str]:
 
 def redeclare(folders: dict, budget: float | None = None) -> list[dict]:
     """Measure again on this machine and rewrite each DLRM step's ``engine.json`` (and its manifest):
-    ``ensemble engines``. A running server takes the new choice when it loads the release again."""
+    ``ensemble engines --measure``; within :func:`held_out` the reduced precisions are judged on its test
+    rows and int8 is quantized anew. A running server takes the new choice when it loads the release again."""
     from ensemble.models import dlrm_kernel, dlrm_tf, dlrm_torch
     from ensemble.repository import manifest
 
@@ -199,23 +219,116 @@ def redeclare(folders: dict, budget: float | None = None) -> list[dict]:
                 write_openvino(folder, model.value)
             except Exception as exc:  # noqa: BLE001 - the other engines are still measured
                 LOG.warning("%s: no OpenVINO model (%s)", model.value, exc)
+        limits = dlrm_kernel.cardinalities(weights)
+        calibration = _held_out_rows("valid", CALIBRATION_ROWS, weights.bottom[0][0].shape[0], len(limits))
+        if calibration is not None and (Path(folder) / OPENVINO_DIR / OPENVINO_MODEL).is_file():
+            try:
+                write_int8(folder, calibration[:2])
+            except Exception as exc:  # noqa: BLE001 - the other engines are still measured
+                LOG.warning("%s: no int8 model (%s)", model.value, exc)
         records.append(declare(folder, model.value, scorer.kernel_c, scorer.framework,
                                dlrm_kernel.cardinalities(weights), weights.bottom[0][0].shape[0], budget))
         manifest.write(folder, model)
     return records
 
 
+_HELD_OUT: Path | None = None  # the training run's shard folder while an export runs (held_out)
+
+
+@contextlib.contextmanager
+def held_out(folder: Path | None):
+    """While an export runs: the training run's held-out rows (``<workdir>/held_out``: ``valid.npz``
+    calibrates int8, ``test.npz`` judges the reduced precisions' AUC)."""
+    global _HELD_OUT
+    previous, _HELD_OUT = _HELD_OUT, Path(folder) if folder is not None else None
+    try:
+        yield
+    finally:
+        _HELD_OUT = previous
+
+
+def write_held_out(folder: Path, split: str, batches, rows: int) -> Path:
+    """The first ``rows`` rows of a split's (dense, ids, labels) batches as ``<folder>/<split>.npz``."""
+    parts, have = [], 0
+    for batch in batches:
+        parts.append(batch)
+        have += len(batch[2])
+        if have >= rows:
+            break
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{split}.npz"
+    arrays = [np.concatenate([p[k] for p in parts])[:rows] if parts else np.zeros(0) for k in range(3)]
+    np.savez(path, dense=arrays[0], ids=arrays[1], labels=arrays[2])
+    return path
+
+
+def _held_out_rows(split: str, rows: int, n_dense: int, n_ids: int):
+    """Up to ``rows`` rows of a held-out split as (dense, ids, labels), or None (none at hand, of other
+    widths than the model's, or of one class only)."""
+    path = _HELD_OUT / f"{split}.npz" if _HELD_OUT is not None else None
+    if path is None or not path.is_file():
+        return None
+    with np.load(path) as archive:
+        dense, ids, labels = archive["dense"][:rows], archive["ids"][:rows], archive["labels"][:rows]
+    if dense.ndim != 2 or dense.shape[1] != n_dense or ids.shape[1] != n_ids or len(np.unique(labels)) < 2:
+        LOG.warning("held-out rows in %s do not fit this model; reduced precisions are judged without them", path)
+        return None
+    return np.ascontiguousarray(dense, np.float32), np.ascontiguousarray(ids, np.int64), labels
+
+
+def _int8_ignored(model) -> list[str]:
+    """The operators int8 would hurt: products of two activations (the pairwise interaction) and the layers
+    that read a concatenation (the top MLP's first layer reads the dense vector beside the pairwise dot
+    products, whose range one scale per tensor does not hold: quantizing it cost 0.0024 test AUC on the
+    seed-size DLRM, against 4e-5 without it)."""
+    def source(node, k):
+        src = node.input_value(k).get_node()
+        while src.get_type_name() in ("Convert", "Reshape", "Transpose", "Unsqueeze"):
+            src = src.input_value(0).get_node()
+        return src.get_type_name()
+
+    return [op.get_friendly_name() for op in model.get_ops() if op.get_type_name() == "MatMul" and
+            ("Constant" not in (source(op, 0), source(op, 1)) or source(op, 0) == "Concat")]
+
+
+def write_int8(model_dir: Path, calibration: tuple[np.ndarray, np.ndarray]) -> Path:
+    """The step's OpenVINO IR quantized to int8 by nncf's post-training quantization, calibrated on
+    ``calibration`` (dense, ids) rows, the operators :func:`_int8_ignored` names left as they are."""
+    import nncf
+    import openvino as ov
+
+    folder = Path(model_dir) / OPENVINO_DIR
+    model = ov.Core().read_model(str(folder / OPENVINO_MODEL))
+    names = [port.get_any_name() for port in model.inputs]
+    dense_index = next(k for k, port in enumerate(model.inputs) if port.get_element_type() == ov.Type.f32)
+    dense, ids = calibration
+
+    def feed(start: int) -> dict:
+        rows = slice(start, start + 100)
+        return {names[dense_index]: dense[rows], names[1 - dense_index]: ids[rows]}
+
+    batches = list(range(0, len(dense), 100))
+    quantized = nncf.quantize(model, nncf.Dataset(batches, feed), subset_size=len(batches),
+                              ignored_scope=nncf.IgnoredScope(names=_int8_ignored(model)))
+    path = folder / OPENVINO_INT8
+    ov.save_model(quantized, str(path), compress_to_fp16=False)
+    return path
+
+
 class OpenVinoDLRM:
-    """A step's OpenVINO engine with the C kernel's interface (``into``, ``native``, ``__call__``)."""
+    """A step's OpenVINO engine with the C kernel's interface (``into``, ``native``, ``__call__``); ``precision``
+    f32, bf16, or int8 (the quantized model)."""
 
     def __init__(self, model_dir: Path, precision: str, limits: np.ndarray, n_dense: int, threads: int = 2):
         import openvino as ov
 
-        path = Path(model_dir) / OPENVINO_DIR / OPENVINO_MODEL
+        path = Path(model_dir) / OPENVINO_DIR / (OPENVINO_INT8 if precision == "int8" else OPENVINO_MODEL)
         inputs = ov.Core().read_model(str(path)).inputs
         dense_index = next(k for k, port in enumerate(inputs) if port.get_element_type() == ov.Type.f32)
         self.precision = precision
-        self.native = _runtime().Engine(str(path), precision, np.ascontiguousarray(limits, np.int64), n_dense,
+        # int8: the quantized layers in int8, the others in bf16 where the CPU has it
+        hint = ("bf16" if has_bf16() else "f32") if precision == "int8" else precision
+        self.native = _runtime().Engine(str(path), hint, np.ascontiguousarray(limits, np.int64), n_dense,
                                        dense_index, threads)
 
     def into(self, dense_features: np.ndarray, category_ids: np.ndarray, out: np.ndarray) -> None:
@@ -301,6 +414,11 @@ def candidates(model_dir: Path, kernel, limits: np.ndarray, n_dense: int, machin
                 found[f"openvino-{precision}"] = OpenVinoDLRM(model_dir, precision, limits, n_dense, threads=1)
             except RuntimeError as exc:
                 LOG.warning("openvino %s does not compile this model here (%s)", precision, exc)
+        if (Path(model_dir) / OPENVINO_DIR / OPENVINO_INT8).is_file():
+            try:
+                found["openvino-int8"] = OpenVinoDLRM(model_dir, "int8", limits, n_dense, threads=1)
+            except RuntimeError as exc:
+                LOG.warning("openvino int8 does not compile this model here (%s)", exc)
     return found
 
 
@@ -332,11 +450,29 @@ def declare(model_dir: Path, step: str, kernel, framework: Callable, limits: np.
     engines = candidates(model_dir, kernel, limits, n_dense, machine)
     dense, ids = _inputs(limits, n_dense, 512, 7)
     reference = np.asarray(framework(dense, ids), np.float32).reshape(-1)
+    test = _held_out_rows("test", HELD_OUT_ROWS, n_dense, len(limits))
+    held = {}
+    if test is not None:
+        from ensemble.models import metrics
+
+        t_dense, t_ids, labels = test
+        fp32 = _scores(framework, t_dense, t_ids)
+        held = {"rows": len(labels), "auc_framework_fp32": metrics.auc(labels, fp32)}
     parity, eligible = {}, []
     for name, f in engines.items():
         gap = float(np.abs(np.asarray(f(dense, ids)).reshape(-1) - reference).max())
         parity[name] = gap
-        if gap <= (BF16_TOLERANCE if name.endswith("bf16") else F32_TOLERANCE):
+        reduced = name.endswith(("bf16", "int8"))
+        if test is not None:
+            scores = _scores(f, t_dense, t_ids)
+            held[name] = {"auc": metrics.auc(labels, scores), "max_abs_diff": float(np.abs(scores - fp32).max())}
+        if not reduced:
+            ok = gap <= F32_TOLERANCE
+        elif test is not None:
+            ok = abs(held[name]["auc"] - held["auc_framework_fp32"]) <= AUC_TOLERANCE
+        else:  # no held-out rows: bf16 by its score bound on random rows, int8 not at all
+            ok = name.endswith("bf16") and gap <= BF16_TOLERANCE
+        if ok:
             eligible.append(name)
     times = measure({n: engines[n] for n in eligible}, limits, n_dense, budget) if eligible else {}
     chosen, worst = pick(times, eligible) if eligible else ("framework", {})
@@ -345,11 +481,17 @@ def declare(model_dir: Path, step: str, kernel, framework: Callable, limits: np.
               "rule": "the engine whose slowest point against the fastest engine at that point is the least slow",
               "us_per_row": times, "worst_ratio": worst,
               "parity": {"rows": len(reference), "max_abs_diff_vs_framework_fp32": parity,
-                         "bounds": {"f32": F32_TOLERANCE, "bf16": BF16_TOLERANCE}},
+                         "bounds": {"f32": F32_TOLERANCE, "bf16": BF16_TOLERANCE, "auc": AUC_TOLERANCE},
+                         "held_out": held or "none at hand (bf16 judged on random rows; int8 not eligible)"},
               "openvino": _runtime().version() if _runtime() is not None else None}
     (model_dir / ENGINE_FILE).write_text(json.dumps(record, indent=1))
     LOG.info("%s: declared engine %s (%s)", step, chosen, ", ".join(f"{e} worst x{r}" for e, r in worst.items()))
     return record
+
+
+def _scores(f: Callable, dense: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    return np.concatenate([np.asarray(f(dense[s:s + 4096], ids[s:s + 4096]), np.float32).reshape(-1)
+                           for s in range(0, len(dense), 4096)])
 
 
 _QUIET = False  # set while an export loads a step to measure it
@@ -378,7 +520,7 @@ def load(model_dir: Path, step: str, kernel, framework: Callable, limits: np.nda
     elif declared.engine == "openvino":
         if _runtime() is None:
             reason = "OpenVINO's C runtime is not built into this install"
-        elif declared.precision not in ("f32", "bf16"):
+        elif declared.precision not in ("f32", "bf16", "int8"):
             reason = f"this install does not know the precision {declared.precision!r}"
         elif declared.precision == "bf16" and not has_bf16():
             reason = "this CPU has no bfloat16 instructions"
@@ -389,7 +531,7 @@ def load(model_dir: Path, step: str, kernel, framework: Callable, limits: np.nda
                 engine = OpenVinoDLRM(model_dir, declared.precision, limits, n_dense, threads)
                 dense, ids = _inputs(limits, n_dense, 64, 11)
                 gap = float(np.abs(engine(dense, ids).reshape(-1) - np.asarray(framework(dense, ids)).reshape(-1)).max())
-                bound = BF16_TOLERANCE if declared.precision == "bf16" else F32_TOLERANCE
+                bound = {"bf16": BF16_TOLERANCE, "int8": INT8_LOAD_TOLERANCE}.get(declared.precision, F32_TOLERANCE)
                 if gap <= bound:
                     return engine, f"{declared.name} (declared; measured on {declared.record['machine']['model']})"
                 reason = f"it differs from the framework by {gap:.2g} (bound {bound:g})"
@@ -419,8 +561,8 @@ def set_engine(folders: dict, step: str, name: str) -> dict:
         raise ValueError(f"{step}: engines are declared for {', '.join(STEPS)}")
     engine, _, precision = name.partition("-")
     if engine not in ("c", "openvino", "framework") or (engine == "openvino") != bool(precision) or \
-            precision not in ("", "f32", "bf16"):
-        raise ValueError(f"{name}: one of c, openvino-f32, openvino-bf16, framework")
+            precision not in ("", "f32", "bf16", "int8"):
+        raise ValueError(f"{name}: one of c, openvino-f32, openvino-bf16, openvino-int8, framework")
     folder = folders[Model(step)]
     manifest.verify(folder, Model(step))
     record = (Declared.read(folder).record if Declared.read(folder) else {"step": step, "machine": cpu()})

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ensemble.repository import configs
 from ensemble.repository import manifest
+from ensemble.models import engines
 from ensemble.models.registry import COMPONENTS, Component
 from ensemble.serving import backend
 from ensemble.serving.runtime import RELEASE_FILE
@@ -36,11 +37,15 @@ class TrainedArtifacts:
     workflow_dir: Path
     models_dir: Path
     report: Path | None = None  # train_report.json: its held-out metrics go into the release
+    # the training run's held-out rows (``valid.npz``, ``test.npz``): the DLRMs' int8 engines calibrate on
+    # the validation rows and reduced precisions are judged on the test rows (ensemble.models.engines)
+    held_out: Path | None = None
 
     @classmethod
     def under(cls, workdir: str | Path) -> "TrainedArtifacts":
         """The layout :func:`ensemble.training.train_all` writes under its work folder."""
-        return cls(Path(workdir) / "workflow", Path(workdir) / "models", Path(workdir) / "train_report.json")
+        return cls(Path(workdir) / "workflow", Path(workdir) / "models", Path(workdir) / "train_report.json",
+                   Path(workdir) / engines.HELD_OUT_DIR)
 
     def source(self, component: Component, name: str) -> Path:
         if component.model is Model.FEATURES:
@@ -92,25 +97,9 @@ def export_repository(artifacts: TrainedArtifacts, repository: str | Path, keep:
     repository = Path(repository)
     configs.write_configs(repository, widths=workflow_widths(artifacts.workflow_dir))
     written: dict[Model, Path] = {}
-    for component in COMPONENTS:
-        model = component.model
-        model_dir = repository / model.value
-
-        def fill(staging: Path, component=component) -> None:
-            for name in component.artifacts:
-                src = artifacts.source(component, name)
-                if not src.exists():
-                    raise FileNotFoundError(f"{component.model.value}: training artifact {src} not found; train first")
-                if src.is_dir():
-                    shutil.copytree(src, staging / name)
-                else:
-                    shutil.copy2(src, staging / name)
-            if component.finish is not None:
-                component.finish(staging)
-            shutil.copy2(MODEL_PY, staging / "model.py")
-            manifest.write(staging, component.model)
-
-        written[model] = _publish(model_dir, _next_version(model_dir), fill)
+    with engines.held_out(artifacts.held_out):
+        for component in COMPONENTS:
+            _export_component(artifacts, repository, component, written)
     ranker_dir = repository / Model.RANKER.value
     versions = {m.value: int(folder.name) for m, folder in written.items()}
 
@@ -143,3 +132,26 @@ def export_repository(artifacts: TrainedArtifacts, repository: str | Path, keep:
     for model in written:
         _prune(repository / model.value, keep)
     return written
+
+
+def _export_component(artifacts: TrainedArtifacts, repository: Path, component: Component,
+                      written: dict[Model, Path]) -> None:
+    """A new version of one model (its artifacts, finished, with model.py and the manifest)."""
+    model = component.model
+    model_dir = repository / model.value
+
+    def fill(staging: Path, component=component) -> None:
+        for name in component.artifacts:
+            src = artifacts.source(component, name)
+            if not src.exists():
+                raise FileNotFoundError(f"{component.model.value}: training artifact {src} not found; train first")
+            if src.is_dir():
+                shutil.copytree(src, staging / name)
+            else:
+                shutil.copy2(src, staging / name)
+        if component.finish is not None:
+            component.finish(staging)
+        shutil.copy2(MODEL_PY, staging / "model.py")
+        manifest.write(staging, component.model)
+
+    written[model] = _publish(model_dir, _next_version(model_dir), fill)

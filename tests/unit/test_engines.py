@@ -82,16 +82,16 @@ def test_a_declared_engine_that_cannot_run_is_said_loudly_or_refused(torch_step,
 
     folder = tmp_path / "step"
     shutil.copytree(torch_step, folder)
-    _declare(folder, engine="openvino", precision="int8")
+    _declare(folder, engine="openvino", precision="int4")
     engines.UNDECLARED.clear()
     scorer = dlrm_torch.TorchScorer(folder)
-    assert "UNDECLARED: this install does not know the precision 'int8'" in scorer.engine
+    assert "UNDECLARED: this install does not know the precision 'int4'" in scorer.engine
     assert "dlrm_torch" in engines.UNDECLARED
     assert "ensemble: dlrm_torch scores with c (UNDECLARED" in capsys.readouterr().err
     dense, ids = _rows()
     assert np.abs(scorer(dense, ids) - scorer.framework(dense, ids)).max() <= engines.F32_TOLERANCE
     monkeypatch.setenv(engines.REQUIRE_ENV, "1")
-    with pytest.raises(engines.EngineUnavailable, match="declared engine openvino-int8 cannot score here"):
+    with pytest.raises(engines.EngineUnavailable, match="declared engine openvino-int4 cannot score here"):
         dlrm_torch.TorchScorer(folder)
 
 
@@ -134,3 +134,57 @@ def test_declare_by_hand_checks_the_name(torch_step, tmp_path):
     assert record["engine"] == "c" and "by hand" in record["rule"]
     manifest.verify(folder, Model.DLRM_TORCH)  # written again: the folder still loads
     assert dlrm_torch.TorchScorer(folder).engine == "c (declared)"
+
+
+def _held_out(folder, step_dir, rows=4000, seed=5):
+    """Held-out rows whose labels the framework's own scores rank well (so AUC means something)."""
+    rng = np.random.default_rng(seed)
+    dense = rng.normal(size=(rows, 13)).astype(np.float32)
+    ids = np.stack([rng.integers(0, c, rows) for c in CONFIG.cardinalities], axis=1).astype(np.int64)
+    scores = dlrm_torch.TorchScorer(step_dir).framework(dense, ids).reshape(-1)
+    labels = (scores + rng.normal(scale=scores.std(), size=rows) > np.median(scores)).astype(np.int8)
+    for split in ("valid", "test"):
+        engines.write_held_out(folder, split, iter([(dense, ids, labels)]), rows)
+
+
+@pytest.mark.skipif(engines._runtime() is None, reason="OpenVINO's C runtime is not built into this install")
+def test_with_held_out_rows_int8_is_quantized_and_the_reduced_precisions_judged_by_test_auc(torch_step, tmp_path):
+    import shutil
+
+    folder = tmp_path / "step"
+    shutil.copytree(torch_step, folder)
+    (folder / engines.ENGINE_FILE).unlink()
+    _held_out(tmp_path / "held_out", folder)
+    with engines.held_out(tmp_path / "held_out"):
+        engines.finish(folder, "dlrm_torch", lambda: dlrm_torch.TorchScorer(folder))
+    assert (folder / engines.OPENVINO_DIR / engines.OPENVINO_INT8).is_file()
+    record = engines.Declared.read(folder).record
+    held = record["parity"]["held_out"]
+    assert held["rows"] == 4000 and held["auc_framework_fp32"] > 0.7
+    for name in record["parity"]["max_abs_diff_vs_framework_fp32"]:
+        reduced = name.endswith(("bf16", "int8"))
+        eligible = (abs(held[name]["auc"] - held["auc_framework_fp32"]) <= engines.AUC_TOLERANCE if reduced
+                    else record["parity"]["max_abs_diff_vs_framework_fp32"][name] <= engines.F32_TOLERANCE)
+        assert (name in record["us_per_row"]) == eligible, name
+    assert "openvino-int8" in record["parity"]["max_abs_diff_vs_framework_fp32"]
+    engine = engines.OpenVinoDLRM(folder, "int8", np.array(CONFIG.cardinalities), 13)
+    dense, ids = _rows()
+    assert np.abs(engine(dense, ids) - dlrm_torch.TorchScorer(folder).framework(dense, ids)).max() \
+        <= engines.INT8_LOAD_TOLERANCE
+
+
+def test_int8_leaves_the_interaction_and_the_layer_reading_it_alone(torch_step):
+    import openvino as ov
+
+    model = ov.Core().read_model(str(torch_step / engines.OPENVINO_DIR / engines.OPENVINO_MODEL))
+    ignored = engines._int8_ignored(model)
+    matmuls = [op for op in model.get_ops() if op.get_type_name() == "MatMul"]
+    # the pairwise products and the top MLP's first layer (it reads the concatenation); the other layers quantized
+    assert len(ignored) == 2 and len(matmuls) > len(ignored)
+    assert any("bmm" in name for name in ignored)
+
+
+def test_without_held_out_rows_int8_is_not_measured(torch_step):
+    record = engines.Declared.read(torch_step).record
+    assert "openvino-int8" not in record["parity"]["max_abs_diff_vs_framework_fp32"]
+    assert record["parity"]["held_out"].startswith("none at hand")
