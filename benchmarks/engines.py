@@ -10,7 +10,10 @@ Engines, each on the same weights (random, seeded; 26 tables of ``--table-rows``
 - ``openvino``: the ONNX model compiled by OpenVINO's CPU plugin, fp32, and ``openvino-bf16`` (its
   inference precision hint; the plugin uses bf16 only where the CPU has bf16 instructions);
 - for the Keras DLRM (``--tf``): ``litert`` (its TFLite conversion, what the CPU layouts run), ``c`` and
-  ``openvino`` (from the TFLite file).
+  ``openvino`` (from the TFLite file);
+- ``served:<engine>``: the engines a release can declare (``ensemble.models.engines``), called through their
+  C entry points as the server calls them, ``served:openvino-int8`` included (calibrated here on random rows:
+  a speed figure; a release judges int8's accuracy on its held-out rows).
 
 Every engine's scores are compared with the fp32 framework's on the measured rows (the largest difference
 is in the table). Engines alternate within each repetition, so the VM's drifts in speed hit them alike;
@@ -35,6 +38,7 @@ from ensemble.machine import summary
 from ensemble.models.engines import per_row_us
 
 ROWS = (1, 16, 100, 1000)
+CALIBRATION_ROWS = 3000
 N_DENSE, N_COLUMNS = 13, 26
 
 
@@ -158,8 +162,10 @@ def served(folder: Path, step: str, scorer) -> dict:
 
     engines.write_openvino(folder, step)
     weights = scorer.weights
-    found = engines.candidates(folder, None, dlrm_kernel.cardinalities(weights), weights.bottom[0][0].shape[0],
-                               engines.cpu())
+    limits, n_dense = dlrm_kernel.cardinalities(weights), weights.bottom[0][0].shape[0]
+    # int8 calibrated on random rows of the tables (the weights are random too: this measures speed only)
+    engines.write_int8(folder, inputs(CALIBRATION_ROWS, int(limits.min()), 99))
+    found = engines.candidates(folder, None, limits, n_dense, engines.cpu())
     return {f"served:{name}": (lambda d, i, f=f: f(d, i).reshape(-1)) for name, f in found.items()}
 
 

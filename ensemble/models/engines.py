@@ -294,8 +294,12 @@ def _int8_ignored(model) -> list[str]:
 def write_int8(model_dir: Path, calibration: tuple[np.ndarray, np.ndarray]) -> Path:
     """The step's OpenVINO IR quantized to int8 by nncf's post-training quantization, calibrated on
     ``calibration`` (dense, ids) rows, the operators :func:`_int8_ignored` names left as they are."""
+    import re
+
     import nncf
     import openvino as ov
+
+    from ensemble.console import native_info_quieted
 
     folder = Path(model_dir) / OPENVINO_DIR
     model = ov.Core().read_model(str(folder / OPENVINO_MODEL))
@@ -308,8 +312,12 @@ def write_int8(model_dir: Path, calibration: tuple[np.ndarray, np.ndarray]) -> P
         return {names[dense_index]: dense[rows], names[1 - dense_index]: ids[rows]}
 
     batches = list(range(0, len(dense), 100))
-    quantized = nncf.quantize(model, nncf.Dataset(batches, feed), subset_size=len(batches),
-                              ignored_scope=nncf.IgnoredScope(names=_int8_ignored(model)))
+    # nncf's progress bars and per-operator info lines say nothing an export's user acts on; its warnings
+    # and errors still show
+    nncf.set_log_level(logging.WARNING)
+    with native_info_quieted(re.compile(r"━|^\s*\d+ \S+\s*$")):
+        quantized = nncf.quantize(model, nncf.Dataset(batches, feed), subset_size=len(batches),
+                                  ignored_scope=nncf.IgnoredScope(names=_int8_ignored(model)))
     path = folder / OPENVINO_INT8
     ov.save_model(quantized, str(path), compress_to_fp16=False)
     return path
