@@ -240,7 +240,7 @@ def cmd_engines(args) -> int:
         for record in records:
             print(f"{record['step']}: measured on {record['machine']['model']}: "
                   + "; ".join(f"{e} " + " ".join(f"{r}:{t:g}" for r, t in times.items())
-                              for e, times in record["us_per_row"].items()) + " (us per row at rows:)")
+                              for e, times in record.get("us_per_row", {}).items()) + " (us per row at rows:)")
     for line in engines.describe(folders):
         print(line)
     return 0

@@ -136,7 +136,7 @@ def _n_ids_torch(module) -> int:
     raise ValueError("no id offsets in the TorchScript DLRM")
 
 
-def finish(staging: Path, step: str, load_scorer: Callable) -> None:
+def finish(staging: Path, step: str, load_scorer: Callable, budget: float | None = None) -> None:
     """At export: the OpenVINO IR beside the step's model, then the measured choice (``engine.json``).
     A model OpenVINO cannot convert keeps the other engines (logged). ``load_scorer()``: the step's scorer
     (loaded without the line a server logs: nothing is served here)."""
@@ -149,27 +149,26 @@ def finish(staging: Path, step: str, load_scorer: Callable) -> None:
     finally:
         _QUIET = False
 
+    ir = Path(staging) / OPENVINO_DIR / OPENVINO_MODEL
     try:
-        if not (Path(staging) / OPENVINO_DIR / OPENVINO_MODEL).is_file():
+        if not ir.is_file():
             write_openvino(staging, step)
     except Exception as exc:  # noqa: BLE001 - any converter failure: the release still exports
         LOG.warning("%s: no OpenVINO model (%s); the other engines are measured", step, exc)
     weights = scorer.weights
-    limits = dlrm_kernel.cardinalities(weights) if weights is not None else None
-    ir = Path(staging) / OPENVINO_DIR / OPENVINO_MODEL
-    calibration = _held_out_rows("valid", CALIBRATION_ROWS, weights.bottom[0][0].shape[0], len(limits)) \
-        if limits is not None and ir.is_file() else None
+    if weights is None:
+        LOG.warning("%s: the model's tables could not be read; the framework scores", step)
+        (Path(staging) / ENGINE_FILE).write_text(json.dumps({"step": step, "engine": "framework", "precision": "f32",
+                                                             "machine": cpu()}, indent=1))
+        return
+    limits, n_dense = dlrm_kernel.cardinalities(weights), weights.bottom[0][0].shape[0]
+    calibration = _held_out_rows("valid", CALIBRATION_ROWS, n_dense, len(limits)) if ir.is_file() else None
     if calibration is not None:
         try:
             write_int8(staging, calibration[:2])
         except Exception as exc:  # noqa: BLE001 - any quantizer failure: the other engines are measured
             LOG.warning("%s: no int8 model (%s)", step, exc)
-    if limits is None:
-        LOG.warning("%s: the model's tables could not be read; the framework scores", step)
-        (Path(staging) / ENGINE_FILE).write_text(json.dumps({"step": step, "engine": "framework", "precision": "f32",
-                                                             "machine": cpu()}, indent=1))
-        return
-    declare(staging, step, scorer.kernel_c, scorer.framework, limits, weights.bottom[0][0].shape[0])
+    declare(staging, step, scorer.kernel_c, scorer.framework, limits, n_dense, budget)
 
 
 STEPS = ("dlrm_torch", "dlrm_tf")
@@ -202,7 +201,7 @@ def redeclare(folders: dict, budget: float | None = None) -> list[dict]:
     """Measure again on this machine and rewrite each DLRM step's ``engine.json`` (and its manifest):
     ``ensemble engines --measure``; within :func:`held_out` the reduced precisions are judged on its test
     rows and int8 is quantized anew. A running server takes the new choice when it loads the release again."""
-    from ensemble.models import dlrm_kernel, dlrm_tf, dlrm_torch
+    from ensemble.models import dlrm_tf, dlrm_torch
     from ensemble.repository import manifest
 
     records = []
@@ -210,25 +209,10 @@ def redeclare(folders: dict, budget: float | None = None) -> list[dict]:
         if model.value not in STEPS:
             continue
         manifest.verify(folder, model)
-        scorer = (dlrm_torch.TorchScorer if model.value == "dlrm_torch" else dlrm_tf.TFScorer)(folder)
-        weights = scorer.weights
-        if weights is None:
-            raise ValueError(f"{model.value}: the model's tables could not be read")
-        if not (Path(folder) / OPENVINO_DIR / OPENVINO_MODEL).is_file():
-            try:
-                write_openvino(folder, model.value)
-            except Exception as exc:  # noqa: BLE001 - the other engines are still measured
-                LOG.warning("%s: no OpenVINO model (%s)", model.value, exc)
-        limits = dlrm_kernel.cardinalities(weights)
-        calibration = _held_out_rows("valid", CALIBRATION_ROWS, weights.bottom[0][0].shape[0], len(limits))
-        if calibration is not None and (Path(folder) / OPENVINO_DIR / OPENVINO_MODEL).is_file():
-            try:
-                write_int8(folder, calibration[:2])
-            except Exception as exc:  # noqa: BLE001 - the other engines are still measured
-                LOG.warning("%s: no int8 model (%s)", model.value, exc)
-        records.append(declare(folder, model.value, scorer.kernel_c, scorer.framework,
-                               dlrm_kernel.cardinalities(weights), weights.bottom[0][0].shape[0], budget))
+        scorer = dlrm_torch.TorchScorer if model.value == "dlrm_torch" else dlrm_tf.TFScorer
+        finish(folder, model.value, lambda: scorer(folder), budget)  # as an export measures it
         manifest.write(folder, model)
+        records.append(Declared.read(folder).record)
     return records
 
 
