@@ -45,9 +45,12 @@ def _loop(url: str, protocol: str, rows, seconds: float) -> list[float]:
     return times
 
 
-def _ranker(url: str, protocol: str, candidates, deadline_s: float, stop, results, cpu: int | None) -> None:
+def _ranker(url: str, protocol: str, candidates, deadline_s: float, stop, results, cpu: int | None,
+            idle: bool) -> None:
     """Ranking requests back to back until ``stop``, in a process of its own (so that its client's
-    work does not hold the loop's interpreter): latencies of the answered ones, refusals, misses."""
+    work does not hold the loop's interpreter): latencies of the answered ones, refusals, misses.
+    ``idle``: the process runs at SCHED_IDLE, so that its own work (encoding 8,192 candidates, reading
+    the answers) never delays the loop's client when both share a core."""
     from ensemble.grpc_polling import import_grpc
 
     import_grpc()
@@ -55,6 +58,8 @@ def _ranker(url: str, protocol: str, candidates, deadline_s: float, stop, result
 
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
+    if idle:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     out = {"latencies": [], "refused": 0, "missed": 0, "errors": 0}
     client = RankerClient(url, protocol, timeout=deadline_s, retry=Retry(attempts=1))
     while not stop.is_set():
@@ -72,7 +77,7 @@ def _ranker(url: str, protocol: str, candidates, deadline_s: float, stop, result
 
 
 def run(repository: Path, rounds: int, seconds: float, protocol: str, candidates: int, deadline_s: float,
-        server_cpus: str | None, loop_cpu: int | None, rank_cpu: int | None) -> list[dict]:
+        server_cpus: str | None, loop_cpu: int | None, rank_cpu: int | None, idle_client: bool = True) -> list[dict]:
     from ensemble.grpc_polling import import_grpc
 
     import_grpc()
@@ -95,7 +100,8 @@ def run(repository: Path, rounds: int, seconds: float, protocol: str, candidates
                 ranking = None
                 if loaded:
                     ranking = context.Process(target=_ranker, args=(url, protocol, (dense[:candidates], cats[:candidates]),
-                                                                    deadline_s, stop, answers, rank_cpu), daemon=True)
+                                                                    deadline_s, stop, answers, rank_cpu, idle_client),
+                                               daemon=True)
                     ranking.start()
                     time.sleep(3.0)  # the process started and its ranking requests under way before the loop is measured
                 if loop_cpu is not None:
@@ -146,14 +152,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-cpus", default=None, help="run the server under taskset -c on these CPUs")
     p.add_argument("--loop-cpu", type=int, default=None, help="pin the closed loop's thread to this CPU")
     p.add_argument("--rank-cpu", type=int, default=None, help="pin the ranking client's thread to this CPU")
+    p.add_argument("--ranking-client", choices=["idle", "normal"], default="idle",
+                   help="the ranking client's scheduling class: idle (SCHED_IDLE: its own work never delays the "
+                        "loop's client on a shared core, so the table shows what the server does) or normal")
     p.add_argument("--out", default="build/bench", help="folder of rank-beside.json")
     args = p.parse_args(argv)
     machine = summary()
     results = run(Path(args.repository), args.rounds, args.seconds, args.protocol, args.candidates,
-                  args.deadline_ms / 1e3, args.server_cpus, args.loop_cpu, args.rank_cpu)
+                  args.deadline_ms / 1e3, args.server_cpus, args.loop_cpu, args.rank_cpu, args.ranking_client == "idle")
     print(table(results, args.candidates, args.deadline_ms / 1e3))
     write_results(args.out, "rank-beside.json", "benchmarks.rank_beside", machine, results=results,
-                  candidates=args.candidates, deadline_ms=args.deadline_ms)
+                  candidates=args.candidates, deadline_ms=args.deadline_ms, ranking_client=args.ranking_client)
     return 0
 
 

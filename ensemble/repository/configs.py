@@ -74,7 +74,12 @@ def named(tensors: tuple[schema.Tensor, ...], names: tuple[str, ...] = ()) -> tu
 # accepted at 2x capacity). The fused ranker refuses inside its model instead, and only what would
 # miss its deadline (ensemble/serving/admission.py): the config carries the server's latency
 # objective, which `ensemble serve --latency-objective-ms` overrides at load. The per-model
-# `ensemble` layout's steps run unbounded, prefetching queues.
+# `ensemble` layout's steps run unbounded, prefetching queues. Priority levels are a queue policy
+# too (2.51 turns prefetching off whenever `priority_levels` > 0): on the native ranker they put
+# interactive requests ahead of a bulk flood, but 8 closed-loop clients then got 79 requests a
+# second where the exported config serves 8,293 (AMD EPYC, one core; docs/results/
+# priority-levels-capacity.json). Bulk requests yield through the native backend's bulk lane instead
+# (fused_backend.c).
 LATENCY_OBJECTIVE_PARAMETER = "latency_objective_ms"
 
 # The native ranker's model thread runs at this nice value (the backend lowers it on the thread's first
@@ -87,6 +92,17 @@ LATENCY_OBJECTIVE_PARAMETER = "latency_objective_ms"
 # unaffected (docs/serving.md, "The model thread's priority"). 0 leaves the thread alone.
 THREAD_NICE_PARAMETER = "model_thread_nice"
 MODEL_THREAD_NICE = 10
+
+# The native `rank` model's instance threads score a ranking request's rows themselves, at this nice
+# value: below the ranker's, so that a 1-row request that arrives while a ranking request's rows are
+# scored takes the core at once instead of waiting out the ranking thread's time slice (EEVDF lets a
+# running thread of equal weight finish its slice). On one core of the AMD EPYC build VM, a 1-row
+# closed loop beside back-to-back ranking requests of 8,192 candidates kept its p99 within 1.20-1.21x
+# of its quiet value at nice 19, against 1.50-1.63x at the ranker's own nice 10
+# (benchmarks.rank_beside). A ranker kept busy by interactive requests leaves ranking requests about
+# a seventh of the core (weights 15 against 110); those that would then miss their deadline are
+# refused between pieces, as the ranker refuses.
+RANK_THREAD_NICE = 19
 
 # The server's latency objective unless ``ensemble serve --latency-objective-ms`` says otherwise.
 # It is a bound on queueing, set above the latency of the heaviest closed loop Triton's standard
@@ -305,8 +321,8 @@ def rank_config(widths: schema.Widths = schema.CRITEO_WIDTHS, layout: Layout = L
     parameters = {"context_dense": str(widths.context_dense), "context_categorical": str(widths.context_categorical),
                   "ranker_max_batch_size": str(schema.MAX_BATCH_SIZE),
                   schema.MAX_CANDIDATES_PARAMETER: str(schema.MAX_BATCH_SIZE)}
-    if layout is Layout.NATIVE:  # its instance threads score the rows themselves: at the ranker's priority
-        parameters[THREAD_NICE_PARAMETER] = str(MODEL_THREAD_NICE)
+    if layout is Layout.NATIVE:  # its instance threads score the rows themselves: below the ranker's priority
+        parameters[THREAD_NICE_PARAMETER] = str(RANK_THREAD_NICE)
     for key, value in sorted(parameters.items()):
         config.parameters[key].string_value = value
     return config

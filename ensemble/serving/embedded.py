@@ -252,7 +252,8 @@ class RankModel:
     the ranker's batches); under the ranker's deadline rule (the sooner of the request's timeout and
     the server's latency objective, counted from the call's start): a request whose remaining chunks
     would end past it, at the rate this model has measured, is refused with UNAVAILABLE as the
-    ranker refuses, before the work or between chunks; and on threads at the ranker's nice value."""
+    ranker refuses, before the work or between chunks; and on threads below the ranker's priority
+    (``configs.RANK_THREAD_NICE``), so that the ranker's requests take the core from them at once."""
 
     def __init__(self, config_json: str):
         config = json.loads(config_json)

@@ -123,12 +123,13 @@ def _threads(pid: int) -> dict[str, tuple[int, int]]:
     return found
 
 
-def test_the_native_rank_threads_run_at_the_rankers_priority(servers):
+def test_the_native_rank_threads_run_below_the_rankers_priority(servers):
     """The thread that scored a burst of ranking requests (the busiest in the server meanwhile) runs
-    at the ranker's nice value, not above it."""
+    at the rank model's nice value, below the ranker's, never above it."""
     from ensemble.models.registry import Layout
-    from ensemble.repository.configs import MODEL_THREAD_NICE
+    from ensemble.repository.configs import MODEL_THREAD_NICE, RANK_THREAD_NICE
 
+    assert RANK_THREAD_NICE > MODEL_THREAD_NICE
     server = servers(Layout.NATIVE)
     n = schema.MAX_BATCH_SIZE
     dense, cats = fresh_rows(n, seed=43)
@@ -138,4 +139,4 @@ def test_the_native_rank_threads_run_at_the_rankers_priority(servers):
         client.rank(None, (dense[:n], cats[:n]))
     after = _threads(server.process.pid)
     busiest = max(after, key=lambda t: after[t][1] - before.get(t, (0, 0))[1])
-    assert after[busiest][0] == MODEL_THREAD_NICE, {t: (v[0], v[1] - before.get(t, (0, 0))[1]) for t, v in after.items()}
+    assert after[busiest][0] == RANK_THREAD_NICE, {t: (v[0], v[1] - before.get(t, (0, 0))[1]) for t, v in after.items()}
