@@ -70,7 +70,7 @@ def _interactive(url: str, rows, rate: float, seconds: float, objective_s: float
 
 
 def run(repository: Path, objective_ms: float, rounds: int, seconds: float, rate: float, bulk: int, bulk_rows: int,
-        server_cpus: str | None) -> list[dict]:
+        server_cpus: str | None, layout: str = "native") -> list[dict]:
     from ensemble.grpc_polling import import_grpc
 
     import_grpc()
@@ -81,7 +81,7 @@ def run(repository: Path, objective_ms: float, rounds: int, seconds: float, rate
     frame = criteo.synthesize(criteo.SynthConfig(rows=bulk_rows, scale=0.01, seed=23)).frame
     dense, cats = transforms.dense_array(frame), transforms.encode_categorical(frame)
     options = ServerOptions(repository, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                            cpu_list=server_cpus, latency_objective_ms=objective_ms)
+                            cpu_list=server_cpus, latency_objective_ms=objective_ms, layout=layout)
     results = []
     with TritonServer(options) as server:
         for round_ in range(rounds):
@@ -123,14 +123,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bulk", type=int, default=8, help="bulk clients in the flood")
     p.add_argument("--bulk-rows", type=int, default=4096, help="rows per bulk request")
     p.add_argument("--server-cpus", default=None, help="run the server under taskset -c on these CPUs")
+    p.add_argument("--layout", choices=["native", "fused"], default="native", help="the CPU layout served")
     p.add_argument("--out", default="build/bench", help="folder of bulk-flood.json")
     args = p.parse_args(argv)
     machine = summary()
     results = run(Path(args.repository), args.objective_ms, args.rounds, args.seconds, args.rate, args.bulk,
-                  args.bulk_rows, args.server_cpus)
+                  args.bulk_rows, args.server_cpus, args.layout)
     print(table(results, args.objective_ms))
     write_results(args.out, "bulk-flood.json", "benchmarks.bulk_flood", machine, results=results,
-                  objective_ms=args.objective_ms, rate=args.rate, bulk=args.bulk, bulk_rows=args.bulk_rows)
+                  objective_ms=args.objective_ms, rate=args.rate, bulk=args.bulk, bulk_rows=args.bulk_rows,
+                  layout=args.layout)
     return 0
 
 

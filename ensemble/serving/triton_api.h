@@ -76,6 +76,7 @@ TRITONSERVER_Error *TRITONSERVER_MetricNew(TRITONSERVER_Metric **metric, TRITONS
                                            const TRITONSERVER_Parameter **labels, uint64_t label_count);
 TRITONSERVER_Error *TRITONSERVER_MetricDelete(TRITONSERVER_Metric *metric);
 TRITONSERVER_Error *TRITONSERVER_MetricSet(TRITONSERVER_Metric *metric, double value);
+TRITONSERVER_Error *TRITONSERVER_MetricIncrement(TRITONSERVER_Metric *metric, double value);
 TRITONSERVER_Parameter *TRITONSERVER_ParameterNew(const char *name, TS_ParameterType type, const void *value);
 void TRITONSERVER_ParameterDelete(TRITONSERVER_Parameter *parameter);
 

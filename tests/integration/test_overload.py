@@ -132,24 +132,30 @@ def test_interactive_requests_beside_bulk_ones_are_answered_correctly(tight_serv
 def test_a_bulk_flood_yields_to_interactive_requests(tight_server, pipeline):
     """Six clients send 4,096-row bulk requests with a 600 s timeout back to back (each refusal sent
     again at once); 1-row interactive requests sent beside them, one at a time without retries, are
-    answered, while the bulk requests queued ahead of them are refused with the bulk bound's text.
-    Were bulk requests held to their timeout only, each interactive request would wait for the flood
-    queued ahead of it, past its 20 ms objective, and be refused."""
+    answered. Were bulk requests queued ahead of them and held to their timeout only, each
+    interactive request would wait for the flood, past its 20 ms objective, and be refused. The fused
+    layout refuses the bulk requests that would wait past the bulk bound; the native backend hands
+    them to its bulk lane, a thread below the model thread's priority (fused_backend.c), which
+    scores them correctly behind the interactive requests."""
     dense, cats = fresh_rows(ROWS, seed=63)
     dense, cats = dense[:ROWS], cats[:ROWS]
-    expected = pipeline.score(dense[:50], cats[:50])["score"].ravel()
+    bulk_expected = pipeline.score(dense, cats)["score"].ravel()
+    expected = bulk_expected[:50]
     stop = threading.Event()
     bulk_refusals: list[str] = []
+    bulk_answers: list[bool] = []
 
     def flood() -> None:
         client = RankerClient(tight_server.http_url, retry=Retry(attempts=1), priority=Priority.BATCH, timeout=600.0)
         while not stop.is_set():
             try:
-                client.score(dense, cats)
+                scores = client.score(dense, cats)
+                bulk_answers.append(bool(np.allclose(scores, bulk_expected, atol=1e-5)))
             except ScoringError as exc:
                 bulk_refusals.append(str(exc.cause))
         client.close()
 
+    before = _thread_ticks(tight_server.process.pid)
     threads = [threading.Thread(target=flood, daemon=True) for _ in range(6)]
     for t in threads:
         t.start()
@@ -169,10 +175,102 @@ def test_a_bulk_flood_yields_to_interactive_requests(tight_server, pipeline):
         stop.set()
         for t in threads:
             t.join(60)
+    after = _thread_ticks(tight_server.process.pid)
     print(f"\nbeside a flood of 6 bulk clients: {answered} of 50 interactive answered, {refused} refused; "
-          f"{len(bulk_refusals)} bulk refusals")
-    assert any(BULK in text for text in bulk_refusals), bulk_refusals[:3]
+          f"{len(bulk_answers)} bulk answers, {len(bulk_refusals)} bulk refusals")
     assert answered >= 40, (answered, refused)
+    assert bulk_answers and all(bulk_answers), f"{bulk_answers.count(False)} of {len(bulk_answers)} bulk answers wrong"
+    if tight_server.options.layout is Layout.FUSED:
+        assert any(BULK in text for text in bulk_refusals), bulk_refusals[:3]
+    else:  # the lane scored bulk rows on a thread of its own, at nice 19
+        lane = {t: ticks - before.get(t, (0, 0))[1] for t, (nice, ticks) in after.items() if nice == 19}
+        assert any(busy > 0 for busy in lane.values()), after
+        assert all(BULK in text or "bulk lane" in text for text in bulk_refusals), bulk_refusals[:3]
+        assert _lane_counts(tight_server).get("scored", 0) > 0, _lane_counts(tight_server)
+
+
+SENT_AT_ONCE = 128  # twice the lane's limit: more arrive than it drains meanwhile
+
+
+def test_the_bulk_lane_holds_a_bounded_number_of_requests(tight_server, pipeline):
+    """Beside interactive traffic, 128 bulk requests of 4,096 rows sent at once: the native backend's
+    lane holds at most 64 (LANE_REQUESTS in fused_backend.c); the rest are refused at once, retryably,
+    naming the lane's limit, and every bulk request it took is answered with the right scores."""
+    if tight_server.options.layout is not Layout.NATIVE:
+        pytest.skip("the bulk lane is the native backend's")
+    dense, cats = fresh_rows(ROWS, seed=67)
+    dense, cats = dense[:ROWS], cats[:ROWS]
+    expected = pipeline.score(dense, cats)["score"].ravel()
+    stop, go = threading.Event(), threading.Barrier(SENT_AT_ONCE)
+    outcomes: list[str] = []
+
+    def interactive() -> None:
+        client = RankerClient(tight_server.http_url, retry=Retry(attempts=1))
+        while not stop.is_set():
+            try:
+                client.score(dense[:1], cats[:1])
+            except ScoringError:
+                pass
+            time.sleep(0.01)
+        client.close()
+
+    def bulk() -> None:
+        client = RankerClient(tight_server.http_url, retry=Retry(attempts=1), priority=Priority.BATCH, timeout=600.0)
+        go.wait()
+        try:
+            scores = client.score(dense, cats)
+            outcomes.append("right" if np.allclose(scores, expected, atol=1e-5) else "wrong")
+        except ScoringError as exc:
+            outcomes.append(str(exc.cause))
+        client.close()
+
+    beside = threading.Thread(target=interactive, daemon=True)
+    beside.start()
+    time.sleep(0.5)
+    senders = [threading.Thread(target=bulk, daemon=True) for _ in range(SENT_AT_ONCE)]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join(300)
+    stop.set()
+    beside.join(30)
+    refusals = [o for o in outcomes if o not in ("right", "wrong")]
+    print(f"\n{SENT_AT_ONCE} bulk requests at once beside interactive traffic: {outcomes.count('right')} answered, "
+          f"{len(refusals)} refused ({sum('bulk lane' in o for o in refusals)} at the lane's limit)")
+    assert len(outcomes) == SENT_AT_ONCE and "wrong" not in outcomes
+    assert all(REFUSAL in o or BULK in o or "bulk lane" in o for o in refusals), refusals[:3]
+    assert any("64 bulk requests already wait" in o for o in refusals), refusals[:3]
+    assert outcomes.count("right") >= 64
+    counts = _lane_counts(tight_server)
+    assert counts.get("refused_full", 0) >= sum("bulk lane" in o for o in refusals) > 0, counts
+
+
+def _lane_counts(server) -> dict[str, float]:
+    """The ranker's ensemble_bulk_lane_requests_total by outcome, summed over versions, from Triton's
+    metrics endpoint."""
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as answer:
+        text = answer.read().decode()
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("ensemble_bulk_lane_requests_total{"):
+            labels, value = line.rsplit(" ", 1)
+            outcome = labels.split('outcome="', 1)[1].split('"', 1)[0]
+            counts[outcome] = counts.get(outcome, 0.0) + float(value)
+    return counts
+
+
+def _thread_ticks(pid: int) -> dict[str, tuple[int, int]]:
+    """Thread id -> (nice, CPU ticks so far) of every thread of ``pid``."""
+    from pathlib import Path
+
+    found = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        found[task.name] = (int(fields[16]), int(fields[11]) + int(fields[12]))
+    return found
 
 
 OVERLOAD_MULTIPLE = 3.0  # of the closed-loop capacity: clearly more than the server takes, even if
