@@ -96,11 +96,23 @@ def has_bf16(machine: dict | None = None) -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
+def openvino_module():
+    """``openvino``, with its usage telemetry off. OpenVINO's converter (and nncf) send usage events to
+    Google Analytics, from a process forked off a thread, unless a consent file in the user's home or
+    ``CI=true`` says otherwise: an export must not phone home, and that fork, from a process holding
+    LiteRT, died with SIGSEGV in the test suite. With ``openvino_telemetry`` unimportable both fall
+    back to their own stubs."""
+    sys.modules.setdefault("openvino_telemetry", None)
+    import openvino
+
+    return openvino
+
+
 def write_openvino(model_dir: Path, step: str) -> Path:
     """Convert the step's exported model (TorchScript ``model.pt`` or TFLite ``model.tflite``) to OpenVINO
     IR under ``<model_dir>/openvino/``, inputs named ``dense_features`` and ``category_ids`` (fp32 weights
     kept: the precision is chosen when the model is compiled)."""
-    import openvino as ov
+    ov = openvino_module()
 
     from ensemble.models import artifacts, dlrm_tf
 
@@ -280,8 +292,8 @@ def write_int8(model_dir: Path, calibration: tuple[np.ndarray, np.ndarray]) -> P
     ``calibration`` (dense, ids) rows, the operators :func:`_int8_ignored` names left as they are."""
     import re
 
+    ov = openvino_module()
     import nncf
-    import openvino as ov
 
     from ensemble.console import native_info_quieted
 
@@ -312,7 +324,7 @@ class OpenVinoDLRM:
     f32, bf16, or int8 (the quantized model)."""
 
     def __init__(self, model_dir: Path, precision: str, limits: np.ndarray, n_dense: int, threads: int = 2):
-        import openvino as ov
+        ov = openvino_module()
 
         path = Path(model_dir) / OPENVINO_DIR / (OPENVINO_INT8 if precision == "int8" else OPENVINO_MODEL)
         inputs = ov.Core().read_model(str(path)).inputs

@@ -188,3 +188,22 @@ def test_without_held_out_rows_int8_is_not_measured(torch_step):
     record = engines.Declared.read(torch_step).record
     assert "openvino-int8" not in record["parity"]["max_abs_diff_vs_framework_fp32"]
     assert record["parity"]["held_out"].startswith("none at hand")
+
+
+def test_openvino_is_imported_with_its_usage_telemetry_off():
+    """The converter and nncf fall back to their telemetry stubs: an export sends nothing to Google
+    Analytics (checked in a fresh interpreter, where nothing imported the telemetry package first)."""
+    import subprocess
+    import sys
+
+    probe = ("from ensemble.models.engines import openvino_module\n"
+             "openvino_module()\n"
+             "import openvino.tools.ovc.convert_impl as convert\n"
+             "import nncf.telemetry.wrapper as nncf_telemetry\n"
+             "print(convert.tm.__name__, type(nncf_telemetry.telemetry).__name__)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "CI": "", "PYTEST_CURRENT_TEST": ""})
+    assert out.returncode == 0, out.stderr[-2000:]
+    converter, nncf_kind = out.stdout.split()[-2:]
+    assert converter == "openvino.tools.ovc.telemetry_stub", out.stdout
+    assert nncf_kind != "NNCFTelemetry", out.stdout
