@@ -32,6 +32,18 @@ def fresh_rows(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
             np.concatenate([transforms.encode_categorical(frame), edge_cats]))
 
 
+def thread_ticks(pid: int) -> dict[str, tuple[int, int]]:
+    """Thread id -> (nice, CPU ticks so far) of every thread of ``pid``, from /proc."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        found[task.name] = (int(fields[16]), int(fields[11]) + int(fields[12]))  # stat's nice, utime + stime
+    return found
+
+
 def post_infer(base_url: str, body: bytes) -> tuple[int, dict]:
     """POST a v2 JSON inference body to the ranker's infer endpoint under ``base_url``: (status, reply)."""
     import json

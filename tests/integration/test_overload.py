@@ -24,7 +24,7 @@ from ensemble.serving.admission import BULK
 from ensemble.schema import Priority
 from ensemble.models.registry import Layout
 from ensemble.serving.server import ServerOptions, TritonServer, free_port
-from tests.helpers import fresh_rows
+from tests.helpers import fresh_rows, thread_ticks
 
 # Requests of 4,096 rows (batch scoring's size), more at once than one model call takes.
 ROWS = 4096
@@ -155,7 +155,7 @@ def test_a_bulk_flood_yields_to_interactive_requests(tight_server, pipeline):
                 bulk_refusals.append(str(exc.cause))
         client.close()
 
-    before = _thread_ticks(tight_server.process.pid)
+    before = thread_ticks(tight_server.process.pid)
     threads = [threading.Thread(target=flood, daemon=True) for _ in range(6)]
     for t in threads:
         t.start()
@@ -175,7 +175,7 @@ def test_a_bulk_flood_yields_to_interactive_requests(tight_server, pipeline):
         stop.set()
         for t in threads:
             t.join(60)
-    after = _thread_ticks(tight_server.process.pid)
+    after = thread_ticks(tight_server.process.pid)
     print(f"\nbeside a flood of 6 bulk clients: {answered} of 50 interactive answered, {refused} refused; "
           f"{len(bulk_answers)} bulk answers, {len(bulk_refusals)} bulk refusals")
     assert answered >= 40, (answered, refused)
@@ -257,20 +257,6 @@ def _lane_counts(server) -> dict[str, float]:
             outcome = labels.split('outcome="', 1)[1].split('"', 1)[0]
             counts[outcome] = counts.get(outcome, 0.0) + float(value)
     return counts
-
-
-def _thread_ticks(pid: int) -> dict[str, tuple[int, int]]:
-    """Thread id -> (nice, CPU ticks so far) of every thread of ``pid``."""
-    from pathlib import Path
-
-    found = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        found[task.name] = (int(fields[16]), int(fields[11]) + int(fields[12]))
-    return found
 
 
 OVERLOAD_MULTIPLE = 3.0  # of the closed-loop capacity: clearly more than the server takes, even if

@@ -12,7 +12,7 @@ import pytest
 
 from clients.triton import RankerClient
 from ensemble import schema
-from tests.helpers import fresh_rows, http_post
+from tests.helpers import fresh_rows, http_post, thread_ticks
 
 
 def _rank_body(candidates: int, dense_shape=None, dense_bytes: bytes | None = None,
@@ -109,20 +109,6 @@ def test_a_ranking_request_that_would_miss_its_timeout_is_refused(servers):
         client.close()
 
 
-def _threads(pid: int) -> dict[str, tuple[int, int]]:
-    """Thread id -> (nice, CPU ticks so far) of every thread of ``pid``."""
-    from pathlib import Path
-
-    found = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        found[task.name] = (int(fields[16]), int(fields[11]) + int(fields[12]))  # stat's nice, utime + stime
-    return found
-
-
 def test_the_native_rank_threads_run_below_the_rankers_priority(servers):
     """The thread that scored a burst of ranking requests (the busiest in the server meanwhile) runs
     at the rank model's nice value, below the ranker's, never above it."""
@@ -134,9 +120,9 @@ def test_the_native_rank_threads_run_below_the_rankers_priority(servers):
     n = schema.MAX_BATCH_SIZE
     dense, cats = fresh_rows(n, seed=43)
     client = RankerClient(server.http_url, "http", timeout=120)
-    before = _threads(server.process.pid)
+    before = thread_ticks(server.process.pid)
     for _ in range(6):
         client.rank(None, (dense[:n], cats[:n]))
-    after = _threads(server.process.pid)
+    after = thread_ticks(server.process.pid)
     busiest = max(after, key=lambda t: after[t][1] - before.get(t, (0, 0))[1])
     assert after[busiest][0] == RANK_THREAD_NICE, {t: (v[0], v[1] - before.get(t, (0, 0))[1]) for t, v in after.items()}
