@@ -44,6 +44,30 @@ def thread_ticks(pid: int) -> dict[str, tuple[int, int]]:
     return found
 
 
+def tree_thread_ticks(pid: int) -> dict[str, tuple[int, int]]:
+    """:func:`thread_ticks` of ``pid`` and of every process descending from it (a python backend's
+    stub processes are tritonserver's children)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    tree, grew = {pid}, True
+    while grew:
+        more = {child for child, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    found = {}
+    for member in tree:
+        try:
+            found.update({f"{member}/{tid}": value for tid, value in thread_ticks(member).items()})
+        except OSError:
+            continue
+    return found
+
+
 def post_infer(base_url: str, body: bytes) -> tuple[int, dict]:
     """POST a v2 JSON inference body to the ranker's infer endpoint under ``base_url``: (status, reply)."""
     import json

@@ -78,8 +78,8 @@ def named(tensors: tuple[schema.Tensor, ...], names: tuple[str, ...] = ()) -> tu
 # too (2.51 turns prefetching off whenever `priority_levels` > 0): on the native ranker they put
 # interactive requests ahead of a bulk flood, but 8 closed-loop clients then got 79 requests a
 # second where the exported config serves 8,293 (AMD EPYC, one core; docs/results/
-# priority-levels-capacity.json). Bulk requests yield through the native backend's bulk lane instead
-# (fused_backend.c).
+# priority-levels-capacity.json). Bulk requests yield through the rankers' bulk lanes instead
+# (fused_backend.c, model.py).
 LATENCY_OBJECTIVE_PARAMETER = "latency_objective_ms"
 
 # The native ranker's model thread runs at this nice value (the backend lowers it on the thread's first

@@ -16,10 +16,10 @@ interactive one are what it waits for; holding them to that bound refuses (503, 
 that have waited longer, and an interactive request arriving behind a bulk flood waits about half
 its objective for the bulk ahead of it, not the flood's length. Batch scoring on a server with no
 interactive traffic keeps the whole model; beside interactive traffic it gets what is left within
-the bound, and its client retries what is refused. The native backend goes further: beside
-interactive traffic it hands the bulk requests a call holds to its bulk lane (a thread below the
-model thread's priority, ``fused_backend.c``) instead of planning them here, so none waits in
-Triton's queue ahead of an interactive one.
+the bound, and its client retries what is refused. The served rankers go further: beside
+interactive traffic they hand the bulk requests a call holds to a bulk lane (a thread at nice 19:
+``fused_backend.c`` in the native layout, ``model.py`` in the fused one) instead of planning them
+here, so none waits in Triton's queue ahead of an interactive one.
 
 **Prediction.** The model sees requests only when Triton hands it a call: every request that
 arrived while the previous call ran, in arrival order (dynamic batching with prefetching). A

@@ -6,10 +6,18 @@ fails validation gets its own error response and the rest of the batch is still 
 ``latency_objective_ms`` parameter (the fused ranker) the call first applies the admission policy
 (:mod:`ensemble.serving.admission`): requests that would miss their deadline are answered
 UNAVAILABLE, and bulk requests are scored after the interactive ones, whose answers go out first.
+Beside interactive traffic the fused ranker hands the bulk requests of a call to its bulk lane
+(:class:`BulkLane`) instead, so no interactive request waits in Triton's queue behind them.
 """
 
 import json
+import os
+import queue
+import threading
+import time
 from pathlib import Path
+
+import numpy as np
 
 import triton_python_backend_utils as pb_utils
 
@@ -30,10 +38,22 @@ class TritonPythonModel:
                                        widths=schema.widths_of_config(config))
         objective = params.get("latency_objective_ms")
         self.ranker = calls.Ranker(runner, float(objective) if objective else None)
+        self.lane = BulkLane(runner) if layout == "fused" and objective else None
+        self.interactive_at = -float("inf")
+
+    def finalize(self):
+        if self.lane is not None:
+            self.lane.stop()
 
     def execute(self, requests):
         call = [_call_request(r, self.ranker.runner.step) for r in requests]
         responses, sent = [None] * len(requests), set()
+        kept = self._hand_bulk_to_lane(requests, call)
+        if kept is not None:  # some went to the lane: the call plans the others
+            requests, call, responses = [requests[i] for i in kept], [call[i] for i in kept], [None] * len(kept)
+            sent = set()
+            if not requests:
+                return None
         for item in self.ranker.call(call):
             if item is calls.FLUSH:  # the interactive answers go out before the bulk rows are scored
                 for i, response in enumerate(responses):
@@ -43,12 +63,109 @@ class TritonPythonModel:
                 continue
             i, answer = item
             responses[i] = _response(answer)
-        if not sent:
+        if not sent and kept is None:
             return responses
         for i, response in enumerate(responses):
             if i not in sent:
                 _send(requests[i], response)
         return None
+
+    def _hand_bulk_to_lane(self, requests, call):
+        """Beside interactive traffic (a call held an interactive request within the last
+        :data:`LANE_YIELD_S`), the bulk requests go to the lane (or are refused when it is full: answered
+        here through their senders). Returns the indices the call itself scores, or None when every
+        request stays in the call (then nothing was answered here)."""
+        if self.lane is None:
+            return None
+        now = time.monotonic()
+        if any(not c.admitted.bulk for c in call):
+            self.interactive_at = now
+        if now - self.interactive_at > LANE_YIELD_S or not any(c.admitted.bulk for c in call):
+            return None
+        kept = []
+        for i, (request, c) in enumerate(zip(requests, call)):
+            if not c.admitted.bulk:
+                kept.append(i)
+                continue
+            taken = self.lane.take(request, c, self.ranker.runner.step)
+            if taken is None:
+                kept.append(i)  # its inputs cannot be read: the call answers why
+            elif not taken:
+                _send(request, _response(calls.failed(calls.UNAVAILABLE, LANE_FULL)))
+        return kept
+
+
+LANE_REQUESTS = 64  # the most requests the lane holds; more are refused (retryable)
+LANE_NICE = 19  # the lane's thread: below everything else in the stub's process
+LANE_YIELD_S = 1.0
+LANE_FULL = (f"refused: {LANE_REQUESTS} bulk requests already wait beside interactive traffic (the bulk "
+             "lane's limit); retry with backoff")
+
+
+class BulkLane:
+    """The fused ranker's bulk requests beside interactive traffic, scored one at a time, in arrival
+    order, on a thread of their own at nice :data:`LANE_NICE` and answered through their response
+    senders after the call that handed them over has returned (the native backend has the same lane in
+    C: ``fused_backend.c``). Holds at most :data:`LANE_REQUESTS`; a request that waited past its own
+    timeout is refused when its turn comes; :meth:`stop` answers every request it holds first."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.items = queue.Queue()
+        self.lock = threading.Lock()
+        self.held = 0
+        self.thread = threading.Thread(target=self._main, name="bulk-lane", daemon=True)
+        self.thread.start()
+
+    def take(self, request, call_request, step):
+        """True: handed over; False: the lane is full; None: the request's inputs cannot be read."""
+        with self.lock:
+            if self.held >= LANE_REQUESTS:
+                return False
+            self.held += 1
+        try:  # copies: the backend releases the request, and its tensors, once the call returns
+            inputs = {t.name: np.array(_as_numpy(request, t.name)) for t in step.inputs}
+        except (runtime.BadInput, ValueError, RuntimeError):
+            with self.lock:
+                self.held -= 1
+            return None
+        timeout = call_request.admitted.timeout_s
+        deadline = time.monotonic() + timeout if timeout > 0 else float("inf")
+        self.items.put((inputs, call_request.wanted, request.get_response_sender(), deadline, timeout))
+        return True
+
+    def stop(self):
+        self.items.put(None)
+        self.thread.join()
+
+    def _main(self):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LANE_NICE)
+        except OSError:
+            pass
+        while True:
+            item = self.items.get()
+            if item is None:
+                return
+            inputs, wanted, sender, deadline, timeout = item
+            if time.monotonic() > deadline:
+                answer = calls.failed(calls.UNAVAILABLE, f"refused: the bulk request waited past its timeout "
+                                                         f"({timeout * 1e3:.0f} ms) behind interactive traffic; "
+                                                         "retry with backoff")
+            else:
+                try:
+                    self.runner.validate(inputs)
+                    answer = calls.Answer({n: np.ascontiguousarray(a) for n, a in self.runner.run(inputs).items()
+                                           if not wanted or n in wanted})
+                except (runtime.BadInput, ValueError) as exc:
+                    answer = calls.failed(calls.INVALID_ARG, exc)
+                except Exception as exc:  # noqa: BLE001 - the request's own answer
+                    answer = calls.failed(calls.INTERNAL, exc)
+            try:
+                sender.send(_response(answer), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            finally:
+                with self.lock:
+                    self.held -= 1
 
 
 def _call_request(request, step):
