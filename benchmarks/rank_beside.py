@@ -77,7 +77,8 @@ def _ranker(url: str, protocol: str, candidates, deadline_s: float, stop, result
 
 
 def run(repository: Path, rounds: int, seconds: float, protocol: str, candidates: int, deadline_s: float,
-        server_cpus: str | None, loop_cpu: int | None, rank_cpu: int | None, idle_client: bool = True) -> list[dict]:
+        server_cpus: str | None, loop_cpu: int | None, rank_cpu: int | None, idle_client: bool = True,
+        layout: str = "native") -> list[dict]:
     from ensemble.grpc_polling import import_grpc
 
     import_grpc()
@@ -88,7 +89,7 @@ def run(repository: Path, rounds: int, seconds: float, protocol: str, candidates
     frame = criteo.synthesize(criteo.SynthConfig(rows=max(candidates, 1000), scale=0.01, seed=29)).frame
     dense, cats = transforms.dense_array(frame), transforms.encode_categorical(frame)
     options = ServerOptions(repository, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                            cpu_list=server_cpus)
+                            cpu_list=server_cpus, layout=layout)
     results = []
     with TritonServer(options) as server:
         url = server.http_url if protocol == "http" else server.grpc_url
@@ -155,14 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranking-client", choices=["idle", "normal"], default="idle",
                    help="the ranking client's scheduling class: idle (SCHED_IDLE: its own work never delays the "
                         "loop's client on a shared core, so the table shows what the server does) or normal")
+    p.add_argument("--layout", choices=["native", "fused"], default="native", help="the CPU layout served")
     p.add_argument("--out", default="build/bench", help="folder of rank-beside.json")
     args = p.parse_args(argv)
     machine = summary()
     results = run(Path(args.repository), args.rounds, args.seconds, args.protocol, args.candidates,
-                  args.deadline_ms / 1e3, args.server_cpus, args.loop_cpu, args.rank_cpu, args.ranking_client == "idle")
+                  args.deadline_ms / 1e3, args.server_cpus, args.loop_cpu, args.rank_cpu, args.ranking_client == "idle",
+                  args.layout)
     print(table(results, args.candidates, args.deadline_ms / 1e3))
     write_results(args.out, "rank-beside.json", "benchmarks.rank_beside", machine, results=results,
-                  candidates=args.candidates, deadline_ms=args.deadline_ms, ranking_client=args.ranking_client)
+                  candidates=args.candidates, deadline_ms=args.deadline_ms, ranking_client=args.ranking_client,
+                  layout=args.layout)
     return 0
 
 

@@ -13,12 +13,16 @@ version of the ranker. The model imports numpy only: the frameworks live in the 
 """
 
 import json
+import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ensemble import schema
 from ensemble.serving import ranking
+
+
+RANK_NICE = 19  # configs.RANK_THREAD_NICE (this file imports numpy and the schema only)
 
 
 class TritonPythonModel:
@@ -29,6 +33,10 @@ class TritonPythonModel:
         self.max_candidates = ranking.max_candidates(params, ranker_rows)
         self.max_rows = min(ranking.CHUNK_ROWS, ranker_rows)
         self.context_widths = (int(params.get("context_dense", 0)), int(params.get("context_categorical", 0)))
+        try:  # this thread runs execute too: below the ranker, as the native rank model's threads
+            os.setpriority(os.PRIO_PROCESS, 0, RANK_NICE)
+        except OSError:
+            pass
 
     def execute(self, requests):
         return [self._rank(request) for request in requests]

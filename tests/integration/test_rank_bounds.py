@@ -126,3 +126,36 @@ def test_the_native_rank_threads_run_below_the_rankers_priority(servers):
     after = thread_ticks(server.process.pid)
     busiest = max(after, key=lambda t: after[t][1] - before.get(t, (0, 0))[1])
     assert after[busiest][0] == RANK_THREAD_NICE, {t: (v[0], v[1] - before.get(t, (0, 0))[1]) for t, v in after.items()}
+
+
+def test_the_python_rank_model_runs_below_the_rankers_priority(servers):
+    """In the fused layout the ``rank`` model's own process (a python-backend stub) does its work on
+    a thread at the rank model's nice value (rank_model.RANK_NICE, which mirrors configs.RANK_THREAD_NICE:
+    the stub imports no more than numpy and the schema): the busiest thread of that process during a
+    burst of ranking requests."""
+    from pathlib import Path
+
+    from ensemble.models.registry import Layout
+    from ensemble.repository.configs import RANK_THREAD_NICE
+
+    server = servers(Layout.FUSED)
+    n = schema.MAX_BATCH_SIZE
+    dense, cats = fresh_rows(n, seed=47)
+    client = RankerClient(server.http_url, "http", timeout=120)
+    client.rank(None, (dense[:64], cats[:64]))  # the model loaded and its thread lowered
+    stubs = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+             and b"rank_0" in _cmdline(p) and int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]) == server.process.pid]
+    assert len(stubs) == 1, stubs
+    before = thread_ticks(stubs[0])
+    for _ in range(4):
+        client.rank(None, (dense[:n], cats[:n]))
+    after = thread_ticks(stubs[0])
+    busiest = max(after, key=lambda t: after[t][1] - before.get(t, (0, 0))[1])
+    assert after[busiest][0] == RANK_THREAD_NICE, {t: (v[0], v[1] - before.get(t, (0, 0))[1]) for t, v in after.items()}
+
+
+def _cmdline(process) -> bytes:
+    try:
+        return (process / "cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -108,3 +108,14 @@ def test_the_native_backend_serves_only_the_config_it_was_exported_with():
     config["input"][1]["dims"] = ["25"]
     with pytest.raises(ValueError, match="categorical"):
         embedded._check_config(config, schema.FUSED_STEP)
+
+
+def test_the_python_rank_model_mirrors_the_rank_nice_value():
+    """rank_model.py (a python-backend model: numpy and the schema only) lowers its thread to the
+    same nice value the native rank model's config carries."""
+    from pathlib import Path
+
+    import ensemble.serving
+
+    text = (Path(ensemble.serving.__file__).parent / "rank_model.py").read_text()
+    assert f"\nRANK_NICE = {configs.RANK_THREAD_NICE}  #" in text
