@@ -123,10 +123,22 @@ class Ranker:
         return int(sum(sizes))
 
     def _score_alone(self, inputs, wanted) -> Answer:
+        return score_alone(self.runner, inputs, wanted)
+
+
+def score_alone(runner: runtime.StepRunner, inputs: Mapping[str, np.ndarray], wanted: Sequence[str],
+                validate: bool = False) -> Answer:
+    """One request scored by itself: its answer, or its own error (INVALID_ARG when ``validate`` finds
+    it malformed, INTERNAL when scoring fails)."""
+    if validate:
         try:
-            return _answer(self.runner.run(inputs), wanted)
-        except Exception as exc:  # noqa: BLE001 - one request's failure must not fail the others
-            return failed(INTERNAL, exc)
+            runner.validate(inputs)
+        except (runtime.BadInput, ValueError) as exc:
+            return failed(INVALID_ARG, exc)
+    try:
+        return _answer(runner.run(inputs), wanted)
+    except Exception as exc:  # noqa: BLE001 - one request's failure must not fail the others
+        return failed(INTERNAL, exc)
 
 
 def _answer(outputs: Mapping[str, np.ndarray], wanted: Sequence[str]) -> Answer:

@@ -464,6 +464,16 @@ static void report(Reporter *reporter, TRITONBACKEND_ModelInstance *instance, co
     report_now(instance, item);
 }
 
+/* Ends a worker thread (the reporter, a bulk lane): sets its stop flag under its lock, wakes it and
+ * waits for it; the worker finishes what it holds before it returns. */
+static void stop_worker(pthread_mutex_t *lock, pthread_cond_t *wake, bool *stop, pthread_t thread) {
+    pthread_mutex_lock(lock);
+    *stop = true;
+    pthread_cond_signal(wake);
+    pthread_mutex_unlock(lock);
+    pthread_join(thread, NULL);
+}
+
 /* A model instance's state: its reporter (NULL: reports are made on the answering thread) and its
  * bulk lane (NULL until a call first hands it a request; see "the bulk lane" below). */
 typedef struct Lane Lane;
@@ -497,13 +507,8 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInsta
     if (state->lane != NULL) lane_stop(state->lane); /* answers every request it holds, reporting through the reporter */
     Reporter *reporter = state->reporter;
     if (reporter != NULL) {
-        if (reporter->running) { /* the reporter makes every queued report before it ends */
-            pthread_mutex_lock(&reporter->lock);
-            reporter->stop = true;
-            pthread_cond_signal(&reporter->wake);
-            pthread_mutex_unlock(&reporter->lock);
-            pthread_join(reporter->thread, NULL);
-        }
+        if (reporter->running) /* the reporter makes every queued report before it ends */
+            stop_worker(&reporter->lock, &reporter->wake, &reporter->stop, reporter->thread);
         pthread_cond_destroy(&reporter->wake);
         pthread_mutex_destroy(&reporter->lock);
         free(reporter);
@@ -920,6 +925,12 @@ static void plain_execute(ModelState *state, TRITONBACKEND_Request **requests, u
     Py_XDECREF(done);
 }
 
+/* How many threads the chain scores `rows` rows on: two from split_rows rows (0: never), where the
+ * Python pipeline splits a batch too. */
+static int chain_threads(const ModelState *state, int64_t rows) {
+    return state->split_rows && rows >= state->split_rows ? 2 : 1;
+}
+
 /* ----- the bulk lane -----
  *
  * Triton's queue is first come, first served: an interactive request that arrives behind bulk
@@ -1023,9 +1034,8 @@ static int lane_answer(Lane *lane, const LaneItem *item) {
             send_error(item->request, TS_ERROR_INTERNAL, "out of memory for a bulk request's scores");
         } else {
             compute_start = now_ns();
-            const int threads = state->split_rows && rows >= state->split_rows ? 2 : 1;
-            const int failed =
-                state->chain_api->score(state->chain, 1, &dense, &wire, &wire_size, &rows, threads, scores, text, sizeof text);
+            const int failed = state->chain_api->score(state->chain, 1, &dense, &wire, &wire_size, &rows,
+                                                       chain_threads(state, rows), scores, text, sizeof text);
             compute_end = now_ns();
             if (failed) {
                 char message[ENSEMBLE_ERROR_SIZE + 32];
@@ -1136,11 +1146,7 @@ static bool lane_take(Lane *lane, TRITONBACKEND_Request *request, const PlainReq
 }
 
 static void lane_stop(Lane *lane) {
-    pthread_mutex_lock(&lane->lock);
-    lane->stop = true;
-    pthread_cond_signal(&lane->wake);
-    pthread_mutex_unlock(&lane->lock);
-    pthread_join(lane->thread, NULL);
+    stop_worker(&lane->lock, &lane->wake, &lane->stop, lane->thread);
     pthread_cond_destroy(&lane->wake);
     pthread_mutex_destroy(&lane->lock);
     lane_metrics_delete(lane);
@@ -1249,7 +1255,7 @@ static void native_execute(ModelState *state, TRITONBACKEND_Request **requests, 
             break;
         }
         if (state->chain_api->score(state->chain, to - from, dense, wire, wire_size, part_rows,
-                                    state->split_rows && total >= state->split_rows ? 2 : 1, scores, text,
+                                    chain_threads(state, total), scores, text,
                                     text_size) != 0)
             break;
         int64_t offset = 0;

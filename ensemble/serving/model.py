@@ -47,13 +47,12 @@ class TritonPythonModel:
 
     def execute(self, requests):
         call = [_call_request(r, self.ranker.runner.step) for r in requests]
-        responses, sent = [None] * len(requests), set()
         kept = self._hand_bulk_to_lane(requests, call)
         if kept is not None:  # some went to the lane: the call plans the others
-            requests, call, responses = [requests[i] for i in kept], [call[i] for i in kept], [None] * len(kept)
-            sent = set()
-            if not requests:
+            if not kept:
                 return None
+            requests, call = [requests[i] for i in kept], [call[i] for i in kept]
+        responses, sent = [None] * len(requests), set()
         for item in self.ranker.call(call):
             if item is calls.FLUSH:  # the interactive answers go out before the bulk rows are scored
                 for i, response in enumerate(responses):
@@ -153,14 +152,7 @@ class BulkLane:
                                                          f"({timeout * 1e3:.0f} ms) behind interactive traffic; "
                                                          "retry with backoff")
             else:
-                try:
-                    self.runner.validate(inputs)
-                    answer = calls.Answer({n: np.ascontiguousarray(a) for n, a in self.runner.run(inputs).items()
-                                           if not wanted or n in wanted})
-                except (runtime.BadInput, ValueError) as exc:
-                    answer = calls.failed(calls.INVALID_ARG, exc)
-                except Exception as exc:  # noqa: BLE001 - the request's own answer
-                    answer = calls.failed(calls.INTERNAL, exc)
+                answer = calls.score_alone(self.runner, inputs, wanted, validate=True)
             try:
                 sender.send(_response(answer), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             finally:
