@@ -127,7 +127,10 @@ def test_fleet_plan_never_picks_a_port_the_options_name():
 
     seen: set[int] = set()
     for _ in range(30):
-        http, grpc, metrics = free_ports(3)
+        # The fleet serves replica metrics on metrics..metrics+3: the user's ports are chosen apart from
+        # that range, or the plan rightly refuses them as serving twice.
+        (metrics,) = free_ports(1)
+        http, grpc = free_ports(2, avoid={metrics + i for i in range(4)})
         servers, gateway = plan(FleetOptions(ServerOptions(Path("repo"), http_port=http, grpc_port=grpc,
                                                            metrics_port=metrics), replicas=4))
         picked = [p for s in servers for p in (s.http_port, s.grpc_port)] + [gateway.admin_port]
