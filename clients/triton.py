@@ -163,11 +163,15 @@ class Ranking:
 
     Attributes:
         order: candidate indices, best first (the first ``k`` when asked); ties keep the order sent.
-        scores: every candidate's blended score, in the order the candidates were sent.
+        scores: every candidate's blended score, in the order the candidates were sent (NaN for a
+            dropped one).
+        dropped: ranking by ids: the indices of the item ids the online store does not hold, when the
+            server drops unknown items (they are not in ``order``); empty otherwise.
     """
 
     order: np.ndarray
     scores: np.ndarray
+    dropped: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
 
 
 def grpc_request(model: str, tensors, outputs, timeout_us: int | None = None, priority: int = 0,
@@ -423,27 +427,53 @@ class RankerClient(_Settings):
             k: answer the best ``k`` candidates' indices only (None: all); scores are always all.
         """
         tensors = ranking_tensors(context, candidates, self.dataset)
-        n = len(tensors[2])
-
         sent = [(t, a) for t, a in zip((schema.CONTEXT_DENSE, schema.CONTEXT_CATEGORICAL, schema.CANDIDATE_DENSE,
                                         schema.CANDIDATE_CATEGORICAL), tensors)
                 if a.shape[-1] or t in (schema.CANDIDATE_DENSE, schema.CANDIDATE_CATEGORICAL)]
+        return self._rank_call(sent, k, len(tensors[2]))
+
+    def rank_ids(self, user, items, k: int | None = None, context=None) -> Ranking:
+        """Rank items by their ids for one user, the server reading both's features from its online
+        store (``ensemble serve --store URL``; docs/your-data.md, "Ranking by ids"): the same
+        :class:`Ranking` :meth:`rank` answers for the same stored features. Item ids the store does not
+        hold are answered in ``Ranking.dropped`` (or scored with missing features, as the server is set).
+
+        Args:
+            user: the user's id (the spec's context key), or None when the spec has no context.
+            items: the items' ids (the spec's candidate key), str or bytes; repeats are scored each time.
+            k: answer the best ``k`` items' indices only (None: all).
+            context: request-time context features replacing the stored user's (a mapping of the spec's
+                context columns, or a ``(continuous, categorical)`` pair), or None.
+        """
+        ids = np.array([v if isinstance(v, bytes) else str(v).encode() for v in items], dtype=object)
+        sent = [(schema.ITEM_IDS, ids)]
+        if user is not None:
+            sent.append((schema.USER_ID, np.array([user if isinstance(user, bytes) else str(user).encode()], object)))
+        if context is not None:
+            dense, cats = ranking_tensors(context, (np.zeros((0, 0)), np.zeros((0, 0))), self.dataset)[:2]
+            sent += [(schema.CONTEXT_DENSE, dense), (schema.CONTEXT_CATEGORICAL, cats)]
+        return self._rank_call(sent, k, len(ids))
+
+    def _rank_call(self, sent: list, k: int | None, n: int) -> Ranking:
         if k is not None:
             sent.append((schema.TOP_K, np.array([k], np.int32)))
-        answers = (schema.CANDIDATE_SCORES, schema.ORDER)
+        answers = (schema.CANDIDATE_SCORES, schema.ORDER, schema.DROPPED)
 
         def call() -> Ranking:
             if self.protocol is Protocol.GRPC:  # the rank model has no priority levels
                 out = grpc_outputs(self._grpc_infer(self._grpc_call(schema.RANK_MODEL, sent, answers, priority=False)),
                                    answers)
-                return Ranking(out[schema.ORDER.name], out[schema.CANDIDATE_SCORES.name])
+                return Ranking(out[schema.ORDER.name], out[schema.CANDIDATE_SCORES.name],
+                               out.get(schema.DROPPED.name, np.empty(0, np.int32)))
             inputs = [_input(self._tc, self.protocol, self.binary, t, a) for t, a in sent]
             outputs = [self._tc.InferRequestedOutput(t.name, binary_data=self.binary) for t in answers]
             kwargs = self._infer_kwargs()
             kwargs.pop("priority", None)  # the rank model has no priority levels
             result = self._client.infer(schema.RANK_MODEL, inputs, outputs=outputs, **kwargs)
+            dropped = result.as_numpy(schema.DROPPED.name)
             return Ranking(result.as_numpy(schema.ORDER.name).reshape(-1),
-                           result.as_numpy(schema.CANDIDATE_SCORES.name).reshape(-1))
+                           result.as_numpy(schema.CANDIDATE_SCORES.name).reshape(-1),
+                           np.empty(0, np.int32) if dropped is None else dropped.reshape(-1))
 
         return self._with_retry(call, 0, n)
 

@@ -117,7 +117,25 @@ def _server_options(args):
                          admin_key=os.environ.get(ADMIN_KEY_ENV) or None,
                          latency_summaries=_latency_summaries(args),
                          latency_objective_ms=args.latency_objective_ms, allocator=Allocator(args.allocator),
-                         require_declared=getattr(args, "require_declared", False))
+                         require_declared=getattr(args, "require_declared", False), store=_store(args))
+
+
+def _store(args):
+    """The online store's settings: ``--store URL`` or, to keep a password off the command line, the
+    ENSEMBLE_STORE_URL environment variable (a Kubernetes Secret sets it)."""
+    from ensemble import online
+
+    url = getattr(args, "store", None) or os.environ.get(online.ENV["url"])
+    if not url:
+        return None
+    try:
+        given = {field: getattr(args, name) for field, name in (
+            ("timeout_ms", "store_timeout_ms"), ("cache_entries", "store_cache_entries"), ("ttl_s", "store_cache_ttl_s"),
+            ("unknown_items", "unknown_items"), ("max_staleness_s", "max_staleness_s"), ("stale", "stale"))
+            if getattr(args, name, None) is not None}
+        return online.StoreSettings(url, **given)
+    except ValueError as exc:
+        raise SystemExit(f"ensemble serve: {exc}") from None
 
 
 def cmd_synth(args) -> int:
@@ -286,6 +304,19 @@ def cmd_rank(args) -> int:
         print("error: give --url or --local (one of the two)", file=sys.stderr)
         return 2
     spec = dataset.load_spec(args.dataset)
+    if args.ids and args.local:
+        print("error: --ids needs a server with an online store (--url), not --local", file=sys.stderr)
+        return 2
+    ids_of = None
+    if args.ids:  # the files carry ids only: the server reads the features from its online store
+        from dataclasses import replace
+
+        user_key, item_key = spec.key(dataset.Side.CONTEXT), spec.key(dataset.Side.CANDIDATE)
+        if item_key is None:
+            print(f"error: the {spec.name} spec names no [candidate] key: it cannot be ranked by ids", file=sys.stderr)
+            return 2
+        ids_of = spec
+        spec = replace(spec, columns=tuple(c for c in spec.columns if c.name in (user_key, item_key)))
     if args.local:
         from ensemble.serving.runtime import Pipeline
 
@@ -304,6 +335,10 @@ def cmd_rank(args) -> int:
             if getattr(local, "client", None) is None:
                 local.client = RankerClient(args.url, args.protocol, dataset=spec, timeout=args.timeout,
                                             retry=Retry(attempts=args.retries + 1))
+            if ids_of is not None:
+                user = ids_of.key(dataset.Side.CONTEXT)
+                return local.client.rank_ids(context[user] if user and context else None,
+                                             candidates[ids_of.key(dataset.Side.CANDIDATE)].tolist(), k)
             return local.client.rank(context, candidates, k)
     try:
         summary = rank_files(args.input, args.output, spec, args.group_by, rank, args.k,
@@ -317,6 +352,45 @@ def cmd_rank(args) -> int:
         q = summary.quality
         line += f"; NDCG@{q.k} {q.ndcg:.4f}, MRR {q.mrr:.4f} over {q.groups} groups with a positive and a negative"
     print(line)
+    return 0
+
+
+def cmd_materialize(args) -> int:
+    import json
+
+    from ensemble import dataset, materialize, online
+
+    url = args.store or os.environ.get(online.ENV["url"])
+    if not url:
+        print("error: name the store: --store URL or ENSEMBLE_STORE_URL", file=sys.stderr)
+        return 2
+    try:
+        spec = dataset.load_spec(args.dataset)
+        if args.check:
+            print(json.dumps(materialize.check(spec, url), indent=1))
+            return 0
+        if args.files:
+            from ensemble.data import tables
+
+            frame = tables.read_table(args.files, spec, with_label=False)
+        elif spec.name == "movielens100k":
+            from ensemble.data import movielens
+
+            frame = movielens.load()
+        else:
+            print(f"error: give the {spec.name} data files to materialize", file=sys.stderr)
+            return 2
+        report = materialize.materialize(spec, frame, url)
+    except (dataset.SpecError, materialize.MaterializeError, online.StoreError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for side in report.sides:
+        print(f"{side.side} ({side.key}): {side.entities} entities, {side.written} written, {side.unchanged} "
+              f"unchanged, {side.kept_newer} kept (the store's are newer)")
+    print(f"{report.seconds:.2f} s; store memory {report.memory_before / 2**20:.1f} -> "
+          f"{report.memory_after / 2**20:.1f} MiB ({report.store})")
+    if args.report:
+        Path(args.report).write_text(json.dumps(report.as_dict(), indent=1) + "\n")
     return 0
 
 
@@ -540,6 +614,26 @@ def _add_server(p: argparse.ArgumentParser) -> None:
     p.add_argument("--require-declared", action="store_true",
                    help="refuse to start when a DLRM step's declared engine (the release's engine.json) cannot "
                         "run on this machine, instead of scoring with the C pass or the framework (logged)")
+    p.add_argument("--store", default=None, metavar="URL",
+                   help="the online feature store of ranking requests by ids (redis://[user:password@]host:port/db, "
+                        "rediss://...; a Redis Cluster node works too); default: ENSEMBLE_STORE_URL (docs/your-data.md, "
+                        "\"Ranking by ids\")")
+    p.add_argument("--store-timeout-ms", type=float, default=50.0, metavar="MS",
+                   help="the longest a store round trip may take: past it the request is refused (503 / UNAVAILABLE "
+                        "naming the store); keep it below the latency objective (default: 50.0)")
+    p.add_argument("--store-cache-entries", type=int, default=100_000, metavar="N",
+                   help="entities the rank model keeps in memory (0: every lookup asks the store) (default: 100000)")
+    p.add_argument("--store-cache-ttl-s", type=float, default=60.0, metavar="S",
+                   help="how long a cached entity is served before the store is asked again (default: 60.0)")
+    p.add_argument("--unknown-items", choices=["drop", "default"], default="drop",
+                   help="an item id the store does not hold: dropped from the ranking (its index answered in "
+                        "'dropped'), or scored with missing features (default: drop)")
+    p.add_argument("--max-staleness-s", type=float, default=None, metavar="S",
+                   help="an entity whose features are older than this (by the spec's time column) is stale "
+                        "(default: no bound)")
+    p.add_argument("--stale", choices=["serve", "refuse"], default="serve",
+                   help="what happens to a request naming a stale entity: served (and counted) or refused (503) "
+                        "(default: serve)")
     p.add_argument("--allocator", choices=["auto", "tcmalloc", "system"], default="auto",
                    help="tritonserver's memory allocator: auto preloads tcmalloc when installed (Debian: "
                         "libtcmalloc-minimal4), else runs on the system's")
@@ -676,12 +770,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default=None, help="Triton endpoint host:port or http://, grpc://")
     p.add_argument("--protocol", choices=["http", "grpc"], default=None,
                    help="for a --url without a scheme (default http)")
+    p.add_argument("--ids", action="store_true",
+                   help="the files hold the spec's keys only (user and item ids): the server reads their features "
+                        "from its online store (ensemble serve --store; items it does not hold are left out)")
     p.add_argument("--local", action="store_true", help="rank in-process from --repository, no server")
     p.add_argument("--repository", default="model_repository", help="what --local loads")
     p.add_argument("--concurrency", type=int, default=4, help="ranking requests in flight")
     p.add_argument("--retries", type=int, default=3, help="retries of a request after a transient failure")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     p.set_defaults(func=cmd_rank)
+
+    p = _command(sub, "materialize", "write each entity's latest features into the online store (ranking by ids)")
+    p.add_argument("files", nargs="*", help="CSV/TSV/Parquet files with the spec's columns (the built-in MovieLens "
+                                            "100k needs none)")
+    p.add_argument("--dataset", required=True, help="the data's spec: a built-in name or a spec file (with keys)")
+    p.add_argument("--store", default=None, metavar="URL",
+                   help="redis://[user:password@]host:port/db or rediss://... (default: ENSEMBLE_STORE_URL)")
+    p.add_argument("--check", action="store_true", help="report what the store holds and how stale, write nothing")
+    p.add_argument("--report", default=None, help="also write the report as JSON here")
+    p.set_defaults(func=cmd_materialize)
 
     p = _command(sub, "baseline-serve", "a CPU baseline server (FastAPI) with the ranker's HTTP contract")
     p.add_argument("--kind", choices=["naive", "inproc"], required=True,

@@ -17,10 +17,12 @@ A spec file::
     [context]                    # optional
     continuous = ["age"]
     categorical = ["user_id", "gender"]
+    key = "user_id"              # optional: the entity key (ranking by ids, ensemble/online.py)
 
     [candidate]
     continuous = ["release_year"]
     categorical = ["movie_id"]
+    key = "movie_id"
 
     [freq_threshold_by_column]   # optional, per categorical column
     user_id = 2
@@ -47,6 +49,11 @@ row's distinct items in sorted order (a set: order and repeats do not count; ite
 ``max_items`` are dropped; unused slots are missing), and each slot is then an ordinary categorical
 column with its own vocabulary and embedding table (:meth:`DatasetSpec.prepared`,
 :func:`list_slots`). The models see the slots, the client contract the one column.
+
+A side's ``key`` names the categorical column that identifies its entity (the user, the item): the
+online store holds each entity's row of that side's columns under its key value, so that a ranking
+request can name a user and item ids instead of sending their features (``ensemble materialize``).
+The key stays a feature of the side like any other column.
 
 Categorical values seen fewer than their column's threshold times in training map to the
 out-of-vocabulary id. A hashed column's values are replaced by their bucket, ``crc32(value) % N``
@@ -110,6 +117,11 @@ class DatasetSpec:
     source: str = "<string>"
     list_separator: str = "|"
     model: tuple[tuple[str, object], ...] = ()  # the [model] table's settings (ensemble.model_size)
+    keys: tuple[tuple[Side, str], ...] = ()  # each side's entity key column, when named (ranking by ids)
+
+    def key(self, side: Side) -> str | None:
+        """The side's entity key column (a single-valued categorical column of that side), or None."""
+        return dict(self.keys).get(side)
 
     def _names(self, kind: Kind, side: Side | None = None) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns if c.kind is kind and (side is None or c.side is side))
@@ -253,7 +265,7 @@ def bucket(value: bytes, buckets: int) -> bytes:
 
 _TOP_KEYS = {"name", "label", "time", "freq_threshold", "context", "candidate", "freq_threshold_by_column",
              "hash_buckets", "list_separator", "max_items", "model"}
-_SIDE_KEYS = {"continuous", "categorical", "multi_hot"}
+_SIDE_KEYS = {"continuous", "categorical", "multi_hot", "key"}
 _MULTI_HOT = "multi_hot"
 
 
@@ -308,6 +320,7 @@ def parse_spec(text: str, source: str = "<string>") -> DatasetSpec:
 
     columns: list[Column] = []
     seen: dict[str, str] = {}
+    keys: list[tuple[Side, str]] = []
     for side in (Side.CONTEXT, Side.CANDIDATE):
         table = raw.get(side.value, {})
         if not isinstance(table, dict):
@@ -340,6 +353,14 @@ def parse_spec(text: str, source: str = "<string>") -> DatasetSpec:
                     items = max_items[column]
                 columns.append(Column(column, kind, side, threshold,
                                       hashing.get(column, 0) if kind is Kind.CATEGORICAL else 0, items))
+        if "key" in table:
+            key = table["key"]
+            ok = next((c for c in columns if c.name == key and c.side is side and c.kind is Kind.CATEGORICAL
+                       and not c.max_items), None) if isinstance(key, str) else None
+            if ok is None:
+                raise SpecError(f"{source}: [{side.value}] key {key!r} must name one of the side's categorical "
+                                f"(not multi-hot) columns")
+            keys.append((side, key))
     # Tensor order: context then candidate within each kind (the loop above already is).
     for table, names in (("freq_threshold_by_column", by_column), ("hash_buckets", hashing)):
         for column in names:
@@ -364,7 +385,7 @@ def parse_spec(text: str, source: str = "<string>") -> DatasetSpec:
         model = tuple(sorted(model_size.from_table(raw.get("model", {}), source).items()))
     except model_size.SizeError as exc:
         raise SpecError(str(exc)) from None
-    return DatasetSpec(name, label, tuple(columns), time, source, separator, model)
+    return DatasetSpec(name, label, tuple(columns), time, source, separator, model, tuple(keys))
 
 
 def builtin_names() -> tuple[str, ...]:

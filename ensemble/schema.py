@@ -216,6 +216,13 @@ CANDIDATE_CATEGORICAL = Tensor("candidate_categorical", DType.STRING, (-1, 0))
 TOP_K = Tensor("top_k", DType.INT32, (1,))  # optional; absent or 0: every candidate
 ORDER = Tensor("order", DType.INT32, (-1,))  # candidate indices, best first
 CANDIDATE_SCORES = Tensor("scores", DType.FP32, (-1,))  # the blended score of every candidate, in input order
+# Ranking by ids (ensemble/online.py): the user (the spec's context key) and the items (its candidate key)
+# instead of their features, which the rank model reads from the online store. ``dropped``: the indices
+# of the item ids the store does not hold, when the server drops unknown items (their scores are NaN and
+# they are not in ``order``); empty otherwise.
+USER_ID = Tensor("user_id", DType.STRING, (1,))
+ITEM_IDS = Tensor("item_ids", DType.STRING, (-1,))
+DROPPED = Tensor("dropped", DType.INT32, (-1,))
 
 
 def rank_tensors(widths: Widths) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
@@ -227,8 +234,8 @@ def rank_tensors(widths: Widths) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]
         inputs.append(Tensor(CONTEXT_CATEGORICAL.name, DType.STRING, (widths.context_categorical,)))
     inputs.append(Tensor(CANDIDATE_DENSE.name, DType.FP32, (-1, widths.dense - widths.context_dense)))
     inputs.append(Tensor(CANDIDATE_CATEGORICAL.name, DType.STRING, (-1, widths.categorical - widths.context_categorical)))
-    inputs.append(TOP_K)
-    return tuple(inputs), (CANDIDATE_SCORES, ORDER)
+    inputs += [TOP_K, USER_ID, ITEM_IDS]
+    return tuple(inputs), (CANDIDATE_SCORES, ORDER, DROPPED)
 
 
 # Triton's v2 inference endpoint of the ranker (HTTP), as clients, probes and baselines call it.

@@ -49,3 +49,23 @@ def pipeline(trained):
     from ensemble.serving.runtime import Pipeline
 
     return Pipeline.from_repository(trained.repository)
+
+
+@pytest.fixture(scope="session")
+def movielens_run(tmp_path_factory):
+    """``ensemble demo --dataset movielens100k`` once per session: (its folder, its summary); the
+    repository is ``<folder>/repository``."""
+    from ensemble.demo import DemoOptions
+    from ensemble.demo_movielens import DLRM_EPOCHS, run_movielens_demo
+    from ensemble.models.dlrm import DLRMConfig
+    from ensemble.models.registry import Layout
+    from ensemble.serving.server import ServerOptions, free_port
+    from ensemble.training import TrainConfig
+
+    root = tmp_path_factory.mktemp("movielens")
+    server = ServerOptions(root / "repository", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                           log_file=root / "tritonserver-demo.log", layout=Layout.FUSED)
+    options = DemoOptions(train=TrainConfig(dlrm=DLRMConfig(epochs=DLRM_EPOCHS)), workdir=root / "work",
+                          repository=root / "repository", server=server)
+    summary = run_movielens_demo(options, log=lambda _line: None)
+    return root, summary

@@ -185,6 +185,7 @@ class LeanTransform:
     max_items: tuple[int, ...] = ()
     list_separator: bytes = b"|"
     id_columns: tuple[str, ...] = ()
+    dataset: str = "criteo"  # the spec's name (the online store's key prefix: ensemble/online.py)
 
     @classmethod
     def load(cls, workflow_dir: str | Path) -> "LeanTransform":
@@ -207,7 +208,7 @@ class LeanTransform:
                    float(stats["fill_value"]), float(stats["clip_min"]), tuple(lookups), dense_columns,
                    categorical_columns, tuple(stats.get("hash_buckets", ())) if any(stats.get("hash_buckets", ())) else (),
                    tuple(stats.get("max_items", ())) if any(stats.get("max_items", ())) else (),
-                   stats.get("list_separator", "|").encode(), id_columns)
+                   stats.get("list_separator", "|").encode(), id_columns, stats.get("dataset", "criteo"))
 
     @property
     def cardinalities(self) -> tuple[int, ...]:

@@ -314,7 +314,9 @@ def rank_config(widths: schema.Widths = schema.CRITEO_WIDTHS, layout: Layout = L
     for tensor in inputs:
         entry = config.input.add(name=tensor.name, data_type=pb.DataType.Value(tensor.dtype.value))
         entry.dims.extend(tensor.dims)
-        entry.optional = tensor.name == schema.TOP_K.name
+        # Every input is optional to Triton: a request sends features (context and candidate tensors) or
+        # ids (user_id, item_ids); the model says which is missing.
+        entry.optional = True
     _add(config, tuple(Binding(t, t.name) for t in outputs), "output", widths)
     config.instance_group.add(kind=pb.ModelInstanceGroup.Kind.Value(Kind.CPU.value),
                               count=RANK_INSTANCES["native" if layout is Layout.NATIVE else "python"])

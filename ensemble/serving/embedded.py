@@ -29,7 +29,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ensemble import schema
+from ensemble import online, schema
 from ensemble.repository import configs
 from ensemble.serving import admission, calls, ranking, runtime
 
@@ -94,6 +94,12 @@ class RankerModel:
     def rows(self) -> int:
         """Rows scored by the last call (the backend's batch statistics)."""
         return self.ranker.rows
+
+    @property
+    def dataset(self) -> str:
+        """The name of the dataset spec the release was trained on (the online store's key prefix)."""
+        features = self.pipeline.steps.get(schema.Model.FEATURES)
+        return getattr(getattr(features, "fn", None), "dataset", schema.CRITEO.name)
 
     @property
     def engines(self) -> tuple[tuple[str, str, str], ...]:
@@ -266,9 +272,41 @@ class RankModel:
         self.thread_nice = thread_nice(params)  # the backend lowers its instance threads to it
         self.rows = 0
         self.seconds_per_row: float | None = None  # measured on this model's own chunks (decayed)
+        # Ranking by ids: the online store tritonserver's environment names (ensemble serve --store).
+        self.store = online.StoreSettings.from_environment(os.environ)
+        self._lookups: dict[str, online.FeatureLookup] = {}
+        self._reported: dict[str, dict[str, float]] = {}  # what metric_updates last reported, per dataset
 
     def close(self) -> None:
-        pass
+        for lookup in self._lookups.values():
+            lookup.close()
+
+    def metric_updates(self) -> tuple[tuple[int, str, float], ...]:
+        """What the store lookups counted since the last call, as the backend's counters take it:
+        (family, outcome label, increment), families in the backend's order (``fused_backend.c``:
+        entities by outcome, failures, round trips, round-trip seconds). Empty when nothing changed."""
+        out = []
+        for lookup in self._lookups.values():
+            now = lookup.counters()
+            last = self._reported.get(lookup.dataset, {})
+            for name, value in now.items():
+                delta = value - last.get(name, 0)
+                if delta > 0:
+                    family, label = _STORE_FAMILIES[name]
+                    out.append((family, label, float(delta)))
+            self._reported[lookup.dataset] = now
+        return tuple(out)
+
+    def lookup(self, ranker: "RankerModel") -> online.FeatureLookup:
+        """The store's lookup of the dataset the ranker version was trained on."""
+        if self.store is None:
+            raise ranking.RankError("ranking by ids needs the online store: this server was started without "
+                                    "one (ensemble serve --store URL)")
+        dataset = ranker.dataset
+        found = self._lookups.get(dataset)
+        if found is None:
+            found = self._lookups[dataset] = self.store.lookup(dataset)
+        return found
 
     def execute(self, requests: Sequence[tuple], exec_start: float) -> Iterator[tuple[int, tuple]]:
         """Answers as :meth:`RankerModel.execute`: ``("ok", (("scores", float32), ("order", int32)))``."""
@@ -276,7 +314,8 @@ class RankModel:
         for i, request in enumerate(requests):
             try:
                 given = dict(zip(self.input_names, request[0]))
-                candidates = given.get(schema.CANDIDATE_DENSE.name)
+                by_ids = given.get(schema.ITEM_IDS.name) is not None or given.get(schema.USER_ID.name) is not None
+                candidates = given.get(schema.ITEM_IDS.name if by_ids else schema.CANDIDATE_DENSE.name)
                 if candidates is not None and len(candidates[1]):
                     ranking.check_count(int(candidates[1][0]), self.max_candidates)
                 arrays = {name: self._array(name, value) for name, value in given.items() if value is not None}
@@ -290,20 +329,62 @@ class RankModel:
                 if k is not None and k < 0:
                     raise ranking.RankError(f"top_k must be >= 0 (0: every candidate), not {k}")
                 widths = ranker.pipeline.widths
-                dense, categorical = ranking.broadcast(
-                    arrays.get(schema.CONTEXT_DENSE.name), arrays.get(schema.CONTEXT_CATEGORICAL.name),
-                    arrays.get(schema.CANDIDATE_DENSE.name), arrays.get(schema.CANDIDATE_CATEGORICAL.name),
-                    (widths.context_dense, widths.context_categorical))
-                scores = self._score(ranker, dense, categorical, exec_start, _deadline(request[1], ranker))
+                deadline = _deadline(request[1], ranker)
+                kept = dropped = None
+                if by_ids:
+                    arrays, kept, dropped = self._by_ids(ranker, arrays, exec_start, deadline)
+                if kept is not None and not len(kept):  # every item unknown, and unknown items are dropped
+                    scores = np.empty(0, np.float32)
+                else:
+                    dense, categorical = ranking.broadcast(
+                        arrays.get(schema.CONTEXT_DENSE.name), arrays.get(schema.CONTEXT_CATEGORICAL.name),
+                        arrays.get(schema.CANDIDATE_DENSE.name), arrays.get(schema.CANDIDATE_CATEGORICAL.name),
+                        (widths.context_dense, widths.context_categorical))
+                    scores = self._score(ranker, dense, categorical, exec_start, deadline)
                 self.rows += len(scores)
+                order = ranking.top(scores, k)
+                if kept is not None:  # back to the request's item indices; dropped items score NaN
+                    order = kept[order]
+                    every = np.full(len(kept) + len(dropped), np.nan, np.float32)
+                    every[kept] = scores
+                    scores = every
                 yield i, ("ok", ((schema.CANDIDATE_SCORES.name, np.ascontiguousarray(scores, np.float32)),
-                                 (schema.ORDER.name, np.ascontiguousarray(ranking.top(scores, k), np.int32))))
+                                 (schema.ORDER.name, np.ascontiguousarray(order, np.int32)),
+                                 (schema.DROPPED.name, np.ascontiguousarray(
+                                     dropped if dropped is not None else np.empty(0, np.int32), np.int32))))
             except _Late as exc:
                 yield i, ("error", calls.UNAVAILABLE, str(exc))
+            except online.StoreError as exc:
+                yield i, ("error", calls.UNAVAILABLE, f"refused: {exc}")
+            except online.Unservable as exc:
+                yield i, ("error", calls.UNAVAILABLE, f"refused: {exc}")
             except (ranking.RankError, runtime.BadInput) as exc:
                 yield i, ("error", calls.INVALID_ARG, str(exc))
             except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer
                 yield i, ("error", calls.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def _by_ids(self, ranker: "RankerModel", arrays: dict, start: float, deadline: tuple[float, str]):
+        """The request's tensors with the features of its ids read from the store: (arrays, the kept
+        item indices, the dropped ones)."""
+        if arrays.get(schema.CANDIDATE_DENSE.name) is not None or arrays.get(schema.CANDIDATE_CATEGORICAL.name) is not None:
+            raise ranking.RankError("a ranking request sends candidate features or item_ids, not both")
+        items = arrays.get(schema.ITEM_IDS.name)
+        if items is None or not items.size:
+            raise ranking.RankError("empty item_ids: nothing to rank (send at least one item id)")
+        user = arrays.get(schema.USER_ID.name)
+        if user is not None and user.size != 1:
+            raise ranking.RankError(f"user_id holds {user.size} values; a ranking request names one user")
+        context_dense, context_cats = arrays.get(schema.CONTEXT_DENSE.name), arrays.get(schema.CONTEXT_CATEGORICAL.name)
+        if (context_dense is None) != (context_cats is None) and ranker.pipeline.widths.context_dense \
+                and ranker.pipeline.widths.context_categorical:
+            raise ranking.RankError("request-time context features need both context_dense and context_categorical")
+        lookup = self.lookup(ranker)
+        rows = lookup.rows(None if user is None else bytes(user.reshape(-1)[0]), [bytes(v) for v in items.reshape(-1)],
+                           deadline[0] - (time.monotonic() - start), context_dense, context_cats)
+        out = {schema.CONTEXT_DENSE.name: rows.context_dense, schema.CONTEXT_CATEGORICAL.name: rows.context_categorical,
+               schema.CANDIDATE_DENSE.name: rows.candidate_dense,
+               schema.CANDIDATE_CATEGORICAL.name: rows.candidate_categorical}
+        return out, rows.kept, rows.dropped
 
     def _score(self, ranker: "RankerModel", dense: np.ndarray, categorical: np.ndarray, start: float,
                deadline: tuple[float, str]) -> np.ndarray:
@@ -343,6 +424,11 @@ class RankModel:
         if array.size != count:
             raise runtime.BadInput(f"input '{name}' of shape {list(shape)} holds {array.size} values")
         return array.reshape(shape)
+
+
+# FeatureLookup.counters() names -> (the backend's metric family, its outcome label).
+_STORE_FAMILIES = {**{reason: (0, reason) for reason in online.REASONS if reason != "store_unavailable"},
+                   "store_unavailable": (1, ""), "round_trips": (2, ""), "round_trip_seconds": (3, "")}
 
 
 class _Late(Exception):

@@ -123,6 +123,7 @@ static TRITONSERVER_Error *python_start(void) {
 #define PLAIN_INPUTS 4   /* the most inputs a plain call may have */
 #define PLAIN_OUTPUTS 16 /* the most outputs it may answer */
 #define ENGINE_METRICS 8 /* series of the engine metrics one model version holds */
+#define MODEL_SERIES 16  /* series of the model's own counters one model version holds */
 
 typedef struct {
     PyObject *model;        /* ensemble.serving.embedded.Model */
@@ -150,6 +151,16 @@ typedef struct {
     /* This version's ensemble_engine_info and ensemble_engine_undeclared series, one pair per DLRM step. */
     int n_metrics;
     TRITONSERVER_Metric *metrics[ENGINE_METRICS];
+    /* The model's own counters (see model_metrics), when it has any: its metric_updates method and the
+     * series created so far. */
+    PyObject *metric_updates;
+    char metric_model[128], metric_version[24];
+    int n_series;
+    struct {
+        int family;
+        char label[32];
+        TRITONSERVER_Metric *metric;
+    } series[MODEL_SERIES];
 } ModelState;
 
 /* The plain path in C from the model's chain and admission objects (None: none), when both modules
@@ -213,6 +224,83 @@ static void plain_spec(ModelState *state, const char *name) {
         log_line(TS_LOG_INFO, line);
     }
     Py_DECREF(spec);
+}
+
+/* ----- the model's own counters -----
+ *
+ * A model whose Python object has `metric_updates` (the rank model's online-store lookups:
+ * ensemble/serving/embedded.py) reports counters through Triton's metrics: after each call the backend
+ * takes (family, label, increment) triples from it, each family one of MODEL_FAMILIES, and adds them to
+ * the family's series {model, version[, outcome]}. The series go when the version unloads. */
+typedef struct {
+    const char *name, *help;
+} ModelFamily;
+static const ModelFamily model_family_specs[] = {
+    {"ensemble_store_entities_total",
+     "entities a ranking request by ids named, by outcome: cache_hit, store_hit, unknown_user, unknown_item, "
+     "stale_served, stale_refused"},
+    {"ensemble_store_failures_total", "ranking requests by ids refused because the online store did not answer"},
+    {"ensemble_store_round_trips_total", "round trips to the online store (one MGET, or one per cluster node)"},
+    {"ensemble_store_round_trip_seconds_total", "seconds spent in round trips to the online store"},
+};
+#define MODEL_FAMILIES ((int)(sizeof model_family_specs / sizeof model_family_specs[0]))
+static TRITONSERVER_MetricFamily *model_families[MODEL_FAMILIES];
+static pthread_once_t model_families_once = PTHREAD_ONCE_INIT;
+
+static void create_model_families(void) {
+    for (int f = 0; f < MODEL_FAMILIES; f++) {
+        TRITONSERVER_Error *err = TRITONSERVER_MetricFamilyNew(&model_families[f], TS_METRIC_COUNTER,
+                                                               model_family_specs[f].name, model_family_specs[f].help);
+        if (err) {
+            TRITONSERVER_ErrorDelete(err);
+            model_families[f] = NULL;
+        }
+    }
+}
+
+/* The series of (family, label) of this version, created on first use; NULL when it cannot be. */
+static TRITONSERVER_Metric *labelled(TRITONSERVER_MetricFamily *family, const char *const *names,
+                                     const char *const *values, int count, double value);
+
+static TRITONSERVER_Metric *model_series(ModelState *state, int family, const char *label) {
+    for (int k = 0; k < state->n_series; k++)
+        if (state->series[k].family == family && strcmp(state->series[k].label, label) == 0)
+            return state->series[k].metric;
+    if (state->n_series >= MODEL_SERIES || model_families[family] == NULL || strlen(label) >= 32) return NULL;
+    const char *names[] = {"model", "version", "outcome"};
+    const char *values[] = {state->metric_model, state->metric_version, label};
+    TRITONSERVER_Metric *metric = labelled(model_families[family], names, values, label[0] ? 3 : 2, 0.0);
+    if (metric == NULL) return NULL;
+    state->series[state->n_series].family = family;
+    snprintf(state->series[state->n_series].label, 32, "%s", label);
+    state->series[state->n_series++].metric = metric;
+    return metric;
+}
+
+/* After a call, with the interpreter's lock held: the model's counter increments to its series. */
+static void model_metrics(ModelState *state) {
+    if (state->metric_updates == NULL) return;
+    PyObject *updates = PyObject_CallNoArgs(state->metric_updates);
+    if (updates == NULL || !PyTuple_Check(updates) || PyTuple_GET_SIZE(updates) == 0) {
+        PyErr_Clear();
+        Py_XDECREF(updates);
+        return;
+    }
+    TRITONSERVER_Error *err = NULL;
+    pthread_once(&model_families_once, create_model_families);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(updates); i++) {
+        int family;
+        const char *label;
+        double increment;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(updates, i), "isd", &family, &label, &increment)) {
+            PyErr_Clear();
+            continue;
+        }
+        if (family < 0 || family >= MODEL_FAMILIES || !(increment > 0)) continue;
+        TRITONSERVER_Metric *metric = model_series(state, family, label);
+        if (metric && (err = TRITONSERVER_MetricIncrement(metric, increment))) TRITONSERVER_ErrorDelete(err);
+    }
+    Py_DECREF(updates);
 }
 
 /* ----- which engine scores each DLRM step, as metrics -----
@@ -329,6 +417,10 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
         else if (PyLong_Check(nice)) state->thread_nice = (int)PyLong_AsLong(nice);
         Py_XDECREF(nice);
         engine_metrics(state, name, version);
+        state->metric_updates = PyObject_GetAttrString(state->model, "metric_updates");
+        if (state->metric_updates == NULL) PyErr_Clear(); /* a model without counters of its own */
+        snprintf(state->metric_model, sizeof state->metric_model, "%s", name);
+        snprintf(state->metric_version, sizeof state->metric_version, "%llu", (unsigned long long)version);
     }
     if (state->model == NULL || state->input_names == NULL) {
         char text[900];
@@ -357,10 +449,15 @@ TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
     Py_XDECREF(state->plain_finish);
     Py_XDECREF(state->chain);
     Py_XDECREF(state->admission);
+    Py_XDECREF(state->metric_updates);
     Py_DECREF(state->model);
     PyGILState_Release(gil);
     for (int k = 0; k < state->n_metrics; k++) {
         TRITONSERVER_Error *gone = TRITONSERVER_MetricDelete(state->metrics[k]);
+        if (gone) TRITONSERVER_ErrorDelete(gone);
+    }
+    for (int k = 0; k < state->n_series; k++) {
+        TRITONSERVER_Error *gone = TRITONSERVER_MetricDelete(state->series[k].metric);
         if (gone) TRITONSERVER_ErrorDelete(gone);
     }
     for (int k = 0; k < state->n_outputs; k++) free(state->output_names[k]);
@@ -1333,6 +1430,7 @@ static void python_execute(ModelState *state, TRITONBACKEND_Request **requests, 
         Py_DECREF(answers);
     }
     *compute_end = now_ns();
+    model_metrics(state); /* with the interpreter's lock held: the model's threads take turns here */
     /* The views into Triton's buffers end here: the requests are released after the call. */
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(views); i++) {
         PyObject *released = PyObject_CallMethod(PyList_GET_ITEM(views, i), "release", NULL);

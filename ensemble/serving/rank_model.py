@@ -49,6 +49,9 @@ class TritonPythonModel:
                     schema.CANDIDATE_CATEGORICAL.name)}
             except (ValueError, TypeError, RuntimeError) as exc:
                 raise ranking.RankError(f"malformed input: {exc}") from None
+            if any(_optional(request, t.name) is not None for t in (schema.USER_ID, schema.ITEM_IDS)):
+                raise ranking.RankError("ranking by ids (user_id, item_ids) is served by the native layout "
+                                        "(ensemble serve --layout native --store URL); send features here")
             candidates = given[schema.CANDIDATE_DENSE.name]
             if candidates is not None and candidates.ndim:
                 ranking.check_count(candidates.shape[0], self.max_candidates)
@@ -67,7 +70,8 @@ class TritonPythonModel:
         except _RankerError as exc:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(exc.message, exc.code))
         return pb_utils.InferenceResponse([pb_utils.Tensor(schema.CANDIDATE_SCORES.name, scores.astype(np.float32)),
-                                           pb_utils.Tensor(schema.ORDER.name, order)])
+                                           pb_utils.Tensor(schema.ORDER.name, order),
+                                           pb_utils.Tensor(schema.DROPPED.name, np.empty(0, np.int32))])
 
     def _score(self, request, dense, categorical):
         call = pb_utils.InferenceRequest(

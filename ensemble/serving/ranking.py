@@ -66,6 +66,9 @@ def broadcast(context_dense: np.ndarray | None, context_categorical: np.ndarray 
         candidate_dense, candidate_categorical: [N x w] candidate values.
         context_widths: how many continuous and categorical columns the context has.
     """
+    if candidate_dense is None or candidate_categorical is None:
+        raise RankError("a ranking request needs candidate_dense and candidate_categorical, or item_ids "
+                        "(ranking by ids)")
     candidate_dense = np.asarray(candidate_dense, np.float32)
     candidate_categorical = np.asarray(candidate_categorical, object)
     if candidate_dense.ndim != 2 or candidate_categorical.ndim != 2:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ensemble.repository.configs import LATENCY_OBJECTIVE_PARAMETER, config_file, config_name, parse as parse_config
+from ensemble import online
 from ensemble.serving import allocator, lifecycle, processes
 from ensemble.serving.allocator import Allocator
 from ensemble.serving.control import RELEASE_HEADER, Control, ControlError, restricted_options
@@ -83,6 +84,7 @@ class ServerOptions:
     latency_objective_ms: float | None = None
     require_declared: bool = False
     allocator: Allocator = Allocator.AUTO
+    store: online.StoreSettings | None = None  # the online store of ranking requests by ids
 
     @property
     def loopback(self) -> bool:
@@ -261,6 +263,8 @@ class TritonServer:
             from ensemble.models.engines import REQUIRE_ENV
 
             env[REQUIRE_ENV] = "1"
+        if self.options.store is not None:  # the rank model reads it at load (ensemble/online.py)
+            env.update(self.options.store.environment())
         return allocator.preloaded(env, self.options.allocator)
 
     def start(self) -> "TritonServer":

@@ -26,20 +26,6 @@ def _options(repository, layout: Layout, log_dir) -> ServerOptions:
                          log_file=log_dir / f"tritonserver-{layout.value}.log", layout=layout)
 
 
-@pytest.fixture(scope="module")
-def movielens_run(tmp_path_factory):
-    from ensemble.demo import DemoOptions
-    from ensemble.demo_movielens import DLRM_EPOCHS, run_movielens_demo
-    from ensemble.models.dlrm import DLRMConfig
-    from ensemble.training import TrainConfig
-
-    root = tmp_path_factory.mktemp("movielens")
-    options = DemoOptions(train=TrainConfig(dlrm=DLRMConfig(epochs=DLRM_EPOCHS)), workdir=root / "work",
-                          repository=root / "repository", server=_options(root / "repository", Layout.FUSED, root))
-    summary = run_movielens_demo(options, log=lambda _line: None)
-    return root, summary
-
-
 def test_demo_trains_serves_and_ranks_better_than_popularity(movielens_run):
     _, summary = movielens_run
     assert max(summary["parity_max_abs_diff"].values()) <= 1e-5

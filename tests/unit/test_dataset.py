@@ -64,6 +64,8 @@ def test_movielens_spec_is_built_in():
     spec = dataset.load_spec("movielens100k")
     assert schema.Widths.of(spec) == schema.Widths(21, 5, context_dense=1, context_categorical=4)
     assert "user_id" in spec.context and "movie_id" in spec.candidate
+    assert (spec.key(dataset.Side.CONTEXT), spec.key(dataset.Side.CANDIDATE)) == ("user_id", "movie_id")
+    assert dataset.load_spec("criteo").keys == ()
     assert set(dataset.builtin_names()) >= {"criteo", "movielens100k"}
 
 
@@ -81,6 +83,12 @@ def test_movielens_spec_is_built_in():
      "names 'a', which is not a categorical column"),
     ('name = "x"\nlabel = "y"\n[candidate]\ncontinuous = "a"\ncategorical = ["b"]', "candidate.continuous must be a list"),
     ('name = "x"\nlabel = [', "not valid TOML"),
+    ('name = "x"\nlabel = "y"\n[candidate]\ncontinuous = ["a"]\ncategorical = ["b"]\nkey = "a"',
+     "[candidate] key 'a' must name one of the side's categorical"),
+    ('name = "x"\nlabel = "y"\n[context]\ncategorical = ["u"]\nkey = "b"\n[candidate]\ncontinuous = ["a"]\n'
+     'categorical = ["b"]', "[context] key 'b' must name one of the side's categorical"),
+    ('name = "x"\nlabel = "y"\n[candidate]\ncontinuous = ["a"]\ncategorical = ["b"]\nmulti_hot = ["g"]\nkey = "g"\n'
+     '[max_items]\ng = 2', "key 'g' must name one of the side's categorical (not multi-hot)"),
 ])
 def test_a_wrong_spec_is_refused_naming_what_is_wrong(text, message):
     with pytest.raises(SpecError) as err:
