@@ -195,7 +195,8 @@ def table(results: dict) -> str:
                 lines.append(f"| {r} | {variant} | {p['answered_per_s']:.0f} | {p['p50_ms']:.2f} | {p['non_200']} | "
                              f"{p.get('vs_inline', 1.0):.2f}x |")
     m = results["materialize"]
-    lines += ["", f"materialize: {', '.join(f'{s['side']} {s['entities']}' for s in m['sides'])} entities in "
+    sides = ", ".join(f"{s['side']} {s['entities']}" for s in m["sides"])
+    lines += ["", f"materialize: {sides} entities in "
                   f"{m['seconds']:.2f} s; store memory {(m['memory_after'] - m['memory_before']) / 2**20:.2f} MiB more"]
     return "\n".join(lines)
 
