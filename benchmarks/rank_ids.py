@@ -3,8 +3,8 @@
 MovieLens 100k materialized into a local redis-server; the native layout's ``rank`` model serves 1 user
 and 100 candidate movies either with their features in the request (inline, built from the same
 stored rows) or by ids, with the lookup cache off (every lookup a store round trip: cold) or on and
-warmed (warm). Two servers run at once, one per cache setting, both pinned with Redis to one core;
-the clients run on the other.
+warmed (warm). Two servers run at once, one per cache setting, both pinned with Redis to one core
+(``--redis-cpus`` puts Redis elsewhere); the clients run on the other.
 
 1. Sequential: one client, one request at a time, HTTP and gRPC; the variants alternate in blocks so
    the VM's drifts in speed hit each alike; p50/p99 and the ids/inline ratio per round.
@@ -121,7 +121,7 @@ def run(args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="rank-ids-"))
     redis = LocalRedis(free_port(), work)
     redis_command = redis.command()
-    redis.command = lambda: ["taskset", "-c", args.server_cpus, *redis_command]  # pinned with the servers
+    redis.command = lambda: ["taskset", "-c", args.redis_cpus or args.server_cpus, *redis_command]
     redis.start()
     servers = {}
     try:
@@ -210,6 +210,7 @@ def main(argv=None) -> int:
     p.add_argument("--connections", type=int, default=16)
     p.add_argument("--server-cpus", default="1", help="taskset CPU list of the servers and Redis")
     p.add_argument("--client-cpus", default="0", help="CPU list of the clients and wrk")
+    p.add_argument("--redis-cpus", default=None, help="CPU list of redis-server (default: the servers')")
     p.add_argument("--out", default="docs/results")
     args = p.parse_args(argv)
     results = run(args)

@@ -343,7 +343,7 @@ class RankModel:
                     scores = self._score(ranker, dense, categorical, exec_start, deadline)
                 self.rows += len(scores)
                 order = ranking.top(scores, k)
-                if kept is not None:  # back to the request's item indices; dropped items score NaN
+                if dropped is not None and len(dropped):  # back to the request's item indices; dropped: NaN
                     order = kept[order]
                     every = np.full(len(kept) + len(dropped), np.nan, np.float32)
                     every[kept] = scores
@@ -379,7 +379,7 @@ class RankModel:
                 and ranker.pipeline.widths.context_categorical:
             raise ranking.RankError("request-time context features need both context_dense and context_categorical")
         lookup = self.lookup(ranker)
-        rows = lookup.rows(None if user is None else bytes(user.reshape(-1)[0]), [bytes(v) for v in items.reshape(-1)],
+        rows = lookup.rows(None if user is None else bytes(user.reshape(-1)[0]), items.reshape(-1).tolist(),
                            deadline[0] - (time.monotonic() - start), context_dense, context_cats)
         out = {schema.CONTEXT_DENSE.name: rows.context_dense, schema.CONTEXT_CATEGORICAL.name: rows.context_categorical,
                schema.CANDIDATE_DENSE.name: rows.candidate_dense,
