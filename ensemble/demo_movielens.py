@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from ensemble import dataset, machine, schema, training
+from ensemble import dataset, machine, online, schema, training
 from ensemble.console import native_info_quieted
 from ensemble.data import movielens
 from ensemble.demo import DemoOptions, finish
@@ -105,10 +105,13 @@ def run_movielens_demo(options: DemoOptions, log: Callable[[str], None] = print,
 
     server_options = options.server or ServerOptions(Path(options.repository))
     server_options = replace(server_options, repository=Path(options.repository))
+    store = _local_store(frame, spec, server_options, workdir, log)
+    if store is not None:
+        server_options = replace(server_options, store=online.StoreSettings(store.url))
     log("4/5 starting tritonserver")
     server = TritonServer(server_options)
-    server.start()
     try:
+        server.start()
         log(f"5/5 parity: served scores vs the in-process pipeline on the {len(test)} test ratings, "
             "and the same rows with missing and unseen values")
         missing_dense, missing_cats = _with_missing(dense[:2000], cats[:2000], np.random.default_rng(5))
@@ -124,8 +127,58 @@ def run_movielens_demo(options: DemoOptions, log: Callable[[str], None] = print,
         summary["parity_max_abs_diff"] = diffs
         ok = max(diffs.values()) <= PARITY_TOLERANCE
         log(f"    max |served - in-process| {max(diffs.values()):.2e}" + ("  OK" if ok else "  MISMATCH"))
+        if store is not None:
+            summary["ranking_by_ids"] = _check_ids(server, store.url, spec, test, log)
+            ok = ok and summary["ranking_by_ids"]["max_abs_diff"] == 0.0
         summary["served_blend_auc"] = served_auc
         finish(summary, workdir, started, ok, options, server, log)
     finally:
         server.stop()
+        if store is not None:
+            store.stop()
     return summary
+
+
+def _local_store(frame, spec: dataset.DatasetSpec, server: ServerOptions, workdir: Path, log):
+    """A local redis-server holding every user's and movie's latest features (ranking by ids), when the
+    server runs the native layout and Redis is installed; else None, said."""
+    import shutil
+
+    from ensemble import materialize
+    from ensemble.models.registry import Layout
+    from ensemble.serving.server import free_port
+    from ensemble.store_server import LocalRedis
+
+    if Layout(server.layout) is not Layout.NATIVE or server.store is not None:
+        return None
+    if shutil.which("redis-server") is None:
+        log("    ranking by ids: not shown (redis-server is not installed; Debian: apt-get install redis-server)")
+        return None
+    store = LocalRedis(free_port(), workdir / "redis").start()
+    report = materialize.materialize(spec, frame, store.url)
+    log(f"    online store {store.url}: " + ", ".join(f"{s.entities} {s.key} rows" for s in report.sides)
+        + f" materialized in {report.seconds:.2f}s")
+    return store
+
+
+def _check_ids(server: TritonServer, store_url: str, spec: dataset.DatasetSpec, test, log) -> dict:
+    """Ranking requests by ids (the server reads the features from the store) against the same
+    requests with the stored features inline, for 20 test users and the movies they rated later."""
+    from clients.triton import RankerClient
+
+    lookup = online.FeatureLookup(store_url, spec.name, cache_entries=0, timeout_s=5)
+    client = RankerClient(server.grpc_url, "grpc", dataset=spec)
+    gap, users = 0.0, list(test["user_id"].unique()[:20])
+    try:
+        for user in users:
+            items = test.loc[test["user_id"] == user, "movie_id"].tolist()
+            rows = lookup.rows(str(user).encode(), [str(i).encode() for i in items])
+            inline = client.rank((rows.context_dense, rows.context_categorical),
+                                 (rows.candidate_dense, rows.candidate_categorical))
+            by_ids = client.rank_ids(user, items)
+            gap = max(gap, float(np.max(np.abs(by_ids.scores - inline.scores))))
+    finally:
+        lookup.close()
+    log(f"    ranking by ids == inline features for {len(users)} users: max |diff| {gap:.1e}"
+        + ("  OK" if gap == 0.0 else "  MISMATCH"))
+    return {"users": len(users), "max_abs_diff": gap, "store": online.redacted(store_url)}

@@ -256,3 +256,33 @@ def test_a_redis_cluster_serves_the_same_rankings(movielens_run, store, tmp_path
             on_cluster.stop()
     finally:
         cluster.stop()
+
+
+def test_the_command_line_materializes_checks_and_ranks_by_ids(server, store, tmp_path):
+    """`ensemble materialize` (again: nothing new), `--check`, and `ensemble rank --ids` on a file of ids."""
+    import json
+    import subprocess
+    import sys
+
+    def ensemble(*argv):
+        done = subprocess.run([sys.executable, "-m", "ensemble", *argv], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    out = ensemble("materialize", "--dataset", SPEC.name, "--store", store.url, "--report", str(tmp_path / "m.json"))
+    assert "user_id): 943 entities, 0 written, 943 unchanged" in out and "1682 unchanged" in out, out
+    assert json.loads((tmp_path / "m.json").read_text())["sides"][1]["written"] == 0
+    checked = json.loads(ensemble("materialize", "--dataset", SPEC.name, "--store", store.url, "--check"))
+    assert checked["meta"] == "matches" and checked["sides"]["candidate"]["entities"] == 1682
+
+    ids = pd.DataFrame({"user_id": ["1"] * 5 + ["2"] * 3, "movie_id": ["1", "50", "181", "nope", "7", "1", "2", "3"]})
+    ids.to_csv(tmp_path / "ids.csv", index=False)
+    ensemble("rank", str(tmp_path / "ids.csv"), "--dataset", SPEC.name, "--group-by", "user_id", "--ids",
+             "--url", f"grpc://{server.grpc_url}", "--output", str(tmp_path / "ranked.parquet"))
+    ranked = pd.read_parquet(tmp_path / "ranked.parquet")
+    client = _client(server)
+    for user, rows in ((("1"), [0, 1, 2, 4]), ("2", [5, 6, 7])):
+        want = client.rank_ids(user, ids["movie_id"].iloc[rows].tolist())
+        got = ranked[ranked["user_id"] == user].sort_values("row")
+        assert got["row"].tolist() == rows  # the unknown movie is left out
+        assert np.array_equal(got["score"].to_numpy(np.float32), want.scores)

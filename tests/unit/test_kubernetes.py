@@ -209,6 +209,12 @@ def test_the_repository_is_read_only_and_the_admin_key_comes_from_a_secret():
     (key,) = [e for e in triton["env"] if e["name"] == "ENSEMBLE_ADMIN_KEY"]
     assert "value" not in key and key["valueFrom"]["secretKeyRef"]["name"]
     assert not [d for d in _all() if d["kind"] == "Secret"], "the key is created in the cluster, never committed"
+    # the online store's URL (ranking by ids) comes from an optional Secret: pods start without one
+    (store,) = [e for e in triton["env"] if e["name"] == k8s.STORE_URL_ENV]
+    assert store["valueFrom"]["secretKeyRef"] == {"name": k8s.STORE_SECRET, "key": "url", "optional": True}
+    from ensemble import online
+
+    assert k8s.STORE_URL_ENV == online.ENV["url"]
 
 
 def test_only_the_gateway_and_the_release_job_reach_the_triton_ports():
