@@ -94,6 +94,19 @@ def _wrk(url: str, body: Path, script: Path, connections: int, seconds: float, c
             "p50_ms": float(result[4]), "p99_ms": float(result[5])}
 
 
+def _round_trips(server) -> dict:
+    """The server's store round trips so far and their mean (its ensemble_store_round_trip* counters)."""
+    import urllib.request
+
+    from ensemble.serving.monitoring import parse_exposition
+
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as reply:
+        samples = parse_exposition(reply.read().decode())
+    trips = sum(v for _, v in samples.get("ensemble_store_round_trips_total", []))
+    seconds = sum(v for _, v in samples.get("ensemble_store_round_trip_seconds_total", []))
+    return {"round_trips": trips, "mean_us": seconds / trips * 1e6 if trips else float("nan")}
+
+
 def _sequential(clients: dict, requests, count: int) -> dict[str, list[float]]:
     """Latencies (ms) of ``count`` requests per variant, one variant after the other."""
     out = {}
@@ -155,6 +168,9 @@ def run(args) -> dict:
             rounds.append(point)
             print(f"round {r + 1}: " + ", ".join(f"{v} {p['p50_ms']:.3f} ms" for v, p in point.items()), flush=True)
 
+        trips = _round_trips(servers["cold"])  # every cold lookup is one: the mean store round trip in the server
+        print(f"store round trips in the cold server: {trips['round_trips']:.0f}, mean {trips['mean_us']:.0f} us",
+              flush=True)
         throughput = []
         if shutil.which("wrk") and args.seconds > 0:
             script = work / "post.lua"
@@ -172,7 +188,8 @@ def run(args) -> dict:
                 throughput.append(point)
                 print(f"throughput round {r + 1}: " + ", ".join(
                     f"{v} {p['answered_per_s']:.0f}/s" for v, p in point.items()), flush=True)
-        return {"materialize": report.as_dict(), "sequential": rounds, "throughput": throughput,
+        return {"materialize": report.as_dict(), "sequential": rounds, "store_round_trip": trips,
+                "throughput": throughput,
                 "candidates": CANDIDATES, "connections": args.connections}
     finally:
         for server in servers.values():
@@ -194,6 +211,8 @@ def table(results: dict) -> str:
             for variant, p in point.items():
                 lines.append(f"| {r} | {variant} | {p['answered_per_s']:.0f} | {p['p50_ms']:.2f} | {p['non_200']} | "
                              f"{p.get('vs_inline', 1.0):.2f}x |")
+    trips = results["store_round_trip"]
+    lines += ["", f"store round trips in the cold server: {trips['round_trips']:.0f}, mean {trips['mean_us']:.0f} us"]
     m = results["materialize"]
     sides = ", ".join(f"{s['side']} {s['entities']}" for s in m["sides"])
     lines += ["", f"materialize: {sides} entities in "
@@ -213,9 +232,10 @@ def main(argv=None) -> int:
     p.add_argument("--redis-cpus", default=None, help="CPU list of redis-server (default: the servers')")
     p.add_argument("--out", default="docs/results")
     args = p.parse_args(argv)
+    machine = summary()  # before run() pins this process to the clients' CPUs
     results = run(args)
     print(table(results))
-    write_results(args.out, "rank-ids.json", "benchmarks.rank_ids", summary(), **results)
+    write_results(args.out, "rank-ids.json", "benchmarks.rank_ids", machine, **results)
     return 0
 
 

@@ -31,7 +31,7 @@ class LocalRedis:
 
     def __init__(self, port: int, folder: Path | None = None, cluster: bool = False, password: str | None = None):
         self.port, self.cluster, self.password = port, cluster, password
-        self.folder = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="redis-"))
+        self.folder = (Path(folder) if folder else Path(tempfile.mkdtemp(prefix="redis-"))).resolve()
         self.process: subprocess.Popen | None = None
 
     @property
@@ -117,7 +117,7 @@ class LocalRedisCluster:
             raise StoreServerError("a Redis Cluster needs at least 3 primaries")
         if max(ports) + CLUSTER_BUS_OFFSET > 65535:
             raise StoreServerError(f"port {max(ports)}: its cluster-bus port (+{CLUSTER_BUS_OFFSET}) is past 65535")
-        self.folder = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="redis-cluster-"))
+        self.folder = (Path(folder) if folder else Path(tempfile.mkdtemp(prefix="redis-cluster-"))).resolve()
         self.nodes = [LocalRedis(p, self.folder, cluster=True) for p in ports]
 
     @property

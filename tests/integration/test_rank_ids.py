@@ -240,6 +240,37 @@ def test_the_store_down_fails_fast_with_503_and_service_returns(server, store, f
     assert server.process.pid == pid and server.process.poll() is None
 
 
+def test_the_dashboards_store_panels_have_data_in_a_real_prometheus(server, tmp_path):
+    """Prometheus scraping the server while ranking requests by ids go through: every query of the
+    dashboard's online-store row returns data (the failures series exists since the outage above)."""
+    import json
+
+    from ensemble.fleet.prometheus import Prometheus, scrape_config
+    from ensemble.serving.monitoring import DASHBOARD, STORE_METRIC_PREFIX, dashboard_queries
+
+    target = server.metrics_url.split("//", 1)[1].rsplit("/", 1)[0]
+    prometheus = Prometheus(scrape_config([target], None, interval_s=1), free_port(), tmp_path / "prometheus").start()
+    try:
+        client = _client(server)
+        end, seed = time.monotonic() + 8, 0
+        while time.monotonic() < end:  # a new user each time (from the store), 7 sets of items (cached)
+            seed += 1
+            client.rank_ids(str(seed % 900 + 1), _items(20, seed=seed % 7))
+            time.sleep(0.02)  # paced: new users throughout the scrapes
+        queries = [q for q in dashboard_queries(json.loads(DASHBOARD.read_text())) if STORE_METRIC_PREFIX in q]
+        assert len(queries) == 4
+        for expr in queries:
+            expr = expr.replace("$__rate_interval", "20s")
+            deadline = time.monotonic() + 60
+            while not prometheus.query(expr):
+                assert time.monotonic() < deadline, f"no data for {expr}"
+                time.sleep(1)
+        hit_rate = prometheus.query(next(q for q in queries if "cache_hit" in q).replace("$__rate_interval", "20s"))
+        assert 0 < float(hit_rate[0]["value"][1]) < 1
+    finally:
+        prometheus.stop()
+
+
 def test_a_redis_cluster_serves_the_same_rankings(movielens_run, store, tmp_path):
     cluster = LocalRedisCluster(cluster_ports(3), tmp_path).start()
     try:
