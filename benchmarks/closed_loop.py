@@ -63,10 +63,12 @@ def bodies(folder: Path, sizes: tuple[int, ...], seed: int = 7) -> dict[int, Pat
     return paths
 
 
-def wrk(url: str, body: Path, script: Path, connections: int, seconds: float, cpus: str | None) -> dict:
-    """One closed loop: answered requests/s (200s only), errors, p50/p99 ms."""
+def wrk(url: str, body: Path, script: Path, connections: int, seconds: float, cpus: str | None,
+        path: str = schema.RANKER_INFER_PATH) -> dict:
+    """One closed loop posting ``body`` to ``url`` + ``path``: answered requests/s (200s only), errors,
+    p50/p99 ms."""
     command = [*(["taskset", "-c", cpus] if cpus else []), "wrk", "-t1", f"-c{connections}",
-               f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), f"{url}/v2/models/ranker/infer"]
+               f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), f"{url}{path}"]
     done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=seconds + 60,
                           env={"BODY": str(body), "PATH": "/usr/bin:/bin"})
     result = next(line.split() for line in done.stdout.splitlines() if line.startswith("RESULT"))

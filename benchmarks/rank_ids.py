@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -31,22 +30,12 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import percentile, write_results
+from benchmarks.closed_loop import _LUA, wrk
 from ensemble import dataset, materialize, online
 from ensemble.machine import summary
 from ensemble.models.registry import Layout
 
 CANDIDATES = 100
-_LUA = """wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local f = io.open(os.getenv("BODY"), "rb")
-wrk.body = f:read("*all")
-f:close()
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format("RESULT %d %d %d %.3f %.3f\\n", summary.requests, summary.duration,
-           e.connect + e.read + e.write + e.timeout, latency:percentile(50) / 1000, latency:percentile(99) / 1000))
-end
-"""
 
 
 def _requests(store_url: str, count: int, seed: int = 3) -> list[tuple[str, list[str], online.Rows]]:
@@ -80,18 +69,6 @@ def _bodies(folder: Path, user: str, items: list[str], rows: online.Rows) -> dic
     paths["inline"].write_bytes(inline)
     paths["ids"].write_bytes(ids)
     return paths
-
-
-def _wrk(url: str, body: Path, script: Path, connections: int, seconds: float, cpus: str) -> dict:
-    command = ["taskset", "-c", cpus, "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency",
-               "-s", str(script), f"http://{url}/v2/models/rank/infer"]
-    done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=seconds + 60,
-                          env={"BODY": str(body), "PATH": "/usr/bin:/bin"})
-    result = next(line.split() for line in done.stdout.splitlines() if line.startswith("RESULT"))
-    requests, micros, errors = int(result[1]), int(result[2]), int(result[3])
-    refused = next((int(line.split()[-1]) for line in done.stdout.splitlines() if "Non-2xx" in line), 0)
-    return {"answered_per_s": (requests - refused) / (micros / 1e6), "non_200": refused, "socket_errors": errors,
-            "p50_ms": float(result[4]), "p99_ms": float(result[5])}
 
 
 def _round_trips(server) -> dict:
@@ -181,8 +158,8 @@ def run(args) -> dict:
                 point = {}
                 for variant, server, body in (("inline", "warm", "inline"), ("ids-cold", "cold", "ids"),
                                               ("ids-warm", "warm", "ids")):
-                    point[variant] = _wrk(servers[server].http_url, bodies[body], script, args.connections,
-                                          args.seconds, args.client_cpus)
+                    point[variant] = wrk(f"http://{servers[server].http_url}", bodies[body], script,
+                                         args.connections, args.seconds, args.client_cpus, "/v2/models/rank/infer")
                 for variant in ("ids-cold", "ids-warm"):
                     point[variant]["vs_inline"] = point[variant]["answered_per_s"] / point["inline"]["answered_per_s"]
                 throughput.append(point)
