@@ -445,7 +445,12 @@ class RankerClient(_Settings):
             context: request-time context features replacing the stored user's (a mapping of the spec's
                 context columns, or a ``(continuous, categorical)`` pair), or None.
         """
-        ids = np.array([v if isinstance(v, bytes) else str(v).encode() for v in items], dtype=object)
+        try:  # ids as str, the common case: encoded in one C-level pass
+            values = list(map(str.encode, items))
+        except TypeError:  # bytes, numbers, or a mix
+            values = [v if isinstance(v, bytes) else str(v).encode() for v in items]
+        ids = np.empty(len(values), object)
+        ids[:] = values
         sent = [(schema.ITEM_IDS, ids)]
         if user is not None:
             sent.append((schema.USER_ID, np.array([user if isinstance(user, bytes) else str(user).encode()], object)))

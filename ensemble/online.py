@@ -213,6 +213,13 @@ class Side:
         if self.categorical and len(_split_wire(cats)) != n * self.categorical:
             raise ValueError("the store holds a malformed feature row")
 
+    def row(self, value: bytes) -> tuple[float, np.ndarray, np.ndarray]:
+        """One stored value from the store, checked and decoded: (freshness, continuous, categorical)."""
+        head, cats = self.split(value)
+        self.check(head, cats, 1)
+        freshness, dense, values = self.decode(head, cats, 1)
+        return float(freshness[0]), dense[0], values[0]
+
     def decode(self, heads: bytes, cats: bytes, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(freshness [n], continuous [n x dense] float32, categorical [n x categorical] bytes) of ``n``
         checked stored values (:meth:`check`) given as their fixed parts joined and their categorical
@@ -228,6 +235,12 @@ def _split_wire(buffer: bytes) -> list[bytes]:
     from ensemble.serving import native
 
     return native.split_wire(buffer)
+
+
+def _gather(table: dict, keys: list[bytes]) -> tuple[bytes, bytes] | None:
+    from ensemble.serving import native
+
+    return native.gather(table, keys)
 
 
 class FeatureLookup:
@@ -354,11 +367,22 @@ class FeatureLookup:
             raise Unservable(f"the {self.dataset} features in the store have no candidate key")
         counts = dict.fromkeys(REASONS, 0)
         wanted_user = user_id is not None and context is not None and context_dense is None
+        if not isinstance(item_ids, list):
+            item_ids = list(item_ids)
+        now = time.monotonic()
+        if self.cache_entries and item_ids:  # every entity cached: one C call joins their rows
+            with self._lock:
+                self._expire(now)
+                joined = _gather(self._cache[CANDIDATE], item_ids)
+                user_row = self._cache[CONTEXT].get(user_id) if wanted_user else None
+            if joined is not None and (user_row is not None or not wanted_user):
+                counts["cache_hit"] = len(set(item_ids)) + wanted_user
+                return self._assemble(candidate, context, user_id, user_row, item_ids, joined, counts,
+                                      context_dense, context_categorical)
         # Every distinct id once: its stored value, split (Side.split), from the cache, else from the store.
         unique = dict.fromkeys(item_ids)
         user_value = None
         missing = list(unique)
-        now = time.monotonic()
         with self._lock:
             if self.cache_entries:
                 self._expire(now)
@@ -378,8 +402,6 @@ class FeatureLookup:
             values = self._fetch(keys, budget_s - (time.monotonic() - started))
             if missing_user:
                 user_value = values.pop()
-                if user_value is not None:
-                    user_value = context.split(user_value)
             fixed = candidate.head.itemsize
             parts = [None if v is None else (v[:fixed], v[fixed:]) for v in values]
             fetched = [part for part in parts if part is not None]
@@ -387,8 +409,8 @@ class FeatureLookup:
                 if fetched:
                     heads, cats = zip(*fetched)
                     candidate.check(b"".join(heads), b"".join(cats), len(fetched))
-                if user_value is not None:
-                    context.check(*user_value, 1)
+                if missing_user and user_value is not None:
+                    user_value = context.row(user_value)
             except ValueError as exc:
                 raise Unservable(f"{exc} ({self.dataset})") from None
             found.update(zip(missing, parts))
@@ -400,37 +422,40 @@ class FeatureLookup:
                     if missing_user and user_value is not None:
                         self._keep(CONTEXT, user_id, user_value, now)
             counts["store_hit"] = len(values) - values.count(None) + (missing_user and user_value is not None)
+        ids, kept, dropped = item_ids, None, None
+        if None in found.values():
+            counts["unknown_item"] += sum(hit is None for hit in found.values())
+            if self.unknown_items == "drop":
+                kept_list = [i for i, item in enumerate(item_ids) if found[item] is not None]
+                dropped = np.asarray([i for i, item in enumerate(item_ids) if found[item] is None], np.int32)
+                kept = np.asarray(kept_list, np.int64)
+                ids = [item_ids[i] for i in kept_list]
+            else:
+                for item, hit in list(found.items()):
+                    if hit is None:
+                        found[item] = candidate.split(candidate.default_value(item))
+        joined = _gather(found, ids) if ids else (b"", b"")
+        return self._assemble(candidate, context, user_id, user_value, ids, joined, counts, context_dense,
+                              context_categorical, kept, dropped)
+
+    def _assemble(self, candidate: Side, context: Side | None, user_id: bytes | None, user_row, ids: list[bytes],
+                  joined: tuple[bytes, bytes], counts: dict, context_dense, context_categorical, kept=None,
+                  dropped=None) -> Rows:
+        """The request's rows from the user's decoded row (None: unknown) and the items' joined rows."""
         wall = self.clock()
         try:
             if context_dense is not None or context is None:
                 c_dense = np.asarray(context_dense if context_dense is not None else np.zeros(0), np.float32)
                 c_cats = np.asarray(context_categorical if context_categorical is not None else np.zeros(0), object)
-            elif user_value is None:
+            elif user_row is None:
                 counts["unknown_user"] += 1
                 c_dense, cats = context.default(user_id or b"")
                 c_cats = np.array(cats, object)
             else:
-                freshness, c_dense, c_cats = context.decode(user_value[0], user_value[1], 1)
-                self._fresh(float(freshness[0]), wall, counts, lambda: f"user {user_id.decode(errors='replace')!r}")
-                c_dense, c_cats = c_dense[0], c_cats[0]
-            ids = item_ids
-            kept, dropped = None, np.empty(0, np.int32)
-            if None in found.values():
-                counts["unknown_item"] += sum(hit is None for hit in found.values())
-                if self.unknown_items == "drop":
-                    kept_list = [i for i, item in enumerate(item_ids) if found[item] is not None]
-                    dropped = np.asarray([i for i, item in enumerate(item_ids) if found[item] is None], np.int32)
-                    kept = np.asarray(kept_list, np.int64)
-                    ids = [item_ids[i] for i in kept_list]
-                else:
-                    for item, hit in list(found.items()):
-                        if hit is None:
-                            found[item] = candidate.split(candidate.default_value(item))
-            if kept is None:
-                kept = np.arange(len(item_ids), dtype=np.int64)
+                freshness, c_dense, c_cats = user_row
+                self._fresh(freshness, wall, counts, lambda: f"user {user_id.decode(errors='replace')!r}")
             if ids:
-                heads, cats = zip(*map(found.__getitem__, ids))
-                freshness, cand_dense, cand_cats = candidate.decode(b"".join(heads), b"".join(cats), len(ids))
+                freshness, cand_dense, cand_cats = candidate.decode(joined[0], joined[1], len(ids))
                 if self.max_staleness_s is not None:
                     old = wall - freshness > self.max_staleness_s
                     if old.any():
@@ -445,6 +470,8 @@ class FeatureLookup:
             with self._lock:
                 for reason, count in counts.items():
                     self.counts[reason] += count
+        if kept is None:
+            kept, dropped = np.arange(len(ids), dtype=np.int64), np.empty(0, np.int32)
         return Rows(c_dense, c_cats, cand_dense, cand_cats, kept, dropped, counts)
 
     def _fresh(self, freshness: float, wall: float, counts: dict, what, stale: int = 1) -> None:

@@ -6,6 +6,7 @@
  * of the fused ranker's time per 100-row request. These three functions do the same work with
  * the same objects (Python bytes, the vocabularies' own dicts), so results are identical by
  * construction; ensemble/serving/native.py falls back to the Python loops when this module was not built.
+ * gather joins the cached rows of a ranking request by ids (ensemble/online.py).
  * Two more do a request's elementwise arithmetic in one pass each (the continuous features before
  * their logarithm; the blender), where numpy's ten-odd calls per step cost ~20 us at one row.
  *
@@ -580,9 +581,65 @@ done:
     return out;
 }
 
+/* gather(table, keys) -> (bytes, bytes) | None
+ *
+ * The online store's cache hit (ensemble/online.py): `table` maps each key (bytes) to a pair of bytes
+ * (a stored row's fixed part and its categorical part); the answer is every key's first parts joined
+ * in key order and its second parts joined, or None when a key is absent (the caller then takes its
+ * Python path, which asks the store). No Python code runs between the two passes (the keys are exact
+ * bytes, whose hashing and comparison are C), so the pairs found in the first are the second's. */
+static PyObject *gather(PyObject *self, PyObject *args) {
+    PyObject *table, *keys;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &table, &PyList_Type, &keys)) return NULL;
+    const Py_ssize_t n = PyList_GET_SIZE(keys);
+    Py_ssize_t sizes[2] = {0, 0};
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (!PyBytes_CheckExact(key)) {
+            PyErr_Format(PyExc_TypeError, "gather: key %zd is %s, not bytes", i, Py_TYPE(key)->tp_name);
+            return NULL;
+        }
+        PyObject *pair = PyDict_GetItemWithError(table, key); /* borrowed */
+        if (pair == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            Py_RETURN_NONE;
+        }
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(pair, 0)) ||
+            !PyBytes_CheckExact(PyTuple_GET_ITEM(pair, 1))) {
+            PyErr_Format(PyExc_TypeError, "gather: the value of key %zd is not a pair of bytes", i);
+            return NULL;
+        }
+        for (int part = 0; part < 2; part++) {
+            const Py_ssize_t size = PyBytes_GET_SIZE(PyTuple_GET_ITEM(pair, part));
+            if (size > PY_SSIZE_T_MAX - sizes[part]) return PyErr_NoMemory();
+            sizes[part] += size;
+        }
+    }
+    PyObject *joined[2] = {PyBytes_FromStringAndSize(NULL, sizes[0]), PyBytes_FromStringAndSize(NULL, sizes[1])};
+    if (joined[0] == NULL || joined[1] == NULL) {
+        Py_XDECREF(joined[0]);
+        Py_XDECREF(joined[1]);
+        return NULL;
+    }
+    char *at[2] = {PyBytes_AS_STRING(joined[0]), PyBytes_AS_STRING(joined[1])};
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pair = PyDict_GetItemWithError(table, PyList_GET_ITEM(keys, i));
+        for (int part = 0; part < 2; part++) {
+            PyObject *value = PyTuple_GET_ITEM(pair, part);
+            memcpy(at[part], PyBytes_AS_STRING(value), (size_t)PyBytes_GET_SIZE(value));
+            at[part] += PyBytes_GET_SIZE(value);
+        }
+    }
+    PyObject *out = PyTuple_Pack(2, joined[0], joined[1]);
+    Py_DECREF(joined[0]);
+    Py_DECREF(joined[1]);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"split_wire", split_wire, METH_O, "Triton BYTES wire buffer -> list of bytes."},
     {"join_wire", join_wire, METH_O, "list of bytes -> Triton BYTES wire buffer."},
+    {"gather", gather, METH_VARARGS, "dict of key -> (bytes, bytes), list of keys -> both parts joined, or None."},
     {"lookup", lookup, METH_VARARGS, "Row-major values -> int64 ids, one dict per column, into out."},
     {"dense_prepare", dense_prepare, METH_VARARGS, "Fill non-finite, clip, add one (float32), into out."},
     {"blend", blend, METH_VARARGS, "The blender's sigmoid of weighted logits, into out."},

@@ -85,8 +85,19 @@ def test_stale_entities_are_served_and_counted_or_refused(redis_url):
 
 def test_the_cache_is_bounded_and_expires(redis_url):
     lookup = _lookup(redis_url, cache_entries=2, ttl_s=0.3)
-    assert lookup.rows(b"u1", [b"i1"]).counts["store_hit"] == 2
+    first = lookup.rows(b"u1", [b"i1"])
+    assert first.counts["store_hit"] == 2
     assert lookup.rows(b"u1", [b"i1"]).counts["cache_hit"] == 2 and lookup.counters()["round_trips"] == 2  # + meta
+    # the user from the cache, an item from the store: the same rows as all from the store
+    mixed = lookup.rows(b"u1", [b"i1", b"i2"])
+    assert mixed.counts["cache_hit"] == 2 and mixed.counts["store_hit"] == 1
+    fresh = _lookup(redis_url, cache_entries=0).rows(b"u1", [b"i1", b"i2"])
+    for name in ("context_dense", "context_categorical", "candidate_dense", "candidate_categorical"):
+        assert getattr(mixed, name).tolist() == getattr(fresh, name).tolist() or name.endswith("dense") and \
+            np.array_equal(getattr(mixed, name), getattr(fresh, name), equal_nan=True)
+    lookup = _lookup(redis_url, cache_entries=2, ttl_s=0.3)
+    lookup.rows(b"u1", [b"i1"])
+    lookup.rows(b"u1", [b"i1"])
     lookup.rows(None, [b"i2", b"i3"])  # two more entities: u1 and i1 leave the cache
     assert lookup.rows(b"u1", [b"i3"]).counts == {**dict.fromkeys(online.REASONS, 0), "store_hit": 1, "cache_hit": 1}
     time.sleep(0.35)

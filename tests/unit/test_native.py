@@ -36,6 +36,24 @@ def test_join_refuses_non_bytes_like_the_python_loop():
             join([b"a", "not bytes"])
 
 
+@pytest.mark.parametrize("keys", [[b"a", b"b", b"a"], [b"b"], [], [b"a", b"missing"], [b"missing"]])
+def test_gather_joins_each_keys_pair_like_the_python_form(keys):
+    table = {key: (key * 3, value) for key, value in zip((b"a", b"b", b""), VALUES)}
+    assert native.gather(table, keys) == native._gather_py(table, keys)
+    if b"missing" not in keys:
+        assert native.gather(table, keys) == (b"".join(table[k][0] for k in keys), b"".join(table[k][1] for k in keys))
+    else:
+        assert native.gather(table, keys) is None
+
+
+def test_gather_refuses_keys_that_are_not_bytes_and_values_that_are_not_pairs():
+    with pytest.raises(TypeError, match="key 1 is str"):
+        native.gather({b"a": (b"", b"")}, [b"a", "a"])
+    for value in ((b"x",), (b"x", "y"), [b"x", b"y"], b"xy"):
+        with pytest.raises(TypeError, match="key 0 is not a pair of bytes"):
+            native.gather({b"a": value}, [b"a"])
+
+
 def test_lookup_matches_dict_get_per_column():
     rng = np.random.default_rng(0)
     tables = tuple({f"{c}-{v}".encode(): 3 + v for v in range(50)} for c in range(26))
