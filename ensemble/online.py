@@ -31,6 +31,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
+from ensemble.serving import native
+
 CONTEXT, CANDIDATE = "context", "candidate"
 _HEAD = struct.Struct("<dHH")  # freshness, continuous values, categorical values
 _LENGTH = struct.Struct("<I")
@@ -43,6 +45,11 @@ REASONS = ("cache_hit", "store_hit", "unknown_user", "unknown_item", "stale_serv
 
 UNKNOWN_ITEMS = ("drop", "default")  # an unknown item is dropped from the ranking (its index answered) or scored
 STALE = ("serve", "refuse")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
 
 
 class StoreError(Exception):
@@ -210,7 +217,7 @@ class Side:
             raise ValueError("the store holds a malformed feature row") from None
         if len(records) != n or (records["nd"] != self.dense).any() or (records["nc"] != self.categorical).any():
             raise ValueError("the store holds a feature row of other widths than its meta record says")
-        if self.categorical and len(_split_wire(cats)) != n * self.categorical:
+        if self.categorical and len(native.split_wire(cats)) != n * self.categorical:
             raise ValueError("the store holds a malformed feature row")
 
     def row(self, value: bytes) -> tuple[float, np.ndarray, np.ndarray]:
@@ -225,22 +232,10 @@ class Side:
         checked stored values (:meth:`check`) given as their fixed parts joined and their categorical
         parts joined: the first read as one record array, the second split in C."""
         records = np.frombuffer(heads, self.head)
-        values = _split_wire(cats) if self.categorical else []
+        values = native.split_wire(cats) if self.categorical else []
         out = np.empty(n * self.categorical, object)
         out[:] = values
         return records["t"], records["d"].reshape(n, self.dense), out.reshape(n, self.categorical)
-
-
-def _split_wire(buffer: bytes) -> list[bytes]:
-    from ensemble.serving import native
-
-    return native.split_wire(buffer)
-
-
-def _gather(table: dict, keys: list[bytes]) -> tuple[bytes, bytes] | None:
-    from ensemble.serving import native
-
-    return native.gather(table, keys)
 
 
 class FeatureLookup:
@@ -248,26 +243,25 @@ class FeatureLookup:
 
     Thread-safe (the rank model's instances share it). ``cache_entries`` bounds the cache (0: no
     cache), ``ttl_s`` how long an entity is served from it; ``timeout_s`` bounds a store round trip
-    (and is shortened to the request's remaining deadline); ``max_staleness_s`` (None: no bound) and
+    (a request whose deadline has passed is refused before it); ``max_staleness_s`` (None: no bound) and
     ``stale`` say what happens to an entity whose freshness is older; ``unknown_items`` what happens to
     an item id the store does not hold."""
 
     def __init__(self, url: str, dataset: str, *, cache_entries: int = 100_000, ttl_s: float = 60.0,
                  timeout_s: float = 0.05, max_staleness_s: float | None = None, stale: str = "serve",
                  unknown_items: str = "drop", clock=time.time):
-        if unknown_items not in UNKNOWN_ITEMS:
-            raise ValueError(f"unknown_items must be one of {', '.join(UNKNOWN_ITEMS)}, not {unknown_items!r}")
-        if stale not in STALE:
-            raise ValueError(f"stale must be one of {', '.join(STALE)}, not {stale!r}")
+        _check_choice("unknown_items", unknown_items, UNKNOWN_ITEMS)
+        _check_choice("stale", stale, STALE)
         self.url, self.dataset = url, dataset
         self.cache_entries, self.ttl_s, self.timeout_s = int(cache_entries), float(ttl_s), float(timeout_s)
         self.max_staleness_s, self.stale, self.unknown_items = max_staleness_s, stale, unknown_items
         self.clock = clock
         self._client = None
         self._sides: dict[str, Side] | None = None
-        # The cache: per side, id -> stored value, and when each entry came (insertion order: the
-        # oldest first), so that expired and surplus entries leave from the front.
-        self._cache: dict[str, dict[bytes, tuple[bytes, bytes]]] = {CONTEXT: {}, CANDIDATE: {}}
+        # The cache: per side, id -> an item's stored value split (Side.split) or a user's decoded
+        # (Side.row), and when each entry came (insertion order: the oldest first), so that expired and
+        # surplus entries leave from the front.
+        self._cache: dict[str, dict[bytes, tuple]] = {CONTEXT: {}, CANDIDATE: {}}
         self._born: deque[tuple[float, str, bytes]] = deque()
         self._born_at: dict[tuple[str, bytes], float] = {}
         self._prefix = {side: entity_key(dataset, side, b"") for side in (CONTEXT, CANDIDATE)}
@@ -300,7 +294,7 @@ class FeatureLookup:
 
     def _fetch(self, keys: list[bytes], budget_s: float) -> list[bytes | None]:
         """One round trip (per store node); it waits at most ``timeout_s``, which an operator sets below
-        the server's latency objective (a request with less time left than that is refused first)."""
+        the server's latency objective (a request whose deadline has passed is refused first)."""
         import redis
 
         if budget_s <= 0:
@@ -310,9 +304,7 @@ class FeatureLookup:
             client = self._store()
             started = time.monotonic()
             values = mget(client, keys)
-        except StoreError as exc:
-            raise self._fail(exc) from None
-        except (redis.RedisError, OSError) as exc:
+        except (StoreError, redis.RedisError, OSError) as exc:
             raise self._fail(exc) from None
         with self._lock:
             self.lookups += 1
@@ -331,8 +323,8 @@ class FeatureLookup:
         return self._sides
 
     # -- the cache ---------------------------------------------------------------------------------------
-    def _keep(self, side: str, entity_id: bytes, value: tuple[bytes, bytes], now: float) -> None:
-        """Cache a stored value, split (with the lock held); past the bound (both sides' entries together) the
+    def _keep(self, side: str, entity_id: bytes, value: tuple, now: float) -> None:
+        """Cache an entity's row (with the lock held); past the bound (both sides' entries together) the
         oldest leave."""
         if not self.cache_entries:
             return
@@ -373,7 +365,7 @@ class FeatureLookup:
         if self.cache_entries and item_ids:  # every entity cached: one C call joins their rows
             with self._lock:
                 self._expire(now)
-                joined = _gather(self._cache[CANDIDATE], item_ids)
+                joined = native.gather(self._cache[CANDIDATE], item_ids)
                 user_row = self._cache[CONTEXT].get(user_id) if wanted_user else None
             if joined is not None and (user_row is not None or not wanted_user):
                 counts["cache_hit"] = len(set(item_ids)) + wanted_user
@@ -434,7 +426,7 @@ class FeatureLookup:
                 for item, hit in list(found.items()):
                     if hit is None:
                         found[item] = candidate.split(candidate.default_value(item))
-        joined = _gather(found, ids) if ids else (b"", b"")
+        joined = native.gather(found, ids) if ids else (b"", b"")
         return self._assemble(candidate, context, user_id, user_value, ids, joined, counts, context_dense,
                               context_categorical, kept, dropped)
 
@@ -516,10 +508,8 @@ class StoreSettings:
     def __post_init__(self):
         if not self.url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"the store's URL must be redis://, rediss:// or unix://, not {redacted(self.url)!r}")
-        if self.unknown_items not in UNKNOWN_ITEMS:
-            raise ValueError(f"unknown items: one of {', '.join(UNKNOWN_ITEMS)}, not {self.unknown_items!r}")
-        if self.stale not in STALE:
-            raise ValueError(f"stale entities: one of {', '.join(STALE)}, not {self.stale!r}")
+        _check_choice("unknown_items", self.unknown_items, UNKNOWN_ITEMS)
+        _check_choice("stale", self.stale, STALE)
         if not self.timeout_ms > 0 or self.cache_entries < 0 or not self.ttl_s >= 0:
             raise ValueError("the store's timeout must be > 0, its cache entries and TTL >= 0")
         if self.max_staleness_s is not None and not self.max_staleness_s > 0:

@@ -140,7 +140,7 @@ class LocalRedisCluster:
             states = []
             for node in self.nodes:
                 client = redis.Redis(port=node.port, socket_timeout=1)
-                states.append(client.cluster("info").get("cluster_state") if hasattr(client, "cluster") else None)
+                states.append(client.cluster("info").get("cluster_state"))
                 client.close()
             if all(s == "ok" for s in states):
                 return self

@@ -354,9 +354,7 @@ class RankModel:
                                      dropped if dropped is not None else np.empty(0, np.int32), np.int32))))
             except _Late as exc:
                 yield i, ("error", calls.UNAVAILABLE, str(exc))
-            except online.StoreError as exc:
-                yield i, ("error", calls.UNAVAILABLE, f"refused: {exc}")
-            except online.Unservable as exc:
+            except (online.StoreError, online.Unservable) as exc:  # the store's state, not the request's fault
                 yield i, ("error", calls.UNAVAILABLE, f"refused: {exc}")
             except (ranking.RankError, runtime.BadInput) as exc:
                 yield i, ("error", calls.INVALID_ARG, str(exc))
