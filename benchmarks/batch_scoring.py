@@ -37,8 +37,8 @@ from ensemble import schema
 from ensemble.data import criteo
 from ensemble.machine import summary
 from ensemble.models.registry import Layout
-from ensemble.serving import processes
-from ensemble.serving.control import admin_headers
+from ensemble.operate import processes
+from ensemble.operate.control import admin_headers
 
 PROTOCOLS = ("http", "grpc", "http-shm", "grpc-shm")
 SHARED = "-shm"
@@ -166,7 +166,7 @@ def _measure(path: Path, out: Path, settings: ScoreSettings, repeats: int, serve
 
 
 def run(args) -> list[dict]:
-    from ensemble.serving.server import ServerOptions, TritonServer, free_port
+    from ensemble.operate.server import ServerOptions, TritonServer, free_port
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     from ensemble.features import transforms
     from ensemble.models import metrics
     from ensemble.schema import Model
-    from ensemble.serving.runtime import Pipeline
+    from ensemble.scoring.pipeline import Pipeline
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", help="labelled Criteo TSV files, in order")

@@ -3,7 +3,7 @@
 
 Engines, each on the same weights (random, seeded; 26 tables of ``--table-rows`` rows):
 
-- ``c``: the project's forward pass (``ensemble/models/_dlrm.c``), weights read from the frozen TorchScript;
+- ``c``: the project's forward pass (``ensemble/native/_dlrm.c``), weights read from the frozen TorchScript;
 - ``torchscript``: the frozen TorchScript module (what ``dlrm_torch.save`` exports) in libtorch, fp32, and
   ``torchscript-bf16``: the same module with its weights and products in bfloat16 (oneDNN);
 - ``onnxruntime``: the module exported to ONNX, ONNX Runtime's CPU provider, fp32;

@@ -40,7 +40,7 @@ from pathlib import Path
 from benchmarks.gateway_overhead import one_row_inputs
 from ensemble import schema
 from ensemble.machine import summary
-from ensemble.serving.server import free_port
+from ensemble.operate.server import free_port
 
 RECOVERY_TARGET_S = 10.0
 SHARE_TOLERANCE = 0.15
@@ -101,7 +101,7 @@ def _tritonserver_pid(http_port: int) -> int | None:
 def _recovery(control, release: int, killed_at: float, timeout: float = 60.0) -> float | None:
     """Seconds from the kill until the replica reports ``release`` ready (and only releases
     at least that new), or None after ``timeout``."""
-    from ensemble.serving.control import ControlError
+    from ensemble.operate.control import ControlError
 
     while time.monotonic() - killed_at < timeout:
         try:
@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from ensemble.fleet import release as fleet_release
     from ensemble.repository.export import TrainedArtifacts, export_repository
-    from ensemble.serving import declared
-    from ensemble.serving.deploy import available_releases
+    from ensemble.operate import declared
+    from ensemble.operate.deploy import available_releases
 
     scratch = Path(tempfile.mkdtemp(prefix="fleet-release-"))
     repository = scratch / "repository"

@@ -29,7 +29,7 @@ import numpy as np
 from ensemble import schema
 from ensemble.machine import summary
 from ensemble.models.registry import Layout
-from ensemble.serving.server import DEFAULT_LAYOUT
+from ensemble.operate.server import DEFAULT_LAYOUT
 from benchmarks import percentile
 
 TARGET_ADDED_P50_MS = 0.3
@@ -86,7 +86,7 @@ def run(args) -> list[dict]:
     from ensemble.fleet.envoy import Envoy
     from ensemble.fleet.fleet import serving_release
     from ensemble.fleet.gateway import Gateway, Replica, write_routes
-    from ensemble.serving.server import ServerOptions, TritonServer, free_port
+    from ensemble.operate.server import ServerOptions, TritonServer, free_port
 
     if args.client_cpu is not None:
         os.sched_setaffinity(0, {args.client_cpu})

@@ -1,5 +1,5 @@
-"""The models' C kernels on the exported release: both DLRMs' forward pass (``ensemble/models/_dlrm.c``)
-and the trees (``ensemble/models/_trees.c``), each in its narrow build and, where the CPU has AVX-512,
+"""The models' C kernels on the exported release: both DLRMs' forward pass (``ensemble/native/_dlrm.c``)
+and the trees (``ensemble/native/_trees.c``), each in its narrow build and, where the CPU has AVX-512,
 its wide one: time a row at each batch size, and whether the two builds give the same floats.
 
 The narrow build is the DLRMs' AVX2 build and the trees' 8-lane walk; the wide build is each module's
@@ -41,7 +41,7 @@ def kernels(repository: Path) -> dict:
     scorer checked at load) and the trees as arrays."""
     from ensemble.models import dlrm_tf, dlrm_torch, xgb
     from ensemble.schema import Model
-    from ensemble.serving.runtime import release_versions
+    from ensemble.scoring.pipeline import release_versions
 
     versions = release_versions(repository)
     found = {"dlrm_torch": dlrm_torch.TorchScorer(versions[Model.DLRM_TORCH]).kernel,
@@ -54,7 +54,7 @@ def kernels(repository: Path) -> dict:
 
 
 def load_build(path: str | Path):
-    """Another build of ``ensemble.models._dlrm`` or ``_trees`` (a shared object named as the build
+    """Another build of ``ensemble.native._dlrm`` or ``_trees`` (a shared object named as the build
     names it, such as one built from an older commit), loaded beside this one."""
     module = next((m for m in MODULES if Path(path).name.startswith(m + ".")), None)
     spec = importlib.util.spec_from_file_location(f"against.{module}", path) if module else None
@@ -69,7 +69,7 @@ def _calls(kernel, against: dict):
     """(the module whose ``wide()`` picks the build, ``inputs(n, rng)`` -> (this build's call, the
     other build's call or None), each call writing n floats into its argument). Both builds are
     called the same way, straight into the module, so neither pays a Python wrapper the other does not."""
-    from ensemble.models import _dlrm, _trees
+    from ensemble.native import _dlrm, _trees
 
     if hasattr(kernel, "node_column"):  # the trees as arrays
         other = against.get("_trees")
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", type=int, default=None, help="pin this process to one core")
     p.add_argument("--out", default="build/bench", help="folder of kernels.json")
     p.add_argument("--against", nargs="+", default=None, metavar="SO",
-                   help="other builds of ensemble.models._dlrm and/or _trees (their shared objects) to time alongside")
+                   help="other builds of ensemble.native._dlrm and/or _trees (their shared objects) to time alongside")
     args = p.parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})

@@ -75,7 +75,7 @@ def _round_trips(server) -> dict:
     """The server's store round trips so far and their mean (its ensemble_store_round_trip* counters)."""
     import urllib.request
 
-    from ensemble.serving.monitoring import parse_exposition
+    from ensemble.operate.monitoring import parse_exposition
 
     with urllib.request.urlopen(server.metrics_url, timeout=10) as reply:
         samples = parse_exposition(reply.read().decode())
@@ -105,7 +105,7 @@ def _sequential(clients: dict, requests, count: int) -> dict[str, list[float]]:
 def run(args) -> dict:
     from clients.triton import RankerClient, Retry
     from ensemble.data import movielens
-    from ensemble.serving.server import ServerOptions, TritonServer, free_port, free_ports
+    from ensemble.operate.server import ServerOptions, TritonServer, free_port, free_ports
     from ensemble.store_server import LocalRedis
 
     work = Path(tempfile.mkdtemp(prefix="rank-ids-"))

@@ -31,7 +31,7 @@ from clients.wire import WireStrings
 from ensemble import schema
 from ensemble.data import criteo
 from ensemble.dataset import DatasetSpec
-from ensemble.serving import native
+from ensemble import native
 
 FEATURE_COLUMNS = (*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS)
 
@@ -197,7 +197,7 @@ class Chunk:
 def read_chunks(part: Partition, chunk_rows: int, report: LineReport | None = None,
                 spec: DatasetSpec = schema.CRITEO) -> Iterator[Chunk]:
     """:func:`read_partition`'s chunks with their request tensors. Criteo TSV lines go from bytes
-    to the tensors in C (:func:`ensemble.serving.native.tsv_to_wire`: no DataFrame of features, no
+    to the tensors in C (:func:`ensemble.native.tsv_to_wire`: no DataFrame of features, no
     bytes object per value); a block with a line outside that parser's grammar, and every other
     input kind, is parsed as :func:`read_partition` does."""
     frames = _read_tsv(part, chunk_rows, report, wire=True) if part.kind == "tsv" else \
@@ -399,18 +399,8 @@ class ScoreSettings:
 
             def score_local(dense: np.ndarray, cats) -> dict[str, np.ndarray]:
                 if isinstance(cats, WireStrings):  # from the wire buffer, as the native backend scores
-                    chain, rows = pipeline.native_chain, len(cats)
-                    if chain is not None:  # the backend's chain in C: lookups, transform, models, blend
-                        out = np.empty((len(schema.RANKER_OUTPUTS), rows), np.float32)
-                        split = pipeline.parallel and rows >= pipeline.PARALLEL_MIN_ROWS
-                        chain.score(((np.ascontiguousarray(dense, np.float32), cats.data, rows),), out, 2 if split else 1)
-                        return {t.name: out[k] for k, t in enumerate(schema.RANKER_OUTPUTS)}
-                    transform = pipeline.reads_wire
-                    scores = (pipeline.score_ids(dense, transform.ids_from_wire(cats.data, rows))
-                              if transform is not None else pipeline.score(dense, cats.to_objects()))
-                else:
-                    scores = pipeline.score(dense, cats)
-                return {k: v.reshape(-1) for k, v in scores.items()}
+                    return pipeline.score_wire(dense, cats.data, len(cats))
+                return {k: v.reshape(-1) for k, v in pipeline.score(dense, cats).items()}
 
             return score_local
         if not self.urls:
@@ -439,7 +429,7 @@ def local_pipeline(repository: str):
     from ensemble.console import native_info_quieted
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # read when TensorFlow is imported (if it is)
-    from ensemble.serving.runtime import Pipeline
+    from ensemble.scoring.pipeline import Pipeline
 
     with native_info_quieted():
         pipeline = Pipeline.from_repository(repository)

@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from clients.inputs import ranking_tensors, to_tensors
+from clients import adapter
 from clients.wire import WireStrings, serialize_bytes, set_bytes_input
 from ensemble import schema
 from ensemble.dataset import DatasetSpec
@@ -333,9 +334,7 @@ class _Settings:
         """``ModelInfer`` on this client's gRPC channel (tritonclient's, sync or asyncio), taking a request
         already serialized (:func:`grpc_request`); registered with the channel, as grpcio's generated
         stubs do."""
-        return self._client._channel.unary_unary(
-            "/inference.GRPCInferenceService/ModelInfer", request_serializer=None,
-            response_deserializer=_service().ModelInferResponse.FromString, _registered_method=True)
+        return adapter.infer_call(self._client, _service().ModelInferResponse.FromString)
 
     def _grpc_call(self, model: str, tensors, outputs, priority: bool = True) -> dict:
         """The arguments of ``ModelInfer`` for one request on tritonclient's channel (with its

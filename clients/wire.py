@@ -3,16 +3,17 @@
 tritonclient serializes a BYTES tensor element by element in Python (~30 ms for a 4096 x 26
 request on the build machine), which is most of the client's CPU in batch scoring. This
 builds the same wire format (per element: 4-byte little-endian length, then the bytes) in C
-(:func:`ensemble.serving.native.join_wire`, a Python loop when the extension was not built). It writes
-the fields tritonclient's ``set_data_from_numpy`` writes, which are private: tritonclient is
-pinned in requirements.txt and a unit test compares the bytes with tritonclient's own serializer.
+(:func:`ensemble.native.join_wire`, a Python loop when the extension was not built) and hands it to
+tritonclient through :mod:`clients.adapter`, which owns the private fields that takes; a unit test
+compares the bytes with tritonclient's own serializer.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ensemble.serving.native import join_wire, split_wire
+from clients.adapter import set_raw_bytes
+from ensemble.native import join_wire, split_wire
 
 
 class WireStrings:
@@ -61,11 +62,4 @@ def serialize_bytes(array: np.ndarray) -> bytes:
 def set_bytes_input(item, array, grpc: bool) -> None:
     """Fill a tritonclient ``InferInput`` (BYTES, binary) from an object array of bytes or
     :class:`WireStrings`."""
-    raw = array.data if isinstance(array, WireStrings) else serialize_bytes(array)
-    if grpc:
-        item._raw_content = raw
-        item._input.ClearField("contents")
-    else:
-        item._data = None
-        item._raw_data = raw
-        item._parameters["binary_data_size"] = len(raw)
+    set_raw_bytes(item, array.data if isinstance(array, WireStrings) else serialize_bytes(array), grpc)

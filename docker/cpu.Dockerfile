@@ -8,7 +8,7 @@ FROM debian:bookworm-slim
 # Debian's package versions move with security updates; pinning them (DL3008) would break
 # rebuilds, so the release (bookworm) is the pin.
 # gcc + libc6-dev: `ensemble export` compiles the trees to native code (TL2cgen).
-# libtcmalloc-minimal4: the allocator `ensemble serve` preloads into tritonserver (ensemble/serving/allocator.py).
+# libtcmalloc-minimal4: the allocator `ensemble serve` preloads into tritonserver (ensemble/operate/allocator.py).
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3.11 python3.11-venv libpython3.11 libpython3.11-dev libgomp1 make gcc libc6-dev libtcmalloc-minimal4 \

@@ -20,6 +20,6 @@ COPY clients ./clients
 RUN grep -E '^(numpy|pyarrow)==' requirements.txt > /tmp/serving-requirements.txt \
     && python3 -m pip install --no-cache-dir -r /tmp/serving-requirements.txt \
     && python3 -m pip install --no-cache-dir --no-deps --ignore-requires-python . \
-    && python3 -c "import ensemble.serving.runtime, ensemble.features.transforms, ensemble.models.blend, ensemble.models.xgb, pyarrow.parquet"
+    && python3 -c "import ensemble.scoring.pipeline, ensemble.features.transforms, ensemble.models.blend, ensemble.models.xgb, pyarrow.parquet"
 
 WORKDIR /opt/tritonserver

@@ -11,7 +11,7 @@ Steps (each command is printed before it runs; ``--dry-run`` prints them and sto
    ``--model-config-name=gpu``, whose warm-up makes every model infer before it reports ready.
 2. Wait for ``/v2/health/ready`` (``--strict-readiness``: every model ready).
 3. Copy the served repository out of the container and load it in the CPU in-process pipeline
-   (:class:`ensemble.serving.runtime.Pipeline`, CPU: compiled trees / XGBoost, TorchScript, TFLite).
+   (:class:`ensemble.scoring.pipeline.Pipeline`, CPU: compiled trees / XGBoost, TorchScript, TFLite).
 4. Score fresh synthetic rows (a seed training never used) through the GPU-served ranker and the
    CPU pipeline; compare every output within :data:`TOLERANCES`.
 5. A short locust run against the GPU server (the load-test harness's own command).
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble import schema
-from ensemble.repository import releases
+from ensemble.models import triton_releases
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -142,7 +142,7 @@ def score_served(url: str, dense: np.ndarray, categorical: np.ndarray) -> dict[s
 
 def score_in_process(repository: Path, dense: np.ndarray, categorical: np.ndarray) -> dict[str, np.ndarray]:
     """Every ranker output from the CPU in-process pipeline on ``repository``, [B] each."""
-    from ensemble.serving.runtime import Pipeline
+    from ensemble.scoring.pipeline import Pipeline
 
     scores = Pipeline.from_repository(repository).score(dense, categorical)
     return {name: np.asarray(value).reshape(-1) for name, value in scores.items()}
@@ -184,7 +184,7 @@ def compare(gpu: dict[str, np.ndarray], cpu: dict[str, np.ndarray], labels: np.n
 class Report:
     """What the run found (written as report.json and report.md)."""
 
-    release: str = releases.PINNED.image
+    release: str = triton_releases.PINNED.image
     gpus: list[dict[str, str]] = field(default_factory=list)
     ready_after_s: float | None = None
     rows: int = 0

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from ensemble.models.registry import Layout
 from ensemble.models.slipstream import SlipstreamConfig
-from ensemble.serving import monitoring
+from ensemble.operate import monitoring
 from ensemble.repository.configs import DEFAULT_OBJECTIVE_MS
-from ensemble.serving.server import DEFAULT_LAYOUT
+from ensemble.operate.server import DEFAULT_LAYOUT
 
 # `ensemble.data.criteo` imports pandas (~0.4 s): imported inside the commands that use it, so that
 # `--help` and argument errors answer at once.
@@ -104,11 +104,11 @@ def _latency_summaries(args):
 
 
 def _server_options(args):
-    from ensemble.serving.server import ServerOptions
+    from ensemble.operate.server import ServerOptions
 
-    from ensemble.serving.control import ADMIN_KEY_ENV
+    from ensemble.operate.control import ADMIN_KEY_ENV
 
-    from ensemble.serving.allocator import Allocator
+    from ensemble.operate.allocator import Allocator
 
     return ServerOptions(Path(args.repository), host=args.host, http_port=args.http_port,
                          grpc_port=args.grpc_port, metrics_port=args.metrics_port,
@@ -199,10 +199,10 @@ def cmd_serve(args) -> int:
         print("error: --replica-ports and --gateway-admin-port apply to a gateway (--replicas 2 or more, or a "
               "--host other than loopback)", file=sys.stderr)
         return 2
-    from ensemble.serving import allocator
-    from ensemble.serving.server import ServerError, TritonServer
-    from ensemble.serving.lifecycle import run_until_signal
-    from ensemble.serving.supervise import Supervisor
+    from ensemble.operate import allocator
+    from ensemble.operate.server import ServerError, TritonServer
+    from ensemble.operate.lifecycle import run_until_signal
+    from ensemble.operate.supervise import Supervisor
 
     server = TritonServer(options)
     try:
@@ -230,7 +230,7 @@ def _print_engines(repository: Path) -> None:
     """Which engine scores each DLRM step of the newest release, as the release declares it (the server's
     log says what each replica loaded: ensemble.models.engines)."""
     from ensemble.models import engines
-    from ensemble.serving.runtime import release_versions
+    from ensemble.scoring.pipeline import release_versions
 
     try:
         lines = engines.describe(release_versions(repository))
@@ -241,8 +241,8 @@ def _print_engines(repository: Path) -> None:
 
 
 def cmd_engines(args) -> int:
-    from ensemble.models import engines
-    from ensemble.serving.runtime import release_versions
+    from ensemble.models import engines, registry
+    from ensemble.scoring.pipeline import release_versions
 
     folders = release_versions(Path(args.repository), args.release)
     for choice in args.declare or ():
@@ -254,7 +254,7 @@ def cmd_engines(args) -> int:
             return 2
     if args.measure:
         with engines.held_out(Path(args.workdir) / engines.HELD_OUT_DIR if args.workdir else None):
-            records = engines.redeclare(folders, args.budget)
+            records = registry.redeclare(folders, args.budget)
         for record in records:
             print(f"{record['step']}: measured on {record['machine']['model']}: "
                   + "; ".join(f"{e} " + " ".join(f"{r}:{t:g}" for r, t in times.items())
@@ -268,8 +268,8 @@ def _serve_fleet(args) -> int:
     """``ensemble serve --replicas N``: N supervised tritonservers behind the Envoy gateway (docs/fleet.md);
     with one, the door of a server bound elsewhere than loopback (docs/reliability.md)."""
     from ensemble.fleet.fleet import Fleet, FleetOptions
-    from ensemble.serving.lifecycle import run_until_signal
-    from ensemble.serving.server import ServerError
+    from ensemble.operate.lifecycle import run_until_signal
+    from ensemble.operate.server import ServerError
 
     try:
         fleet = Fleet(FleetOptions(_server_options(args), args.replicas, replica_ports=args.replica_ports,
@@ -318,7 +318,7 @@ def cmd_rank(args) -> int:
         ids_of = spec
         spec = replace(spec, columns=tuple(c for c in spec.columns if c.name in (user_key, item_key)))
     if args.local:
-        from ensemble.serving.runtime import Pipeline
+        from ensemble.scoring.pipeline import Pipeline
 
         pipeline = Pipeline.from_repository(args.repository, threads=1)
 
@@ -437,8 +437,8 @@ def cmd_score(args) -> int:
 
 
 def cmd_declare(args) -> int:
-    from ensemble.serving import declared
-    from ensemble.serving.deploy import available_releases
+    from ensemble.operate import declared
+    from ensemble.operate.deploy import available_releases
 
     if args.clear:
         declared.path(args.repository).unlink(missing_ok=True)
@@ -456,8 +456,8 @@ def cmd_declare(args) -> int:
 
 def cmd_deploy(args) -> int:
     from ensemble.fleet import release as fleet_release
-    from ensemble.serving.control import ControlError
-    from ensemble.serving.deploy import deploy, rollback
+    from ensemble.operate.control import ControlError
+    from ensemble.operate.deploy import deploy, rollback
 
     fleet = fleet_release.find(args.url)
     if fleet is not None:  # a gateway: release across every replica behind it
@@ -530,7 +530,7 @@ def cmd_demo(args) -> int:
 
 def cmd_check(args) -> int:
     from ensemble.check.compat import CheckOptions, report, run_check
-    from ensemble.repository.releases import RELEASES
+    from ensemble.models.triton_releases import RELEASES
 
     release = RELEASES[args.release]
     findings = run_check(CheckOptions(Path(args.repository), args.target, release,
@@ -841,10 +841,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "check", "verify the repository against the pinned NGC Triton release (no GPU needed)")
     p.add_argument("--repository", default="model_repository", help="the Triton model repository")
     p.add_argument("--target", choices=["gpu", "cpu"], default="gpu", help="which deployment's configs to check")
-    from ensemble.repository.releases import PINNED, RELEASES
+    from ensemble.models.triton_releases import PINNED, RELEASES
 
     p.add_argument("--release", default=PINNED.tag, choices=sorted(RELEASES),
-                   help="NGC container release (table in ensemble/repository/releases.py)")
+                   help="NGC container release (table in ensemble/models/triton_releases.py)")
     p.add_argument("--treelite-dir", default=None,
                    help="folder with that release's Treelite (default: installed once into ~/.cache/ensemble)")
     p.add_argument("--tensorflow-python", default=None,

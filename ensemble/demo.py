@@ -17,9 +17,9 @@ from ensemble.data import criteo
 from ensemble.data.edge_cases import edge_case_rows
 from ensemble.features import transforms
 from ensemble.repository.export import TrainedArtifacts, export_repository
-from ensemble.serving.runtime import Pipeline
-from ensemble.serving.lifecycle import run_until_signal
-from ensemble.serving.server import ServerOptions, TritonServer
+from ensemble.scoring.pipeline import Pipeline
+from ensemble.operate.lifecycle import run_until_signal
+from ensemble.operate.server import ServerOptions, TritonServer
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from ensemble.demo import DemoOptions, finish
 from ensemble.features import transforms
 from ensemble.models.metrics import auc, ranking_quality
 from ensemble.repository.export import TrainedArtifacts, export_repository
-from ensemble.serving.runtime import Pipeline
-from ensemble.serving.server import ServerOptions, TritonServer
+from ensemble.scoring.pipeline import Pipeline
+from ensemble.operate.server import ServerOptions, TritonServer
 
 RANKING_K = 10
 # The DLRMs still improve on validation after the default 2 epochs here (80,000 training rows);
@@ -146,7 +146,7 @@ def _local_store(frame, spec: dataset.DatasetSpec, server: ServerOptions, workdi
 
     from ensemble import materialize
     from ensemble.models.registry import Layout
-    from ensemble.serving.server import free_port
+    from ensemble.operate.server import free_port
     from ensemble.store_server import LocalRedis
 
     if Layout(server.layout) is not Layout.NATIVE or server.store is not None:

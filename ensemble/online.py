@@ -31,7 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from ensemble.serving import native
+from ensemble import native
 
 CONTEXT, CANDIDATE = "context", "candidate"
 _HEAD = struct.Struct("<dHH")  # freshness, continuous values, categorical values

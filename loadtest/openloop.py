@@ -276,7 +276,7 @@ async def closed_loop(address: str, bodies: list[bytes], users: int, seconds: fl
 
 def server_counters(address: str, model: str = schema.Model.RANKER.value) -> dict | None:
     """Triton's cumulative statistics of ``model``; None when the server does not answer them."""
-    from loadtest.runner import model_stats
+    from loadtest.statistics import model_stats
 
     return model_stats(f"http://{address}/v2/models/{model}/stats")
 
@@ -286,7 +286,7 @@ def server_view(before: dict | None, after: dict | None) -> dict[str, float]:
     the model (accepted and refused alike: both wait in the queue and share a call), the mean wait
     in Triton's queue and the mean call it was in, and requests per call. Set against the client's
     latency, the rest is the HTTP front end, the network and the generator."""
-    from loadtest.runner import stage_times
+    from loadtest.statistics import stage_times
 
     stage = next(iter(stage_times(before, after).values()), None)
     if stage is None:

@@ -12,7 +12,7 @@ from ensemble.machine import describe
 from loadtest.cost import cost_table, load_prices, render
 from loadtest.openloop import report_section as overload_section
 from loadtest.perf_analyzer import report_section as perf_analyzer_section
-from loadtest.runner import BASELINES, Target
+from loadtest.targets import BASELINES, Target
 
 PRICES = Path(__file__).with_name("prices.yaml")
 TRITON = tuple(t.value for t in Target if t.layout is not None)

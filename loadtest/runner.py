@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import enum
 import json
 import math
 import os
@@ -18,53 +17,15 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ensemble.models.registry import Layout
-from ensemble.serving import lifecycle
+from ensemble.operate import lifecycle
+from loadtest.statistics import cpu_per_request, model_stats, stage_times  # noqa: F401 - the runner's own
+from loadtest.targets import BASELINES, DEFAULT_TARGETS, TARGETS, Target  # noqa: F401 - as above
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
-
-
-class Target(str, enum.Enum):
-    """What a scenario loads. The two plain Triton targets serve the fused layout (the python-backend
-    fallback); ``triton-native-*`` the default, the ranker in the project's own backend; ``triton-ensemble-http`` the
-    per-model ensemble layout. The baselines: ``inproc`` and ``naive`` (FastAPI processes) and
-    ``mlserver`` (the in-process pipeline as an MLServer runtime)."""
-
-    TRITON_HTTP = "triton-http"
-    TRITON_GRPC = "triton-grpc"
-    TRITON_NATIVE_HTTP = "triton-native-http"
-    TRITON_NATIVE_GRPC = "triton-native-grpc"
-    TRITON_ENSEMBLE_HTTP = "triton-ensemble-http"
-    INPROC = "inproc"
-    NAIVE = "naive"
-    MLSERVER = "mlserver"
-
-    @property
-    def layout(self) -> Layout | None:
-        """The Triton layout it loads (None for a baseline)."""
-        if self is Target.TRITON_ENSEMBLE_HTTP:
-            return Layout.ENSEMBLE
-        if self.value.startswith("triton-native"):
-            return Layout.NATIVE
-        return Layout.FUSED if self.value.startswith("triton") else None
-
-    @property
-    def grpc(self) -> bool:
-        return self.value.endswith("-grpc")
-
-    @property
-    def strict_json(self) -> bool:
-        """Its JSON parser refuses a bare NaN (MLServer's orjson): missing dense values go as 0."""
-        return self is Target.MLSERVER
-
-
-TARGETS = tuple(t.value for t in Target)
-DEFAULT_TARGETS = TARGETS
-BASELINES = (Target.INPROC.value, Target.NAIVE.value, Target.MLSERVER.value)
 
 
 @dataclass(frozen=True)
@@ -180,8 +141,8 @@ class Servers:
         return self.urls[target]
 
     def _start_triton(self, layout: Layout) -> None:
-        from ensemble.serving.monitoring import LatencySummaries
-        from ensemble.serving.server import ServerOptions, TritonServer, free_port
+        from ensemble.operate.monitoring import LatencySummaries
+        from ensemble.operate.server import ServerOptions, TritonServer, free_port
 
         log = self.log_dir / f"tritonserver-{layout.value}.log"
         print(f"starting tritonserver ({layout.value} layout; loading the models takes ~10-20 s, log {log}) ...",
@@ -200,7 +161,7 @@ class Servers:
                 self.urls.setdefault(target.value, f"{scheme}://{server.grpc_url if target.grpc else server.http_url}")
 
     def _start_baseline(self, kind: str) -> None:
-        from ensemble.serving.server import free_port
+        from ensemble.operate.server import free_port
 
         port = free_port()
         env = None
@@ -235,7 +196,7 @@ class Servers:
             own = layout in self.triton and target not in self.options.urls
             return self.triton[layout].cpu_seconds() if own else None
         if target in self.baselines:
-            from ensemble.serving import processes
+            from ensemble.operate import processes
 
             return {target: processes.cpu_seconds(self.baselines[target].pid)}
         return None
@@ -248,49 +209,6 @@ class Servers:
         if http is None and layout in self.triton:
             http = f"http://{self.triton[layout].http_url}"
         return f"{http}/v2/models/stats" if http else None
-
-
-def model_stats(url: str | None) -> dict | None:
-    """Triton's statistics at ``url`` (``/v2/models[/NAME]/stats``), keyed by model name; None
-    when there is no URL or the server does not answer."""
-    if url is None:
-        return None
-    try:
-        with urllib.request.urlopen(url, timeout=5) as reply:
-            return {m["name"]: m for m in json.load(reply)["model_stats"]}
-    except OSError:
-        return None
-
-
-def stage_times(before: dict | None, after: dict | None) -> dict[str, dict[str, float]]:
-    """Per model: mean queue and compute milliseconds per request, mean batch size (rows per
-    execution) and requests per execution."""
-    if not before or not after:
-        return {}
-    stages = {}
-    for name, model in after.items():
-        old = before.get(name, {}).get("inference_stats", {})
-        new = model["inference_stats"]
-        count = new["success"]["count"] - old.get("success", {}).get("count", 0)
-        if count <= 0:
-            continue
-        per = lambda key: (new[key]["ns"] - old.get(key, {}).get("ns", 0)) / count / 1e6  # noqa: E731
-        executions = model.get("execution_count", 0) - before.get(name, {}).get("execution_count", 0)
-        inferences = model.get("inference_count", 0) - before.get(name, {}).get("inference_count", 0)
-        stages[name] = {"requests": count, "queue_ms": per("queue"),
-                        "compute_ms": per("compute_input") + per("compute_infer") + per("compute_output"),
-                        "mean_batch_rows": inferences / executions if executions else 0.0,
-                        "requests_per_call": count / executions if executions else 0.0}
-    return stages
-
-
-def cpu_per_request(before: dict | None, after: dict | None, requests: float) -> dict[str, float]:
-    """Server CPU milliseconds per request, per process, over the measured run. The warm-up and
-    the few statistics calls around the run are outside the window; CPU time has the kernel's
-    clock-tick resolution (10 ms), so a process needs a few thousand requests for 0.01 ms."""
-    if not before or not after or not requests:
-        return {}
-    return {name: max(0.0, after[name] - before.get(name, 0.0)) * 1000 / requests for name in after}
 
 
 def served_rows_per_s(result: dict, rows: int) -> float:

@@ -106,7 +106,7 @@ def write_report(found: dict, path: Path, note: str = "") -> Path:
 
 
 def _tree_rss(pid: int) -> Callable[[], int]:
-    from ensemble.serving import processes
+    from ensemble.operate import processes
 
     return lambda: sum(processes.rss(p) for p in processes.tree(pid))
 
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--url needs --pid (the server's memory is part of the report)")
         found = soak(args.url.split("://", 1)[-1].rstrip("/"), _tree_rss(args.pid), plan)
     else:
-        from ensemble.serving.server import ServerOptions, TritonServer, free_port
+        from ensemble.operate.server import ServerOptions, TritonServer, free_port
 
         options = ServerOptions(Path(args.repository), http_port=free_port(), grpc_port=free_port(),
                                 metrics_port=free_port())

@@ -46,7 +46,7 @@ def trained(tmp_path_factory) -> Trained:
 
 @pytest.fixture(scope="session")
 def pipeline(trained):
-    from ensemble.serving.runtime import Pipeline
+    from ensemble.scoring.pipeline import Pipeline
 
     return Pipeline.from_repository(trained.repository)
 
@@ -59,7 +59,7 @@ def movielens_run(tmp_path_factory):
     from ensemble.demo_movielens import DLRM_EPOCHS, run_movielens_demo
     from ensemble.models.dlrm import DLRMConfig
     from ensemble.models.registry import Layout
-    from ensemble.serving.server import ServerOptions, free_port
+    from ensemble.operate.server import ServerOptions, free_port
     from ensemble.training import TrainConfig
 
     root = tmp_path_factory.mktemp("movielens")

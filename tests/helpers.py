@@ -12,8 +12,8 @@ import numpy as np
 
 from ensemble import schema
 from ensemble.data import criteo
-from ensemble.serving import processes
-from ensemble.serving.supervise import STOPPED_STATES
+from ensemble.operate import processes
+from ensemble.operate.supervise import STOPPED_STATES
 
 # Small enough for CI on 2 cores, big enough that every step trains for real.
 SYNTH = criteo.SynthConfig(rows=24_000, scale=0.002, seed=11)
@@ -161,7 +161,7 @@ def learnable_tensors(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.nda
 def fleet_ports(replicas: int = 2) -> tuple[int, int, int]:
     """Free ports for a fleet's gateway (HTTP, gRPC) and its first replica's metrics port, chosen so
     that replica i's metrics port (the first + i) is free and is neither gateway port."""
-    from ensemble.serving.server import free_ports, port_free
+    from ensemble.operate.server import free_ports, port_free
 
     for _ in range(50):
         http, grpc, metrics = free_ports(3)
@@ -288,8 +288,8 @@ def two_releases(trained, root: Path, keep: int = 2) -> tuple[Path, int, int]:
     import shutil
 
     from ensemble.repository.export import TrainedArtifacts, export_repository
-    from ensemble.serving import declared
-    from ensemble.serving.deploy import available_releases
+    from ensemble.operate import declared
+    from ensemble.operate.deploy import available_releases
 
     repository = root / "repository"
     shutil.copytree(trained.repository, repository)

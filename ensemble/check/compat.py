@@ -1,5 +1,5 @@
 """``ensemble check --target gpu``: verify, without a GPU, what can be verified of a model
-repository against the pinned NGC Triton release (:data:`ensemble.repository.releases.PINNED`).
+repository against the pinned NGC Triton release (:data:`ensemble.models.triton_releases.PINNED`).
 
 Checks, each reported PASS/FAIL with the file and the reason:
 
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from ensemble import schema
 from ensemble.repository import configs
-from ensemble.repository import manifest
-from ensemble.repository import releases
+from ensemble.models import manifest
+from ensemble.models import triton_releases
 from ensemble.check.loading import IO, ensure_treelite, savedmodel_problems, torchscript_problems, tree_problems
 from ensemble.schema import Model
 
@@ -61,7 +61,7 @@ class CheckOptions:
 
     repository: Path
     target: str = "gpu"
-    release: releases.TritonRelease = releases.PINNED
+    release: triton_releases.TritonRelease = triton_releases.PINNED
     treelite_dir: Path | None = None
     tensorflow_python: str | None = None
 
@@ -165,7 +165,7 @@ def _agreement(cpu: dict, gpu: dict) -> list[Finding]:
 def _backends(parsed: dict, available: frozenset[str], where: str) -> list[Finding]:
     findings = []
     for name, config in parsed.items():
-        backend = releases.backend_of(config.backend, config.platform)
+        backend = triton_releases.backend_of(config.backend, config.platform)
         ok = backend in available
         findings.append(Finding("backends", name, ok, f"backend '{backend}' is in {where}" if ok else
                                 f"backend '{backend}' does not exist in {where} "
@@ -173,12 +173,12 @@ def _backends(parsed: dict, available: frozenset[str], where: str) -> list[Findi
     return findings
 
 
-def _fil(name: str, config, version_dir: Path | None, release: releases.TritonRelease) -> list[str]:
+def _fil(name: str, config, version_dir: Path | None, release: triton_releases.TritonRelease) -> list[str]:
     params = {k: v.string_value for k, v in config.parameters.items()}
     problems = []
     for key, value in sorted(params.items()):
         if key not in release.fil_parameters:
-            removed = " (removed in 25.09)" if key in releases.FIL_REMOVED_IN_25_09 else ""
+            removed = " (removed in 25.09)" if key in triton_releases.FIL_REMOVED_IN_25_09 else ""
             problems.append(f"parameter '{key}' is not read by the FIL backend of {release.tag}{removed}")
         elif release.fil_parameters[key] is not None and value not in release.fil_parameters[key]:
             problems.append(f"{key}='{value}' is not one of {list(release.fil_parameters[key])}")
@@ -192,15 +192,15 @@ def _fil(name: str, config, version_dir: Path | None, release: releases.TritonRe
         problems.append(f"FIL produces one TYPE_FP32 output output__0 with dims {want} for a binary model "
                         f"with these parameters")
     model_type = params.get("model_type", "xgboost")
-    if version_dir is not None and model_type in releases.FIL_MODEL_FILES:
-        if not (version_dir / releases.FIL_MODEL_FILES[model_type]).is_file():
-            problems.append(f"model_type '{model_type}' loads {releases.FIL_MODEL_FILES[model_type]}, "
+    if version_dir is not None and model_type in triton_releases.FIL_MODEL_FILES:
+        if not (version_dir / triton_releases.FIL_MODEL_FILES[model_type]).is_file():
+            problems.append(f"model_type '{model_type}' loads {triton_releases.FIL_MODEL_FILES[model_type]}, "
                             f"absent from {version_dir}")
     return problems
 
 
 def _latest(repository: Path, name: str) -> Path | None:
-    from ensemble.serving.runtime import latest_version
+    from ensemble.scoring.pipeline import latest_version
 
     try:
         return latest_version(repository / name)
@@ -215,7 +215,7 @@ def _artifacts(parsed: dict, options: CheckOptions) -> list[Finding]:
         if config is None:
             continue
         version = _latest(options.repository, name)
-        backend = releases.backend_of(config.backend, config.platform)
+        backend = triton_releases.backend_of(config.backend, config.platform)
         if backend == "fil":
             problems = _fil(name, config, version, options.release)
             findings.append(Finding("fil", name, not problems, "; ".join(problems) or
@@ -239,11 +239,11 @@ def _artifacts(parsed: dict, options: CheckOptions) -> list[Finding]:
                 findings.append(Finding("artifacts", name, False, str(exc)))
                 continue
             notes: list[str] = []
-            problems = tree_problems(version / releases.FIL_MODEL_FILES.get(model_type, ""), model_type,
+            problems = tree_problems(version / triton_releases.FIL_MODEL_FILES.get(model_type, ""), model_type,
                                      params.get("xgboost_allow_unknown_field") == "true",
                                      version / "xgboost.json", treelite_dir, options.release.treelite,
                                      inputs[0].dims[0] if inputs and inputs[0].dims else 0, notes=notes)
-            ok_text = f"{releases.FIL_MODEL_FILES.get(model_type)} loads with Treelite {options.release.treelite}; " \
+            ok_text = f"{triton_releases.FIL_MODEL_FILES.get(model_type)} loads with Treelite {options.release.treelite}; " \
                       f"predictions == XGBoost's" + "".join(f" (Treelite: {n})" for n in notes)
         elif backend == "pytorch":
             problems = torchscript_problems(version / "model.pt", inputs, outputs,
@@ -279,7 +279,7 @@ def run_check(options: CheckOptions) -> list[Finding]:
     return findings
 
 
-def report(findings: list[Finding], release: releases.TritonRelease, target: str = "gpu") -> str:
+def report(findings: list[Finding], release: triton_releases.TritonRelease, target: str = "gpu") -> str:
     failed = [f for f in findings if not f.ok]
     header = (f"checked against {release.image} (Triton {release.triton_version}, FIL backend Treelite "
               f"{release.treelite})" if target == "gpu" else "checked the embedded CPU configuration")

@@ -21,7 +21,7 @@ import numpy as np
 
 from ensemble import schema
 from ensemble.dataset import DatasetSpec, Kind, bucket, cell_bytes, list_slots
-from ensemble.serving import native
+from ensemble import native
 from ensemble.device import Device
 
 NULL_ID = 1
@@ -256,7 +256,7 @@ class LeanTransform:
         if self.max_items:  # multi-hot columns: each becomes its slots
             categorical = self._slots(categorical)
         # One pass over the row-major values, each looked up in its column's dictionary, in C
-        # when it was built (ensemble.serving.native): no per-column or per-value Python overhead.
+        # when it was built (ensemble.native): no per-column or per-value Python overhead.
         ids = native.lookup(categorical.reshape(-1).tolist(), self.lookups, OOV_ID)
         return ids.reshape(batch, len(self.lookups))
 
@@ -281,7 +281,7 @@ class LeanTransform:
 
     @functools.cached_property
     def vocabulary(self):
-        """The lookups as :class:`ensemble.serving.native.Vocabulary` (built on first use)."""
+        """The lookups as :class:`ensemble.native.Vocabulary` (built on first use)."""
         return native.Vocabulary(tuple(self.lookups))
 
     def _slots(self, categorical: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 from ensemble.fleet.gateway import Gateway, envoy_config
-from ensemble.serving import lifecycle, processes
+from ensemble.operate import lifecycle, processes
 
 # How long the gateway asks clients to go away before its listeners close (--drain-time-s).
 DRAIN_SECONDS = 1
@@ -80,7 +80,7 @@ class Envoy:
         return cmd
 
     def start(self, timeout: float = 60.0) -> "Envoy":
-        from ensemble.serving.server import port_free
+        from ensemble.operate.server import port_free
 
         binary = find_envoy()
         config = envoy_config(self.gateway)

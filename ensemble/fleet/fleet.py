@@ -1,8 +1,8 @@
 """``ensemble serve --replicas N``: N supervised tritonservers behind one Envoy gateway; and the door:
 ``ensemble serve`` on any address but loopback is a fleet of one.
 
-Each replica is a :class:`~ensemble.serving.server.TritonServer` on loopback with ports of its own
-and its own :class:`~ensemble.serving.supervise.Supervisor` (healed and restarted on the same ports
+Each replica is a :class:`~ensemble.operate.server.TritonServer` on loopback with ports of its own
+and its own :class:`~ensemble.operate.supervise.Supervisor` (healed and restarted on the same ports
 exactly as ``ensemble serve`` does for one server). The gateway takes the ports the user named for
 HTTP and gRPC (:mod:`ensemble.fleet.gateway`). Replica ``i`` serves metrics on ``metrics_port + i``;
 its HTTP and gRPC ports are ``replica_ports + 2i`` and ``+ 2i + 1``, or free ports picked at start.
@@ -40,8 +40,8 @@ from ensemble.fleet import release as fleet_release
 from ensemble.fleet.gateway import (Gateway, GatewayError, Replica, envoy_config, requests_within_objective,
                                     write_routes)
 from ensemble.models.registry import Layout
-from ensemble.serving import declared
-from ensemble.serving.server import ServerError, ServerOptions, TritonServer, free_ports, port_free
+from ensemble.operate import declared
+from ensemble.operate.server import ServerError, ServerOptions, TritonServer, free_ports, port_free
 
 MAX_REPLICAS = 32
 HEALTHY_TIMEOUT = 60.0  # seconds start() waits for the gateway to route to every replica
@@ -94,7 +94,7 @@ def _log_path(log: Path | None, name: str) -> Path | None:
 def serving_release(options: ServerOptions) -> int | None:
     """The release a fleet on ``options.repository`` serves at start: the declared one, else the
     newest; None when the layout's ranker is not one version per release (ensemble, gpu)."""
-    from ensemble.serving.deploy import available_releases
+    from ensemble.operate.deploy import available_releases
 
     if Layout(options.layout) not in (Layout.FUSED, Layout.NATIVE):
         return None
@@ -205,7 +205,7 @@ class Fleet:
             server.start()
 
     def _supervise(self, index: int) -> None:
-        from ensemble.serving.supervise import GaveUp, Supervisor
+        from ensemble.operate.supervise import GaveUp, Supervisor
 
         supervisor = Supervisor(self.servers[index], log=lambda line: self.log(f"replica {index}: {line}"))
         try:

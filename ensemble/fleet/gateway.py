@@ -56,8 +56,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ensemble import schema
-from ensemble.serving.control import RELEASE_HEADER
-from ensemble.serving.door import HTTP_MAX_INPUT_BYTES
+from ensemble.operate.control import RELEASE_HEADER
+from ensemble.operate.door import HTTP_MAX_INPUT_BYTES
 
 # The fastest any replica answered on the build VM (1-row requests, native layout, one core:
 # docs/load-testing.md): with more requests than objective x this rate waiting on a replica, the

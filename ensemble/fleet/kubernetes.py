@@ -38,8 +38,8 @@ from ensemble import schema
 from ensemble.fleet.envoy import DRAIN_SECONDS, Envoy
 from ensemble.fleet.fleet import FleetOptions
 from ensemble.fleet.gateway import Gateway, Replica, envoy_config, requests_within_objective
-from ensemble.serving.control import ADMIN_KEY_ENV
-from ensemble.serving.server import DEFAULT_LAYOUT, ServerOptions, TritonServer
+from ensemble.operate.control import ADMIN_KEY_ENV
+from ensemble.operate.server import DEFAULT_LAYOUT, ServerOptions, TritonServer
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "deploy" / "kubernetes"

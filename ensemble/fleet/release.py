@@ -4,10 +4,10 @@ A fleet started by ``ensemble serve --replicas N`` records where it is (:func:`r
 after the gateway's HTTP port in :func:`run_dir`), so a deploy given the gateway's address finds the
 replicas' own ports and the gateway's route files. The switch, from release S to R:
 
-1. The release passes the checks a single server's deploy runs (:func:`ensemble.serving.deploy.
+1. The release passes the checks a single server's deploy runs (:func:`ensemble.operate.deploy.
    check_release`: manifests, it loads, finite scores, AUC), once, in this process.
 2. The gateway pins every request to S (between releases it names no version: each replica holds
-   one release), and the repository declares both S and R (:mod:`ensemble.serving.declared`): a
+   one release), and the repository declares both S and R (:mod:`ensemble.operate.declared`): a
    replica that starts or restarts from now on loads both.
 3. Every replica loads R beside S (the gateway still sends every request to S), and each must
    report both versions ready and score fresh rows on R exactly as this process does (<= 1e-5).
@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Callable
 
 from ensemble.fleet.gateway import Gateway, Replica, routes_version, write_routes
-from ensemble.serving import declared
-from ensemble.serving.control import Control, ControlError
-from ensemble.serving.deploy import PARITY_ATOL, DeployError, available_releases, check_release, fresh_rows
+from ensemble.operate import declared
+from ensemble.operate.control import Control, ControlError
+from ensemble.operate.deploy import PARITY_ATOL, DeployError, available_releases, check_release, fresh_rows
 
 RUN_DIR_ENV = "ENSEMBLE_RUN_DIR"
 RETIRE_AFTER = 2.0  # seconds between the switch and unloading the old release

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble.models.artifacts import BLEND_JSON
-from ensemble.serving import native
+from ensemble import native
 
 MODEL_FILE = BLEND_JSON
 _EPS = 1e-6

@@ -1,4 +1,4 @@
-"""Either DLRM's forward pass through one C call (``ensemble/models/_dlrm.c``), with the weights read
+"""Either DLRM's forward pass through one C call (``ensemble/native/_dlrm.c``), with the weights read
 from the exported model itself.
 
 The scorers (:class:`ensemble.models.dlrm_torch.TorchScorer`) use it on the CPU when the extension
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 try:
-    from ensemble.models import _dlrm
+    from ensemble.native import _dlrm
 except ImportError:  # built without a C compiler: the frameworks score
     _dlrm = None
 
@@ -52,7 +52,7 @@ class DLRMWeights:
     @property
     def native(self):
         """The ``_dlrm.Weights`` object the C forward pass runs on (what a C caller hands ``_dlrm``'s entry
-        points, ``ensemble/kernel_api.h``)."""
+        points, ``ensemble/native/api.h``)."""
         return self._forward
 
     def into(self, dense_features: np.ndarray, category_ids: np.ndarray, out: np.ndarray) -> None:

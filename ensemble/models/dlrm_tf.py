@@ -155,7 +155,7 @@ class TFScorer:
         self._local = threading.local()
         interpreter = self._interpreter()[0]  # load now: a broken file fails at load, not on the first request
         # The engine the release declares for this step (ensemble.models.engines): the C pass (the same
-        # weights through one C call, ensemble/models/_dlrm.c) or OpenVINO, said loudly when it cannot run here.
+        # weights through one C call, ensemble/native/_dlrm.c) or OpenVINO, said loudly when it cannot run here.
         from ensemble.models import engines
 
         self.weights = dlrm_kernel.DLRMWeights.from_tflite(interpreter)

@@ -217,7 +217,7 @@ class TorchScorer:
         self._device = torch.device("cuda" if device is Device.GPU else "cpu")
         self.model = torch.jit.load(str(Path(model_dir) / MODEL_FILE), map_location=self._device).eval()
         self.folder = Path(model_dir)
-        # On the CPU the same weights through one C call (ensemble/models/_dlrm.c) when it gives
+        # On the CPU the same weights through one C call (ensemble/native/_dlrm.c) when it gives
         # TorchScript's scores on a sample batch: 1 row ~15 us instead of ~60-100, 100 rows ~1.6x.
         # The engine the release declares for this step (ensemble.models.engines): the C pass or
         # OpenVINO, chosen by measurement at export; said loudly when it cannot run here.

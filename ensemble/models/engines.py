@@ -3,8 +3,8 @@ release, stated at load.
 
 Engines a CPU server can run from C (no Python call per request):
 
-- ``c``: the project's forward pass (``ensemble/models/_dlrm.c``), weights read from the exported model;
-- ``openvino``: OpenVINO's CPU runtime (``ensemble/models/_openvino.c``) on the step's OpenVINO IR
+- ``c``: the project's forward pass (``ensemble/native/_dlrm.c``), weights read from the exported model;
+- ``openvino``: OpenVINO's CPU runtime (``ensemble/native/_openvino.c``) on the step's OpenVINO IR
   (``openvino/model.xml``, converted at export from the TorchScript or TFLite model), in ``f32``, or in
   ``bf16`` where the CPU has bfloat16 instructions and the scores hold (:data:`BF16_TOLERANCE`).
 
@@ -62,10 +62,10 @@ UNDECLARED: dict[str, str] = {}
 
 
 def _runtime():
-    """``ensemble.models._openvino``, or None when this install was built without the openvino wheel's C
+    """``ensemble.native._openvino``, or None when this install was built without the openvino wheel's C
     runtime. Imported on first use: the operator's commands never load OpenVINO."""
     try:
-        from ensemble.models import _openvino
+        from ensemble.native import _openvino
     except ImportError:
         return None
     return _openvino
@@ -114,7 +114,7 @@ def write_openvino(model_dir: Path, step: str) -> Path:
     kept: the precision is chosen when the model is compiled)."""
     ov = openvino_module()
 
-    from ensemble.models import artifacts, dlrm_tf
+    from ensemble.models import artifacts
 
     out = Path(model_dir) / OPENVINO_DIR
     out.mkdir(exist_ok=True)
@@ -125,7 +125,7 @@ def write_openvino(model_dir: Path, step: str) -> Path:
         example = (torch.zeros(2, _first_linear_in(module)), torch.zeros(2, _n_ids_torch(module), dtype=torch.int64))
         model = ov.convert_model(module, example_input=example)
     else:
-        model = ov.convert_model(str(Path(model_dir) / dlrm_tf.TFLITE))
+        model = ov.convert_model(str(Path(model_dir) / artifacts.TFLITE))
     model.reshape({port.get_any_name(): [-1, port.get_partial_shape()[1]] for port in model.inputs})
     path = out / OPENVINO_MODEL
     ov.save_model(model, str(path), compress_to_fp16=False)
@@ -207,25 +207,6 @@ def describe(folders: dict) -> list[str]:
                      + (f"; differs from the framework's fp32 by at most {parity:.1g}" if parity is not None else "")
                      + ")")
     return lines
-
-
-def redeclare(folders: dict, budget: float | None = None) -> list[dict]:
-    """Measure again on this machine and rewrite each DLRM step's ``engine.json`` (and its manifest):
-    ``ensemble engines --measure``; within :func:`held_out` the reduced precisions are judged on its test
-    rows and int8 is quantized anew. A running server takes the new choice when it loads the release again."""
-    from ensemble.models import dlrm_tf, dlrm_torch
-    from ensemble.repository import manifest
-
-    records = []
-    for model, folder in folders.items():
-        if model.value not in STEPS:
-            continue
-        manifest.verify(folder, model)
-        scorer = dlrm_torch.TorchScorer if model.value == "dlrm_torch" else dlrm_tf.TFScorer
-        finish(folder, model.value, lambda: scorer(folder), budget)  # as an export measures it
-        manifest.write(folder, model)
-        records.append(Declared.read(folder).record)
-    return records
 
 
 _HELD_OUT: Path | None = None  # the training run's shard folder while an export runs (held_out)
@@ -558,7 +539,7 @@ def set_engine(folders: dict, step: str, name: str) -> dict:
     """Declare ``name`` (``c``, ``openvino-f32``, ``openvino-bf16`` or ``framework``) for ``step`` by hand,
     keeping the record of the last measurement (``ensemble engines --declare STEP=ENGINE``): for an operator
     who wants, say, fp32 where bf16 measured faster. The step's manifest is written again."""
-    from ensemble.repository import manifest
+    from ensemble.models import manifest
     from ensemble.schema import Model
 
     if step not in STEPS:

@@ -18,7 +18,7 @@ import numpy as np
 from ensemble import schema
 from ensemble.device import Device
 from ensemble.models import artifacts
-from ensemble.repository.releases import TritonRelease
+from ensemble.models.triton_releases import TritonRelease
 from ensemble.schema import Model
 
 # A loader takes (version folder, threads, device) and returns the step's function:
@@ -31,7 +31,7 @@ class Layout(str, enum.Enum):
 
     ENSEMBLE: CPU, a Triton ensemble of five python-backend models (one process each).
     FUSED: CPU, ``ranker`` is one python-backend model running the five steps in one process.
-    NATIVE: CPU, ``ranker`` is one model of the project's own backend (``libtriton_fused.so``), which
+    NATIVE: CPU, ``ranker`` is one model of the project's own backend (``libtriton_native.so``), which
         runs the same five steps inside Triton's process (:mod:`ensemble.serving.embedded`).
     GPU: the NGC container: FIL, libtorch and TensorFlow backends plus python features/blend.
     """
@@ -201,3 +201,22 @@ COMPONENTS: tuple[Component, ...] = (
 BY_MODEL: dict[Model, Component] = {c.model: c for c in COMPONENTS}
 # Steps run in this order inside the ranker (features first, blend last).
 ORDER: tuple[Model, ...] = tuple(c.model for c in COMPONENTS)
+
+
+def redeclare(folders: dict, budget: float | None = None) -> list[dict]:
+    """Measure again on this machine and rewrite each DLRM step's ``engine.json`` (and its manifest):
+    ``ensemble engines --measure``; within :func:`ensemble.models.engines.held_out` the reduced precisions
+    are judged on its test rows and int8 is quantized anew. A running server takes the new choice when it
+    loads the release again."""
+    from ensemble.models import dlrm_tf, dlrm_torch, engines, manifest
+
+    records = []
+    for model, folder in folders.items():
+        if model.value not in engines.STEPS:
+            continue
+        manifest.verify(folder, model)
+        scorer = dlrm_torch.TorchScorer if model.value == "dlrm_torch" else dlrm_tf.TFScorer
+        engines.finish(folder, model.value, lambda: scorer(folder), budget)  # as an export measures it
+        manifest.write(folder, model)
+        records.append(engines.Declared.read(folder).record)
+    return records

@@ -295,13 +295,13 @@ PER_ROW_MAX_ROWS = 48
 
 
 try:
-    from ensemble.models import _trees
+    from ensemble.native import _trees
 except ImportError:  # built without a C compiler: TL2cgen's library and XGBoost score the trees
     _trees = None
 
 
 class TreeArrays:
-    """The trees of ``xgboost.json`` as arrays for ``ensemble.models._trees`` (``_trees.c`` says how
+    """The trees of ``xgboost.json`` as arrays for ``ensemble.native._trees`` (``_trees.c`` says how
     they are laid out and evaluated): every tree a complete binary tree of the model's depth,
     blocks of 64 rows through one tree before the next.
 

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ensemble.repository import configs
-from ensemble.repository import manifest
+from ensemble.models import manifest
+from ensemble.models.manifest import RELEASE_FILE
 from ensemble.models import engines
 from ensemble.models.registry import COMPONENTS, Component
-from ensemble.serving import backend
-from ensemble.serving.runtime import RELEASE_FILE
+from ensemble.native import backend
 from ensemble import schema
 from ensemble.schema import Model
 
-# The one model.py of every python-backend model (it only delegates to ensemble.serving.runtime).
+# The one model.py of every python-backend model (it only delegates to ensemble.scoring.pipeline).
 MODEL_PY = Path(__file__).resolve().parents[1] / "serving" / "model.py"
 # The ``rank`` model's (ranking requests over whichever ranker is served; one version, no artifacts).
 RANK_MODEL_PY = Path(__file__).resolve().parents[1] / "serving" / "rank_model.py"

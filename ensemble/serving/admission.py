@@ -18,7 +18,7 @@ its objective for the bulk ahead of it, not the flood's length. Batch scoring on
 interactive traffic keeps the whole model; beside interactive traffic it gets what is left within
 the bound, and its client retries what is refused. The served rankers go further: beside
 interactive traffic they hand the bulk requests a call holds to a bulk lane (a thread at nice 19:
-``fused_backend.c`` in the native layout, ``model.py`` in the fused one) instead of planning them
+``backend.c`` in the native layout, ``model.py`` in the fused one) instead of planning them
 here, so none waits in Triton's queue ahead of an interactive one.
 
 **Prediction.** The model sees requests only when Triton hands it a call: every request that
@@ -57,7 +57,7 @@ import numpy as np
 from ensemble import schema
 
 try:
-    from ensemble.serving import _admission
+    from ensemble.native import _admission
 except ImportError:  # built without a C compiler: the Python policy serves
     _admission = None
 
@@ -367,7 +367,7 @@ class Admission:
 
 
 class NativeAdmission:
-    """An :class:`Admission` in C (``ensemble/serving/_admission.c``), starting from ``policy``'s
+    """An :class:`Admission` in C (``ensemble/native/_admission.c``), starting from ``policy``'s
     state: the same arithmetic in the same order, so the same plans and fits (tested side by side),
     and :attr:`native`, the object the native backend plans calls through with no Python call."""
 

@@ -17,7 +17,8 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ensemble.serving import admission, runtime
+from ensemble.serving import admission
+from ensemble.scoring import pipeline
 
 # Triton's error codes (TRITONSERVER_Error_Code order), which both backends map to their own.
 INTERNAL, INVALID_ARG, UNAVAILABLE = 1, 3, 4
@@ -30,7 +31,7 @@ class CallRequest:
     """What a call needs of one request.
 
     Attributes:
-        inputs: its tensors by name (raises :class:`ensemble.serving.runtime.BadInput` or
+        inputs: its tensors by name (raises :class:`ensemble.scoring.pipeline.BadInput` or
             ValueError for a malformed request; called once, when the request is scored).
         admitted: rows, timeout and bulk marking for admission.
         wanted: the output names it asked for (empty: all).
@@ -62,7 +63,7 @@ def failed(code: int, exc_or_message) -> Answer:
 class Ranker:
     """A loaded step (the fused ranker, or one composing step) and its admission policy (None: none)."""
 
-    def __init__(self, runner: runtime.StepRunner, objective_ms: float | None = None):
+    def __init__(self, runner: pipeline.StepRunner, objective_ms: float | None = None):
         self.runner = runner
         self.admission = None
         if objective_ms:
@@ -104,7 +105,7 @@ class Ranker:
                 sizes.append(self.runner.validate(inputs))
                 batch.append(inputs)
                 members.append(i)
-            except (runtime.BadInput, ValueError) as exc:
+            except (pipeline.BadInput, ValueError) as exc:
                 yield i, failed(INVALID_ARG, exc)
         if not members:
             return 0
@@ -126,14 +127,14 @@ class Ranker:
         return score_alone(self.runner, inputs, wanted)
 
 
-def score_alone(runner: runtime.StepRunner, inputs: Mapping[str, np.ndarray], wanted: Sequence[str],
+def score_alone(runner: pipeline.StepRunner, inputs: Mapping[str, np.ndarray], wanted: Sequence[str],
                 validate: bool = False) -> Answer:
     """One request scored by itself: its answer, or its own error (INVALID_ARG when ``validate`` finds
     it malformed, INTERNAL when scoring fails)."""
     if validate:
         try:
             runner.validate(inputs)
-        except (runtime.BadInput, ValueError) as exc:
+        except (pipeline.BadInput, ValueError) as exc:
             return failed(INVALID_ARG, exc)
     try:
         return _answer(runner.run(inputs), wanted)

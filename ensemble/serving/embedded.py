@@ -1,16 +1,14 @@
-"""The fused ranker inside Triton's own process: what the ``fused`` backend (``fused_backend.c``,
-built as ``libtriton_fused.so``) calls in the interpreter it embeds.
+"""The fused ranker inside Triton's own process: what the ``native`` backend (``ensemble/native/backend.c``,
+built as ``libtriton_native.so``) calls in the interpreter it embeds.
 
-The backend hands :meth:`Model.execute` one call's requests as plain tuples (Triton's buffers as
-read-only memoryviews, valid during the call) and sends each answer the generator yields, in the
-order yielded; the call itself is the python backend's (:class:`ensemble.serving.calls.Ranker`:
-admission, validation, one batch, errors per request). A call whose requests the backend found
-ordinary (each input in its served type and width, in one buffer; bulk ones included) the backend
-plans and scores in C with no Python call, through the objects :attr:`RankerModel.plain` hands it
-(the chain in C, checked at load against the Python chain to the bit, and the compiled admission
-policy); with a release without the chain in C, such a call without a bulk request goes through
-:meth:`RankerModel.score_plain`: the same admission and scores, as one array the backend answers
-every request from, without a Python object per request or per answer.
+A call is scored on one of two paths. The requests the backend finds plain (each input in its served
+type and width, in one buffer; bulk ones included) it plans and scores in C with no Python call,
+through the objects :attr:`RankerModel.plain` hands it: the chain in C (checked at load against the
+step-by-step pipeline, to the bit) and the compiled admission policy. Every other request, and every
+request of a release without the chain in C, goes to :meth:`Model.execute` as plain tuples (Triton's
+buffers as read-only memoryviews, valid during the call); the backend sends each answer the generator
+yields, in the order yielded, and the call itself is the python backend's
+(:class:`ensemble.serving.calls.Ranker`: admission, validation, one batch, errors per request).
 
 The same backend serves the ``rank`` model in the native layout (:class:`RankModel`): ranking
 requests scored by the pipeline of a ranker version loaded in this process (the release a fleet's
@@ -31,16 +29,13 @@ import numpy as np
 
 from ensemble import online, schema
 from ensemble.repository import configs
-from ensemble.serving import admission, calls, ranking, runtime
+from ensemble.serving import admission, calls
+from ensemble.scoring import pipeline, ranking
 
 # Triton's data type codes (the backend API's TRITONSERVER_DataType order) of the types the schema uses.
 _TRITON_TYPES = {schema.DType.FP32: 11, schema.DType.INT64: 9, schema.DType.STRING: 13}
 _TRITON_TYPES[schema.DType.INT32] = 8
 _NAMES = {code: dtype for dtype, code in _TRITON_TYPES.items()}
-
-# Set to 0 in tritonserver's environment, the backend answers plain calls through score_plain (one Python
-# call each) instead of in C: a switch for an operator who suspects the C path, without a rebuild.
-CALLS_IN_C = "ENSEMBLE_CALLS_IN_C"
 
 # The ranker versions loaded in this process, oldest first: the rank model scores with the last
 # (Triton loads a release before it unloads the one it replaces, on deploy and on rollback alike).
@@ -74,19 +69,18 @@ class RankerModel:
     def __init__(self, config_json: str, repository: str, version: int):
         self.version = int(version)
         config = json.loads(config_json)
-        params = runtime.model_parameters(config_json)
-        runner = runtime.load_fused(Path(repository) / str(version), int(params.get("threads", "1")))
+        params = pipeline.model_parameters(config_json)
+        runner = pipeline.load_fused(Path(repository) / str(version), int(params.get("threads", "1")))
         _check_config(config, runner.step)
         objective = params.get("latency_objective_ms")
         self.thread_nice = thread_nice(params)  # the backend lowers its instance threads to it
         # Categorical strings go from Triton's buffer to ids in C when the release allows it.
-        self.pipeline: runtime.Pipeline = runner.fn
-        self._wire = runtime.wire_runner(runner)
+        self.pipeline: pipeline.Pipeline = runner.fn
+        self._wire = pipeline.wire_runner(runner)
         self._transform = self.pipeline.reads_wire if self._wire is not None else None
         self.ranker = calls.Ranker(self._wire or runner, float(objective) if objective else None)
         self.step = runner.step
         self.input_names = tuple(t["name"] for t in config["input"])
-        self._plain_call = (0, 0, 0.0)  # (requests, scored, started) of the last plain call
         self.plain = self._plain_spec()
         _LOADED.append(self)
 
@@ -138,13 +132,11 @@ class RankerModel:
                 yield i, ("error", answer.code, answer.message)
 
     def _plain_spec(self) -> tuple | None:
-        """What the backend needs to answer a *plain* call itself, or None when this release has no
-        such path (no kernel chain here, or features that need Python per value): (score_plain,
-        finish_plain, ((Triton type, width) per input in ``input_names`` order), (output names, in the
-        order of the score array's rows), the chain in C or None, the admission policy in C or None,
-        the rows from which the chain scores a call on two threads, as the pipeline splits a batch (0:
-        never)). With the chain in C, the backend plans and scores a plain call without Python (the
-        policy must then be the compiled one, or none, so both paths update one policy)."""
+        """What the backend needs to plan and score a *plain* call in C, or None when this release has no
+        C path here (no chain in C, features that need Python per value, or an admission policy only
+        Python runs): (((Triton type, width) per input in ``input_names`` order), (output names, in the
+        order of the score array's rows), the chain in C, the admission policy in C or None, the rows
+        from which the chain scores a call on two threads, as the pipeline splits a batch (0: never))."""
         if self._transform is None or self.pipeline.kernel_chain is None:
             return None
         outputs = tuple(t.name for t in schema.RANKER_OUTPUTS)
@@ -155,66 +147,28 @@ class RankerModel:
             return None
         policy = self.ranker.admission
         native_policy = policy.native if isinstance(policy, admission.NativeAdmission) else None
-        in_c = os.environ.get(CALLS_IN_C, "1") != "0" and (policy is None or native_policy is not None)
-        chain = self.pipeline.native_chain if in_c else None
-        return (self.score_plain, self.finish_plain,
-                tuple((_TRITON_TYPES[t.dtype], t.dims[0]) for t in self.step.inputs), outputs, chain, native_policy,
+        chain = self.pipeline.native_chain
+        if chain is None or (policy is not None and native_policy is None):
+            return None
+        return (tuple((_TRITON_TYPES[t.dtype], t.dims[0]) for t in self.step.inputs), outputs, chain, native_policy,
                 self.pipeline.PARALLEL_MIN_ROWS if self.pipeline.parallel else 0)
-
-    def score_plain(self, inputs: tuple, counts: tuple, timeouts_us: tuple) -> tuple:
-        """One call of *plain* requests, which the backend answers from what this returns: every
-        request has each input in its served type and width, its rows in one CPU buffer (the
-        categorical strings well formed), and is not bulk. ``inputs``: each input's buffers joined
-        in request order; ``counts``: each request's rows; ``timeouts_us``: its timeout (0: none).
-
-        The same admission and the same scores as :meth:`execute`, without its per-request objects:
-        (scores [outputs x taken rows] float32, the taken requests' indices in order, the refusals as
-        ``(index, code, message)``). The backend calls :meth:`finish_plain` once it has answered."""
-        started = time.perf_counter()
-        taken, refused = tuple(range(len(counts))), ()
-        if self.ranker.admission is not None:
-            plan = self.ranker.admission.plan([admission.Request(c, t * 1e-6) for c, t in zip(counts, timeouts_us)],
-                                              started)
-            if plan.refused:
-                taken = tuple(plan.taken)
-                refused = tuple((i, calls.UNAVAILABLE, message) for i, message in plan.refused.items())
-        self._plain_call = (len(counts), len(taken), started)
-        self.ranker.rows = 0
-        dense, categorical = inputs
-        rows = sum(counts)
-        x = np.frombuffer(dense, np.float32).reshape(rows, -1)
-        ids = self._transform.ids_from_wire(categorical, rows)
-        if refused:
-            bounds = np.cumsum((0, *counts))
-            keep = np.concatenate([np.arange(bounds[i], bounds[i + 1]) for i in taken] or [np.arange(0)])
-            x, ids = x[keep], ids[keep]
-        scores = self.pipeline.chain_scores(x, ids) if len(x) else np.empty((len(self.plain[3]), 0), np.float32)
-        self.ranker.rows = len(x)
-        return scores, taken, refused
-
-    def finish_plain(self) -> None:
-        """The end of a :meth:`score_plain` call (its answers sent): admission records it as
-        :meth:`execute`'s calls are recorded."""
-        requests, scored, started = self._plain_call
-        if self.ranker.admission is not None and requests:
-            self.ranker.admission.finished(started, time.perf_counter(), requests, self.ranker.rows, scored)
 
     def _inputs(self, given: Sequence) -> dict[str, np.ndarray]:
         inputs = {}
         for tensor, value in zip(self.step.inputs, given):
             if value is None:
-                raise runtime.BadInput(f"missing input '{tensor.name}'")
+                raise pipeline.BadInput(f"missing input '{tensor.name}'")
             code, shape, buffer = value
             dtype = _NAMES.get(code)
             if dtype is not tensor.dtype:
-                raise runtime.BadInput(f"input '{tensor.name}' has Triton type {code}, expected {tensor.dtype.value}")
+                raise pipeline.BadInput(f"input '{tensor.name}' has Triton type {code}, expected {tensor.dtype.value}")
             if dtype is schema.DType.STRING and self._transform is not None:
                 if len(shape) != 2 or shape[1] != tensor.dims[0]:  # the ids are laid out by the served width
-                    raise runtime.BadInput(f"input '{tensor.name}' has shape {list(shape)}, expected [batch, {tensor.dims[0]}]")
+                    raise pipeline.BadInput(f"input '{tensor.name}' has shape {list(shape)}, expected [batch, {tensor.dims[0]}]")
                 inputs[tensor.name] = self._transform.ids_from_wire(buffer, shape[0])
                 continue
             if dtype is schema.DType.STRING:
-                array = runtime.deserialize_bytes(buffer)
+                array = pipeline.deserialize_bytes(buffer)
             else:
                 array = np.frombuffer(buffer, dtype=dtype.numpy)
             inputs[tensor.name] = array.reshape(shape)
@@ -263,7 +217,7 @@ class RankModel:
 
     def __init__(self, config_json: str):
         config = json.loads(config_json)
-        params = runtime.model_parameters(config_json)
+        params = pipeline.model_parameters(config_json)
         self.input_names = tuple(t["name"] for t in config["input"])
         self._types = {t["name"]: t["data_type"] for t in config["input"]}
         ranker_rows = int(params.get("ranker_max_batch_size", schema.MAX_BATCH_SIZE))
@@ -283,7 +237,7 @@ class RankModel:
 
     def metric_updates(self) -> tuple[tuple[int, str, float], ...]:
         """What the store lookups counted since the last call, as the backend's counters take it:
-        (family, outcome label, increment), families in the backend's order (``fused_backend.c``:
+        (family, outcome label, increment), families in the backend's order (``backend.c``:
         entities by outcome, failures, round trips, round-trip seconds). Empty when nothing changed."""
         out = []
         for lookup in self._lookups.values():
@@ -356,7 +310,7 @@ class RankModel:
                 yield i, ("error", calls.UNAVAILABLE, str(exc))
             except (online.StoreError, online.Unservable) as exc:  # the store's state, not the request's fault
                 yield i, ("error", calls.UNAVAILABLE, f"refused: {exc}")
-            except (ranking.RankError, runtime.BadInput) as exc:
+            except (ranking.RankError, pipeline.BadInput) as exc:
                 yield i, ("error", calls.INVALID_ARG, str(exc))
             except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer
                 yield i, ("error", calls.INTERNAL, f"{type(exc).__name__}: {exc}")
@@ -405,22 +359,22 @@ class RankModel:
         dtype = _NAMES.get(code)
         expected = self._types.get(name)
         if dtype is None or dtype.value != expected:
-            raise runtime.BadInput(f"input '{name}' has Triton type {code}, expected {expected}")
+            raise pipeline.BadInput(f"input '{name}' has Triton type {code}, expected {expected}")
         if any(d < 0 for d in shape):
-            raise runtime.BadInput(f"input '{name}' has a negative dimension in shape {list(shape)}")
+            raise pipeline.BadInput(f"input '{name}' has a negative dimension in shape {list(shape)}")
         count = math.prod(int(d) for d in shape)  # Python's integers: a shape whose byte size wraps stays large
         if dtype is schema.DType.STRING:
             try:
-                array = runtime.deserialize_bytes(buffer)
+                array = pipeline.deserialize_bytes(buffer)
             except ValueError as exc:
-                raise runtime.BadInput(f"input '{name}': {exc}") from None
+                raise pipeline.BadInput(f"input '{name}': {exc}") from None
         else:
             size = count * np.dtype(dtype.numpy).itemsize
             if size != len(buffer):
-                raise runtime.BadInput(f"input '{name}' of shape {list(shape)} needs {size} bytes, got {len(buffer)}")
+                raise pipeline.BadInput(f"input '{name}' of shape {list(shape)} needs {size} bytes, got {len(buffer)}")
             array = np.frombuffer(buffer, dtype.numpy)
         if array.size != count:
-            raise runtime.BadInput(f"input '{name}' of shape {list(shape)} holds {array.size} values")
+            raise pipeline.BadInput(f"input '{name}' of shape {list(shape)} holds {array.size} values")
         return array.reshape(shape)
 
 

@@ -22,19 +22,20 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ensemble import schema
-from ensemble.serving import admission, calls, runtime
+from ensemble.serving import admission, calls
+from ensemble.scoring import pipeline
 
 class TritonPythonModel:
     def initialize(self, args):
-        pb_utils.deserialize_bytes_tensor = runtime.deserialize_bytes  # the stub looks it up per call
+        pb_utils.deserialize_bytes_tensor = pipeline.deserialize_bytes  # the stub looks it up per call
         config = json.loads(args["model_config"])
-        params = runtime.model_parameters(args["model_config"])
+        params = pipeline.model_parameters(args["model_config"])
         version_dir = Path(args["model_repository"]) / args["model_version"]
         threads, layout = int(params.get("threads", "1")), params.get("layout", "ensemble")
         if layout == "fused":
-            runner = runtime.load_fused(version_dir, threads)
+            runner = pipeline.load_fused(version_dir, threads)
         else:
-            runner = runtime.load_step(config["name"], version_dir, threads, layout=layout,
+            runner = pipeline.load_step(config["name"], version_dir, threads, layout=layout,
                                        widths=schema.widths_of_config(config))
         objective = params.get("latency_objective_ms")
         self.ranker = calls.Ranker(runner, float(objective) if objective else None)
@@ -105,7 +106,7 @@ class BulkLane:
     """The fused ranker's bulk requests beside interactive traffic, scored one at a time, in arrival
     order, on a thread of their own at nice :data:`LANE_NICE` and answered through their response
     senders after the call that handed them over has returned (the native backend has the same lane in
-    C: ``fused_backend.c``). Holds at most :data:`LANE_REQUESTS`; a request that waited past its own
+    C: ``backend.c``). Holds at most :data:`LANE_REQUESTS`; a request that waited past its own
     timeout is refused when its turn comes; :meth:`stop` answers every request it holds first."""
 
     def __init__(self, runner):
@@ -124,7 +125,7 @@ class BulkLane:
             self.held += 1
         try:  # copies: the backend releases the request, and its tensors, once the call returns
             inputs = {t.name: np.array(_as_numpy(request, t.name)) for t in step.inputs}
-        except (runtime.BadInput, ValueError, RuntimeError):
+        except (pipeline.BadInput, ValueError, RuntimeError):
             with self.lock:
                 self.held -= 1
             return None
@@ -181,7 +182,7 @@ def _send(request, response):
 def _as_numpy(request, name):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
-        raise runtime.BadInput(f"missing input '{name}'")
+        raise pipeline.BadInput(f"missing input '{name}'")
     return tensor.as_numpy()
 
 

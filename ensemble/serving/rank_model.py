@@ -2,7 +2,7 @@
 
 A ranking request carries the context once and N candidates, at most ``max_candidates`` (by default
 the ranker's max_batch_size; more is refused with INVALID_ARGUMENT naming the limit). This model
-broadcasts the context onto the candidates (:mod:`ensemble.serving.ranking`), has the served
+broadcasts the context onto the candidates (:mod:`ensemble.scoring.ranking`), has the served
 ``ranker`` score the N rows in requests of at most :data:`ranking.CHUNK_ROWS` rows, one after the
 other (so the ranker's other requests are batched between them), through Triton's in-process
 inference calls, and answers ``scores`` (every candidate's, in the order sent) and ``order`` (indices best first, the
@@ -19,7 +19,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ensemble import schema
-from ensemble.serving import ranking
+from ensemble.scoring import ranking
 
 
 RANK_NICE = 19  # configs.RANK_THREAD_NICE (this file imports numpy and the schema only)

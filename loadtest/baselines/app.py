@@ -69,7 +69,7 @@ def build_scorer(kind: Kind, repository: str | Path, threads: int = 1):
         from loadtest.baselines.naive import NaiveScorer
 
         return NaiveScorer(repository, threads)
-    from ensemble.serving.runtime import Pipeline
+    from ensemble.scoring.pipeline import Pipeline
 
     return Pipeline.from_repository(repository, threads=threads).score
 

@@ -28,7 +28,7 @@ class RankerRuntime(MLModel):
     """``dense`` FP32 [B, 13] + ``categorical`` BYTES [B, 26] -> the ranker's four scores."""
 
     async def load(self) -> bool:
-        from ensemble.serving.runtime import Pipeline
+        from ensemble.scoring.pipeline import Pipeline
 
         repository = self.settings.parameters.uri
         threads = int((self.settings.parameters.extra or {}).get("threads", 1))

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ensemble import schema
 from ensemble.models import blend, dlrm_tf, dlrm_torch, xgb
-from ensemble.serving.runtime import latest_version
+from ensemble.scoring.pipeline import latest_version
 from ensemble.schema import Model
 
 

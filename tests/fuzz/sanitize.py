@@ -33,8 +33,8 @@ BUILD = ROOT / "build" / "sanitize"
 LIB = BUILD / "lib"
 TARGETS = ROOT / "tests" / "fuzz" / "targets"
 CORPUS = ROOT / "tests" / "fuzz" / "corpus"
-MODULES = ("ensemble.serving._native", "ensemble.serving._chain", "ensemble.serving._admission",
-           "ensemble.models._trees", "ensemble.models._dlrm", "ensemble.models._openvino")
+MODULES = ("ensemble.native._request", "ensemble.native._chain", "ensemble.native._admission",
+           "ensemble.native._trees", "ensemble.native._dlrm", "ensemble.native._openvino")
 # The unit tests that run the C modules (the native backend's checks are fuzzed, not unit-tested here).
 UNIT_TESTS = ("tests/unit/test_native.py", "tests/unit/test_chain.py", "tests/unit/test_admission.py",
               "tests/unit/test_embedded.py", "tests/unit/test_c_hostile.py",

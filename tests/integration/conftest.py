@@ -13,9 +13,9 @@ import os
 import pytest
 
 from ensemble.models.registry import Layout
-from ensemble.serving.monitoring import LatencySummaries
-from ensemble.serving.control import ADMIN_KEY_ENV
-from ensemble.serving.server import DEFAULT_LAYOUT, ServerOptions, TritonServer, free_port
+from ensemble.operate.monitoring import LatencySummaries
+from ensemble.operate.control import ADMIN_KEY_ENV
+from ensemble.operate.server import DEFAULT_LAYOUT, ServerOptions, TritonServer, free_port
 from tests.helpers import ADMIN_KEY
 
 CPU_LAYOUTS = (Layout.FUSED, Layout.NATIVE, Layout.ENSEMBLE)

@@ -12,7 +12,7 @@ from ensemble.data import criteo
 
 
 def test_wait_ready_on_a_running_server_and_timeout_on_a_closed_port(server):
-    from ensemble.serving.server import free_port
+    from ensemble.operate.server import free_port
 
     assert acceptance.wait_ready(f"http://{server.http_url}", timeout=30) < 30
     with pytest.raises(TimeoutError, match="not ready after"):

@@ -20,8 +20,8 @@ from clients.partitions import ScoreSettings
 from clients.scoring import read_parts, score_files
 from ensemble import cli, schema
 from ensemble.data import criteo
-from ensemble.serving.control import admin_headers
-from ensemble.serving.server import ServerOptions, TritonServer, free_port
+from ensemble.operate.control import admin_headers
+from ensemble.operate.server import ServerOptions, TritonServer, free_port
 from tests.helpers import SYNTH
 
 

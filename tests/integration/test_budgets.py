@@ -22,7 +22,7 @@ def test_server_memory_under_three_gib(layout_server):
 
 def test_light_steps_import_no_framework_in_process(trained):
     code = (
-        "import sys; from ensemble.serving.runtime import load_step, latest_version; from pathlib import Path\n"
+        "import sys; from ensemble.scoring.pipeline import load_step, latest_version; from pathlib import Path\n"
         f"repo = Path({str(trained.repository)!r})\n"
         "for m in ('features', 'blend'): load_step(m, latest_version(repo / m))\n"
         "heavy = [m for m in ('torch', 'tensorflow', 'nvtabular', 'pandas', 'xgboost') if m in sys.modules]\n"

@@ -34,9 +34,9 @@ import pytest
 from clients.triton import RankerClient
 from clients.wire import serialize_bytes
 from ensemble import schema
-from ensemble.serving import declared, processes
-from ensemble.serving.control import ADMIN_HEADER, GRPC_ADMIN_HEADER, Control
-from ensemble.serving.server import free_ports
+from ensemble.operate import declared, processes
+from ensemble.operate.control import ADMIN_HEADER, GRPC_ADMIN_HEADER, Control
+from ensemble.operate.server import free_ports
 from tests.helpers import ADMIN_KEY, Load, fresh_rows, http_announce, http_post, start_serving, stop_serving, two_releases
 
 # (method, path, body) of each restricted HTTP API a client could try; reads first, then calls that

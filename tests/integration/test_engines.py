@@ -16,11 +16,11 @@ from ensemble import model_size, schema
 from ensemble.models import engines
 from ensemble.models.dlrm import DLRMConfig
 from ensemble.models.xgb import XGBConfig
-from ensemble.repository import manifest
+from ensemble.models import manifest
 from ensemble.repository.export import TrainedArtifacts, export_repository
 from ensemble.schema import Model
-from ensemble.serving.runtime import Pipeline, release_versions
-from ensemble.serving.server import ServerError, ServerOptions, TritonServer, free_port
+from ensemble.scoring.pipeline import Pipeline, release_versions
+from ensemble.operate.server import ServerError, ServerOptions, TritonServer, free_port
 from ensemble.features import transforms
 from tests.helpers import ADMIN_KEY
 
@@ -50,7 +50,7 @@ def _engine_metrics(server) -> dict:
     ensemble_engine_info, the value for ensemble_engine_undeclared."""
     import urllib.request
 
-    from ensemble.serving.monitoring import parse_exposition
+    from ensemble.operate.monitoring import parse_exposition
 
     with urllib.request.urlopen(f"http://{server.metrics_url.split('//')[-1]}", timeout=10) as answer:
         families = parse_exposition(answer.read().decode())

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from ensemble.models.registry import Layout
-from ensemble.serving import processes
-from ensemble.serving.server import ServerError, ServerOptions, TritonServer, free_port
-from ensemble.serving.supervise import Supervisor, SupervisorPolicy
+from ensemble.operate import processes
+from ensemble.operate.server import ServerError, ServerOptions, TritonServer, free_port
+from ensemble.operate.supervise import Supervisor, SupervisorPolicy
 from tests.helpers import ADMIN_KEY, Load, fresh_rows, stop_process
 
 RECOVERY_BOUND_S = 30.0  # the test's failure bound; the 10 s recovery target is reported, not asserted

@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 
 from ensemble import schema
-from ensemble.serving import processes
-from ensemble.serving.control import admin_headers
-from ensemble.serving.server import free_port
+from ensemble.operate import processes
+from ensemble.operate.control import admin_headers
+from ensemble.operate.server import free_port
 from tests.helpers import fleet_ports, fresh_rows, http_announce, start_serving, stop_serving
 
 REPLICA_LINE = re.compile(r"replica (\d+): HTTP http://([\d.]+:\d+)\s+gRPC grpc://([\d.]+:\d+)")

@@ -14,9 +14,9 @@ import pytest
 from ensemble import schema
 from ensemble.fleet.fleet import Fleet, FleetOptions
 from ensemble.fleet.prometheus import GATEWAY_JOB, TRITON_JOB, Prometheus, scrape_config
-from ensemble.serving.monitoring import DASHBOARD, STORE_METRIC_PREFIX, dashboard_queries
-from ensemble.serving.monitoring import LatencySummaries
-from ensemble.serving.server import ServerOptions, free_port
+from ensemble.operate.monitoring import DASHBOARD, STORE_METRIC_PREFIX, dashboard_queries
+from ensemble.operate.monitoring import LatencySummaries
+from ensemble.operate.server import ServerOptions, free_port
 from tests.helpers import ADMIN_KEY, fleet_ports, fresh_rows
 
 RATE_WINDOW = "20s"  # Grafana's $__rate_interval for a 1 s scrape: at least four scrapes

@@ -23,9 +23,9 @@ from benchmarks.fleet_release import Client, _tritonserver_pid
 from ensemble import cli, schema
 from ensemble.fleet import release as fleet_release
 from ensemble.fleet.gateway import Replica, routes_version
-from ensemble.serving import declared
-from ensemble.serving.deploy import DeployError
-from ensemble.serving.server import free_port
+from ensemble.operate import declared
+from ensemble.operate.deploy import DeployError
+from ensemble.operate.server import free_port
 from tests.helpers import fleet_ports, fresh_rows, start_serving, stop_serving, two_releases
 
 STARTUP_SECONDS = 420

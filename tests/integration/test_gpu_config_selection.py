@@ -14,7 +14,7 @@ import pytest
 
 from ensemble import schema
 from ensemble.models.registry import Layout
-from ensemble.serving.server import ServerOptions, TritonServer, free_port
+from ensemble.operate.server import ServerOptions, TritonServer, free_port
 
 
 class _KeepGoing(TritonServer):

@@ -14,7 +14,7 @@ import pytest
 
 from clients.triton import RankerClient
 from ensemble import schema
-from ensemble.serving.door import HTTP_MAX_INPUT_BYTES
+from ensemble.operate.door import HTTP_MAX_INPUT_BYTES
 from tests.helpers import fresh_rows, http_exchange
 
 

@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from ensemble.serving.server import free_port
+from ensemble.operate.server import free_port
 from ensemble import schema
-from ensemble.serving.lifecycle import terminate, wait_ready
+from ensemble.operate.lifecycle import terminate, wait_ready
 from loadtest.runner import LOCUSTFILE, RunnerOptions, holdout_file, read_locust_csv, run
 from tests.helpers import decodes_as_utf8, fresh_rows, post_infer
 

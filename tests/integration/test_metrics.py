@@ -8,7 +8,7 @@ import urllib.request
 
 from ensemble.models.registry import Layout
 from ensemble.schema import Model
-from ensemble.serving.monitoring import (DEFAULT_QUANTILES, GATEWAY_METRIC_PREFIX, STORE_METRIC_PREFIX,
+from ensemble.operate.monitoring import (DEFAULT_QUANTILES, GATEWAY_METRIC_PREFIX, STORE_METRIC_PREFIX,
                                          dashboard_metric_names,
                                          parse_exposition)
 from tests.helpers import fresh_rows
@@ -41,7 +41,7 @@ def test_every_dashboard_metric_is_exported(layout_server):
         return sum(v for labels, v in samples.get(metric, []) if labels.get("model") == Model.RANKER.value)
 
     # Statistics follow the answers: the native backend reports them from a thread of its own, just
-    # after the answer is sent (fused_backend.c), so a scrape may briefly trail the last answer.
+    # after the answer is sent (backend.c), so a scrape may briefly trail the last answer.
     deadline = time.monotonic() + 10
     after = _scrape(layout_server)
     while (count(after, "nv_inference_request_success") - count(before, "nv_inference_request_success") < REQUESTS

@@ -16,8 +16,8 @@ import pytest
 from ensemble import dataset, schema
 from ensemble.data import movielens
 from ensemble.models.registry import Layout
-from ensemble.serving.runtime import Pipeline
-from ensemble.serving.server import ServerOptions, TritonServer, free_port
+from ensemble.scoring.pipeline import Pipeline
+from ensemble.operate.server import ServerOptions, TritonServer, free_port
 from tests.helpers import post_infer
 
 

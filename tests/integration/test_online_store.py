@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from ensemble import dataset, materialize, online
-from ensemble.serving.server import free_port
+from ensemble.operate.server import free_port
 from ensemble.store_server import LocalRedis
 
 SPEC = dataset.parse_spec("""

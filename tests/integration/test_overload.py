@@ -23,7 +23,7 @@ from ensemble.repository.configs import LATENCY_OBJECTIVE_PARAMETER
 from ensemble.serving.admission import BULK
 from ensemble.schema import Priority
 from ensemble.models.registry import Layout
-from ensemble.serving.server import ServerOptions, TritonServer, free_port
+from ensemble.operate.server import ServerOptions, TritonServer, free_port
 from tests.helpers import fresh_rows, tree_thread_ticks
 
 # Requests of 4,096 rows (batch scoring's size), more at once than one model call takes.
@@ -134,7 +134,7 @@ def test_a_bulk_flood_yields_to_interactive_requests(tight_server, pipeline):
     again at once); 1-row interactive requests sent beside them, one at a time without retries, are
     answered. Were bulk requests queued ahead of them and held to their timeout only, each
     interactive request would wait for the flood, past its 20 ms objective, and be refused. Both CPU
-    layouts hand them to their bulk lane, a thread at nice 19 (fused_backend.c; model.py in the fused
+    layouts hand them to their bulk lane, a thread at nice 19 (backend.c; model.py in the fused
     layout), which scores them correctly behind the interactive requests."""
     dense, cats = fresh_rows(ROWS, seed=63)
     dense, cats = dense[:ROWS], cats[:ROWS]
@@ -191,7 +191,7 @@ SENT_AT_ONCE = 128  # twice the lane's limit: more arrive than it drains meanwhi
 
 def test_the_bulk_lane_holds_a_bounded_number_of_requests(tight_server, pipeline):
     """Beside interactive traffic, 128 bulk requests of 4,096 rows sent at once: the bulk lane holds at
-    most 64 (LANE_REQUESTS in fused_backend.c and model.py); the rest are refused at once, retryably,
+    most 64 (LANE_REQUESTS in backend.c and model.py); the rest are refused at once, retryably,
     naming the lane's limit, and every bulk request it took is answered with the right scores."""
     dense, cats = fresh_rows(ROWS, seed=67)
     dense, cats = dense[:ROWS], cats[:ROWS]
@@ -260,7 +260,7 @@ OVERLOAD_MULTIPLE = 3.0  # of the closed-loop capacity: clearly more than the se
 
 
 def test_open_loop_overload_refuses_the_excess_retryably_and_keeps_serving(tight_server, pipeline):
-    from ensemble.serving.supervise import Supervisor, SupervisorPolicy
+    from ensemble.operate.supervise import Supervisor, SupervisorPolicy
     from loadtest.openloop import (UNSENT, closed_loop, open_loop, request_bodies, server_counters, server_view,
                                    summarize)
 

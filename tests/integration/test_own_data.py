@@ -13,8 +13,8 @@ import pytest
 
 from ensemble import dataset, schema
 from ensemble.models.registry import Layout
-from ensemble.serving.runtime import Pipeline
-from ensemble.serving.server import ServerOptions, TritonServer, free_port
+from ensemble.scoring.pipeline import Pipeline
+from ensemble.operate.server import ServerOptions, TritonServer, free_port
 
 SPEC = """
 name = "shop"
@@ -186,7 +186,7 @@ def test_score_files_of_the_dataset_through_the_server(shop, tmp_path):
 def test_a_release_of_the_dataset_deploys_and_rolls_back_live(shop):
     """deploy's checks score fresh rows of the release's own widths (not Criteo's)."""
     from ensemble import cli
-    from ensemble.serving.control import Control
+    from ensemble.operate.control import Control
 
     root, _, server = shop
     control = Control.of(server.http_url)

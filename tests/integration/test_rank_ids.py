@@ -14,7 +14,7 @@ import pytest
 from ensemble import dataset, materialize, online, schema
 from ensemble.data import movielens
 from ensemble.models.registry import Layout
-from ensemble.serving.server import ServerOptions, TritonServer, free_port, free_ports
+from ensemble.operate.server import ServerOptions, TritonServer, free_port, free_ports
 from ensemble.store_server import LocalRedis, LocalRedisCluster, cluster_ports
 
 SPEC = dataset.load_spec(movielens.SPEC)
@@ -158,7 +158,7 @@ def test_unknown_ids_are_defined_and_limits_refused(server, store):
 
 def test_lookups_are_counted_in_the_servers_metrics(server):
     """ensemble_store_* counters on Triton's metrics port, as the dashboard's online-store row reads them."""
-    from ensemble.serving.monitoring import parse_exposition
+    from ensemble.operate.monitoring import parse_exposition
 
     def scrape():
         with urllib.request.urlopen(server.metrics_url, timeout=10) as reply:
@@ -246,7 +246,7 @@ def test_the_dashboards_store_panels_have_data_in_a_real_prometheus(server, tmp_
     import json
 
     from ensemble.fleet.prometheus import Prometheus, scrape_config
-    from ensemble.serving.monitoring import DASHBOARD, STORE_METRIC_PREFIX, dashboard_queries
+    from ensemble.operate.monitoring import DASHBOARD, STORE_METRIC_PREFIX, dashboard_queries
 
     target = server.metrics_url.split("//", 1)[1].rsplit("/", 1)[0]
     prometheus = Prometheus(scrape_config([target], None, interval_s=1), free_port(), tmp_path / "prometheus").start()

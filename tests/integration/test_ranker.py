@@ -135,7 +135,7 @@ def test_ranking_request_without_context_orders_the_flat_scores(layout_server, p
 
 
 def test_the_native_backend_answers_ordinary_requests_from_one_score_array(servers, rows, expected):
-    """The native layout's backend answers a call of ordinary requests from one score array, planned
+    """The native layout's backend answers a call of plain requests from one score array, planned
     and scored in C (said in the server's log at load; a call of 32 rows or more on a server with two
     cores is scored on two threads): each request gets its own rows of the outputs it asked for,
     whatever it asked for, in calls of either size."""
@@ -146,7 +146,7 @@ def test_the_native_backend_answers_ordinary_requests_from_one_score_array(serve
     from ensemble.models.registry import Layout
 
     srv = servers(Layout.NATIVE)
-    assert "plain calls are answered from one score array, planned and scored in C" in Path(srv.log_file).read_text(
+    assert "plain requests are planned and scored in C, any other through Python" in Path(srv.log_file).read_text(
         errors="replace")
     dense, cats = rows
     wanted = [(schema.SCORE.name,), tuple(t.name for t in schema.RANKER_OUTPUTS[2:]), ()]
@@ -208,40 +208,38 @@ def test_the_native_model_thread_runs_below_the_front_end(servers, rows):
         assert len(lowered) >= 2, nice
 
 
-def test_the_native_backend_scores_plain_calls_through_python_when_told(trained, tmp_path, monkeypatch, rows, expected):
-    """With ``ENSEMBLE_CALLS_IN_C=0`` in the server's environment the backend answers plain calls with
-    one Python call each (``score_plain``, also its path for a release without the chain in C): the
-    same answers, in calls of several requests and of 32 rows or more."""
-    import tritonclient.http as httpclient
+def test_the_native_backend_counts_the_path_of_every_request(servers, rows, expected):
+    """Plain requests are scored in C and counted under ensemble_backend_requests_total{path="c"}; a
+    request that is not plain (here its last string runs past its buffer) goes through the model's
+    execute, gets its own 400-class error and is counted under path="python"; the plain ones keep their
+    scores."""
+    import urllib.request
 
+    from clients.triton import RankerClient
     from ensemble.models.registry import Layout
-    from ensemble.serving.embedded import CALLS_IN_C
-    from ensemble.serving.server import ServerOptions, TritonServer, free_port
+    from ensemble.operate.monitoring import parse_exposition
+    from tests.integration.test_bad_input import _binary_post, _wire
 
-    monkeypatch.setenv(CALLS_IN_C, "0")
-    log = tmp_path / "tritonserver.log"
-    srv = TritonServer(ServerOptions(trained.repository, http_port=free_port(), grpc_port=free_port(),
-                                     metrics_port=free_port(), log_file=log, layout=Layout.NATIVE))
-    with srv:
-        assert "plain calls are answered from one score array, scored by score_plain" in log.read_text(errors="replace")
-        dense, cats = rows
+    srv = servers(Layout.NATIVE)
 
-        def ask(k):
-            start, n = 7 * k, 40 if k % 4 == 3 else 1 + k % 3
-            inputs = [httpclient.InferInput(schema.DENSE.name, [n, dense.shape[1]], "FP32"),
-                      httpclient.InferInput(schema.CATEGORICAL.name, [n, cats.shape[1]], "BYTES")]
-            inputs[0].set_data_from_numpy(np.ascontiguousarray(dense[start:start + n], np.float32))
-            inputs[1].set_data_from_numpy(cats[start:start + n])
-            client = httpclient.InferenceServerClient(srv.http_url)
-            try:
-                result = client.infer(schema.Model.RANKER.value, inputs)
-            finally:
-                client.close()
-            for name in (t.name for t in schema.RANKER_OUTPUTS):
-                assert np.max(np.abs(result.as_numpy(name).ravel() - expected[name][start:start + n])) <= TOL, name
+    def counts():
+        with urllib.request.urlopen(srv.metrics_url, timeout=10) as reply:
+            samples = parse_exposition(reply.read().decode()).get("ensemble_backend_requests_total", [])
+        return {labels["path"]: value for labels, value in samples if labels.get("model") == schema.Model.RANKER.value}
 
-        with cf.ThreadPoolExecutor(4) as pool:
-            list(pool.map(ask, range(24)))
+    before = counts()
+    assert set(before) == {"c", "python"}
+    dense, cats = rows
+    client = RankerClient(srv.http_url, "http")
+    for i in range(5):
+        scores = client.score(dense[i * 3:i * 3 + 3], cats[i * 3:i * 3 + 3])
+        assert np.max(np.abs(np.asarray(scores).ravel() - expected[schema.SCORE.name][i * 3:i * 3 + 3])) <= TOL
+    # the last string's length runs past the buffer: Triton's own checks pass it, the backend's do not
+    status, reply = _binary_post(srv, _wire([b"68fd1e64"] * 25) + (100).to_bytes(4, "little") + b"68f")
+    assert 400 <= status < 500 and reply.get("error"), (status, reply)
+    after = counts()
+    assert after["c"] - before["c"] == 5
+    assert after["python"] - before["python"] == 1
 
 
 @pytest.mark.parametrize("layout_name", ["native", "fused"])

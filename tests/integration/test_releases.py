@@ -10,11 +10,11 @@ import shutil
 import pytest
 
 from ensemble import cli
-from ensemble.serving.control import Control, ControlError
-from ensemble.serving.deploy import DeployError, deploy
+from ensemble.operate.control import Control, ControlError
+from ensemble.operate.deploy import DeployError, deploy
 from ensemble.repository.export import TrainedArtifacts, export_repository
 from ensemble.schema import Model
-from ensemble.serving.server import ServerOptions, TritonServer, free_port
+from ensemble.operate.server import ServerOptions, TritonServer, free_port
 from tests.helpers import ADMIN_KEY, Load, fresh_rows
 
 
@@ -52,8 +52,8 @@ def test_deploy_and_rollback_under_load_fail_no_request(trained, served_copy, ca
 
 
 def test_a_server_started_later_serves_the_declared_release(trained, served_copy, tmp_path):
-    from ensemble.serving import declared
-    from ensemble.serving.deploy import rollback
+    from ensemble.operate import declared
+    from ensemble.operate.deploy import rollback
 
     repository, server = served_copy
     first = Control.of(server.http_url).serving_release()
@@ -118,7 +118,7 @@ def test_model_control_needs_the_key_when_one_is_set(trained, tmp_path, monkeypa
 
 
 def test_a_public_address_without_a_key_is_refused(trained, tmp_path):
-    from ensemble.serving.server import ServerError
+    from ensemble.operate.server import ServerError
 
     server = TritonServer(ServerOptions(trained.repository, host="0.0.0.0", http_port=free_port(),
                                         grpc_port=free_port(), metrics_port=free_port(), log_file=tmp_path / "log"))

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ensemble.serving import allocator, processes
-from ensemble.serving.server import free_port
+from ensemble.operate import allocator, processes
+from ensemble.operate.server import free_port
 
 
 def _serve(repository, *extra):
@@ -78,7 +78,7 @@ def test_serve_fails_with_log_tail(trained, tmp_path):
 
 def test_serve_refuses_an_allocator_it_cannot_find(trained, monkeypatch):
     monkeypatch.setattr(allocator.ctypes.util, "find_library", lambda name: None)
-    from ensemble.serving.server import ServerError, ServerOptions, TritonServer
+    from ensemble.operate.server import ServerError, ServerOptions, TritonServer
 
     with pytest.raises(ServerError, match=allocator.PACKAGE):
         TritonServer(ServerOptions(trained.repository, http_port=free_port(), grpc_port=free_port(),

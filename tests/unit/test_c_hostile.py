@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from ensemble import schema
-from ensemble.serving import native
+from ensemble import native
 from tests.helpers import fresh_rows
 
 from tests.fuzz.sanitize import CORPUS, MODULES, ROOT
@@ -32,9 +32,10 @@ def test_every_c_module_is_built_here(name):
 
 
 def test_the_native_backend_is_built_here():
-    backend = ROOT / "ensemble" / "serving" / ("libtriton_fused" + sysconfig.get_config_var("EXT_SUFFIX"))
+    backend = ROOT / "ensemble" / "native" / ("libtriton_native" + sysconfig.get_config_var("EXT_SUFFIX"))
     assert backend.exists()
-    assert backend.stat().st_mtime >= (ROOT / "ensemble" / "serving" / "fused_backend.c").stat().st_mtime
+    sources = [*(ROOT / "ensemble" / "native").glob("backend*.c"), *(ROOT / "ensemble" / "native").glob("*.h")]
+    assert backend.stat().st_mtime >= max(source.stat().st_mtime for source in sources)
 
 
 def _seeds(target):
@@ -87,7 +88,7 @@ def test_lookup_wire_seeds_match_the_python_vocabulary(seed):
 _RACE = textwrap.dedent("""
     import json, multiprocessing, os, sys, time
     from multiprocessing import shared_memory
-    from ensemble.serving import native
+    from ensemble import native
 
     VALUES = 200_000
     def rewrite(name, stop, parent):
@@ -120,7 +121,7 @@ _RACE = textwrap.dedent("""
             writer.join()
             shm.close()
             shm.unlink()
-        print(json.dumps(dict(counts, module=sys.modules["ensemble.serving._native"].__file__)))
+        print(json.dumps(dict(counts, module=sys.modules["ensemble.native._request"].__file__)))
 """)
 
 
@@ -132,7 +133,7 @@ def test_split_wire_refuses_a_buffer_rewritten_between_its_passes(tmp_path):
                           timeout=180)
     assert done.returncode == 0, f"the splitting process ended with {done.returncode}: {done.stderr[-2000:]}"
     counts = json.loads(done.stdout.strip().splitlines()[-1])
-    assert counts.pop("module") == sys.modules["ensemble.serving._native"].__file__
+    assert counts.pop("module") == sys.modules["ensemble.native._request"].__file__
     # The rewrite must have landed between the two passes at least once, else this run proved nothing.
     assert counts["changed"] >= 1, counts
 

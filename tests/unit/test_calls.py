@@ -7,15 +7,16 @@ import numpy as np
 import pytest
 
 from ensemble import schema
-from ensemble.serving import admission, calls, runtime
+from ensemble.serving import admission, calls
+from ensemble.scoring import pipeline
 from tests.helpers import fresh_rows
 
 
 @pytest.fixture(scope="module")
 def fused(trained):
-    from ensemble.serving.runtime import latest_version
+    from ensemble.scoring.pipeline import latest_version
 
-    return runtime.load_fused(latest_version(trained.repository / schema.Model.RANKER.value))
+    return pipeline.load_fused(latest_version(trained.repository / schema.Model.RANKER.value))
 
 
 def _request(dense, cats, timeout_s=10.0, bulk=False, wanted=()):

@@ -1,4 +1,4 @@
-"""The ranker's chain in C (ensemble/serving/_chain.c, what the native backend scores plain calls with)
+"""The ranker's chain in C (ensemble/native/_chain.c, what the native backend scores plain calls with)
 against the Python chain on the real exported release: the same outputs to the bit, from Triton's raw
 buffers, whole or in parts; and its transform is numpy's float32 arithmetic on any value."""
 
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from ensemble import schema
-from ensemble.serving import native, runtime
+from ensemble import native
+from ensemble.scoring import pipeline as runtime
 from tests.helpers import fresh_rows
 
 
@@ -93,7 +94,7 @@ def test_a_chain_in_c_that_disagrees_is_not_used(pipeline, monkeypatch, caplog):
 
 
 def test_every_module_offers_its_c_entry_points_under_the_headers_version():
-    """The tables of C entry points carry the version of ensemble/kernel_api.h in their names: a backend
+    """The tables of C entry points carry the version of ensemble/native/api.h in their names: a backend
     built against another version (a release folder's copy from an earlier install) finds none and
     scores through Python, instead of calling through a table of another shape."""
     import ctypes
@@ -101,12 +102,12 @@ def test_every_module_offers_its_c_entry_points_under_the_headers_version():
     import re
     from pathlib import Path
 
-    header = (Path(__file__).resolve().parents[2] / "ensemble" / "kernel_api.h").read_text()
+    header = (Path(__file__).resolve().parents[2] / "ensemble" / "native" / "api.h").read_text()
     version = re.search(r'#define ENSEMBLE_API_VERSION "(\d+)"', header).group(1)
     is_valid = ctypes.pythonapi.PyCapsule_IsValid
     is_valid.argtypes, is_valid.restype = (ctypes.py_object, ctypes.c_char_p), ctypes.c_int
-    for name in ("ensemble.models._trees", "ensemble.models._dlrm", "ensemble.serving._native",
-                 "ensemble.serving._admission", "ensemble.serving._chain"):
+    for name in ("ensemble.native._trees", "ensemble.native._dlrm", "ensemble.native._request",
+                 "ensemble.native._admission", "ensemble.native._chain"):
         module = importlib.import_module(name)
         assert [a for a in dir(module) if a.startswith("_C_API")] == [f"_C_API_{version}"], name
         assert is_valid(getattr(module, f"_C_API_{version}"), f"{name}._C_API_{version}".encode()), name

@@ -10,7 +10,7 @@ import pytest
 
 from ensemble import cli
 from ensemble.repository import configs
-from ensemble.repository import releases
+from ensemble.models import triton_releases
 from ensemble.check.compat import CheckOptions, run_check
 
 
@@ -28,7 +28,7 @@ def _edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
-def _failures(repository: Path, release: releases.TritonRelease = releases.PINNED) -> list[str]:
+def _failures(repository: Path, release: triton_releases.TritonRelease = triton_releases.PINNED) -> list[str]:
     return [f.line() for f in run_check(CheckOptions(repository, "gpu", release)) if not f.ok]
 
 
@@ -39,7 +39,7 @@ def test_fresh_repository_passes(trained):
     assert {("fil", "xgb"), ("artifacts", "xgb"), ("artifacts", "dlrm_torch"), ("artifacts", "dlrm_tf"),
             ("backends", "dlrm_tf"), ("agreement", "features")} <= checked
     tree = next(f for f in findings if (f.check, f.subject) == ("artifacts", "xgb"))
-    assert f"Treelite {releases.PINNED.treelite}" in tree.message
+    assert f"Treelite {triton_releases.PINNED.treelite}" in tree.message
     saved = next(f for f in findings if (f.check, f.subject) == ("artifacts", "dlrm_tf"))
     assert re.search(r"TensorFlow \d+\.\d+\.\d+'s session-based loader runs it", saved.message), saved.message
 
@@ -62,7 +62,7 @@ def test_wrong_backend_name(repo):
 
 def test_backend_missing_from_another_release(trained):
     """The TensorFlow backend left the container in 25.03."""
-    failures = _failures(trained.repository, releases.RELEASES["25.03"])
+    failures = _failures(trained.repository, triton_releases.RELEASES["25.03"])
     assert any("dlrm_tf" in f and "backend 'tensorflow' does not exist in nvcr.io/nvidia/tritonserver:25.03-py3" in f
                for f in failures), failures
 
@@ -94,7 +94,7 @@ def test_xgboost_file_the_pinned_treelite_cannot_read(repo):
 
 def test_unreadable_checkpoint(repo):
     """A checkpoint the pinned Treelite cannot read (manifest rewritten so only Treelite can object)."""
-    from ensemble.repository import manifest
+    from ensemble.models import manifest
     from ensemble.schema import Model
 
     version = repo / "xgb" / "1"
@@ -151,7 +151,7 @@ def _keras_in_tf_module(trained, path: Path) -> None:
 
 def test_savedmodel_the_session_loader_cannot_run(trained, repo):
     """server#7456 / tensorflow#72963: loads, signature right, fails at the first run."""
-    from ensemble.repository import manifest
+    from ensemble.models import manifest
     from ensemble.schema import Model
 
     version = repo / "dlrm_tf" / "1"

@@ -65,7 +65,7 @@ def test_wire_strings_send_what_the_object_array_sends(frame):
 
     from clients.triton import build_inputs
     from clients.wire import WireStrings
-    from ensemble.serving import native
+    from ensemble import native
 
     dense, cats = to_tensors(frame)
     row_ends = np.cumsum([sum(4 + len(v) for v in row) for row in cats])
@@ -98,7 +98,7 @@ def test_grpc_request_is_the_message_tritonclient_builds(frame, all_scores, prio
     from clients.triton import build_inputs, build_outputs, grpc_request
     from clients.wire import WireStrings
     from ensemble import schema
-    from ensemble.serving import native
+    from ensemble import native
 
     dense, cats = to_tensors(frame)
     parameters = {schema.BULK_PARAMETER: True} if bulk else None

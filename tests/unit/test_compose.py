@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from ensemble.repository import configs
-from ensemble.repository import releases
+from ensemble.models import triton_releases
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -192,7 +192,7 @@ def test_triton_image_is_the_pinned_release():
     commands = _instructions(ROOT / "docker" / "triton.Dockerfile")
     args = dict(c.value[0].split("=", 1) for c in commands if c.cmd == "ARG" and "=" in c.value[0])
     image = next(c.value[0] for c in commands if c.cmd == "FROM")
-    assert re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], image) == releases.PINNED.image
+    assert re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], image) == triton_releases.PINNED.image
 
 
 def _ignored(relative: str) -> bool:
@@ -219,13 +219,13 @@ def test_triton_image_installs_into_the_stub_python():
     pinned = re.search(r"grep -E '\^\(([\w|]+)\)==' requirements.txt", text).group(1).split("|")
     requirements = (ROOT / "requirements.txt").read_text()
     assert all(re.search(rf"^{name}==", requirements, re.M) for name in pinned), pinned
-    assert "import ensemble.serving.runtime" in runs  # what model.py imports, tried at build time
+    assert "import ensemble.scoring.pipeline" in runs  # what model.py imports, tried at build time
 
 
 def test_serving_steps_need_only_numpy_and_pyarrow(trained):
     """What the triton image installs for features and blend is enough (GPU step set included)."""
     code = (
-        "import sys; from ensemble.serving.runtime import load_step, latest_version; from pathlib import Path;"
+        "import sys; from ensemble.scoring.pipeline import load_step, latest_version; from pathlib import Path;"
         f"repo = Path({str(trained.repository)!r});"
         "load_step('features', latest_version(repo / 'features'), layout='gpu');"
         "load_step('blend', latest_version(repo / 'blend'));"

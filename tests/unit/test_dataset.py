@@ -165,7 +165,7 @@ def test_ranking_quality_ties_keep_candidate_order_and_k_cuts():
 
 
 def test_broadcast_puts_the_context_first_on_every_candidate():
-    from ensemble.serving.ranking import broadcast
+    from ensemble.scoring.ranking import broadcast
 
     dense, cats = broadcast(np.array([7.0]), np.array([b"u1", b"fr"], object),
                             np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([[b"i1"], [b"i2"]], object), (1, 2))
@@ -185,7 +185,7 @@ def test_broadcast_puts_the_context_first_on_every_candidate():
     (lambda b: b(None, None, np.zeros(2), np.zeros((2, 1), object)), "[N x columns]"),
 ])
 def test_a_bad_ranking_request_is_refused_clearly(call, message):
-    from ensemble.serving.ranking import RankError, broadcast
+    from ensemble.scoring.ranking import RankError, broadcast
 
     with pytest.raises(RankError) as err:
         call(broadcast)
@@ -193,7 +193,7 @@ def test_a_bad_ranking_request_is_refused_clearly(call, message):
 
 
 def test_top_orders_best_first_keeps_ties_and_cuts_at_k():
-    from ensemble.serving.ranking import RankError, top
+    from ensemble.scoring.ranking import RankError, top
 
     scores = np.array([0.2, 0.9, 0.5, 0.9, 0.1], np.float32)
     assert top(scores).tolist() == [1, 3, 2, 0, 4]
@@ -309,21 +309,21 @@ def test_lean_transform_of_a_multi_hot_column_equals_nvtabular(tmp_path):
 
 @pytest.mark.parametrize("value, named", [(None, None), ("7", "7"), (" 12 ", "12"), (7, "7")])
 def test_a_ranking_requests_release_is_a_version_number(value, named):
-    from ensemble.serving import ranking
+    from ensemble.scoring import ranking
 
     assert ranking.release_named(value) == named
 
 
 @pytest.mark.parametrize("value", ["latest", "", "-1", "1.5", "\ufffd\ufffd", "٣"])
 def test_anything_else_named_as_the_release_is_the_clients_error(value):
-    from ensemble.serving import ranking
+    from ensemble.scoring import ranking
 
     with pytest.raises(ranking.RankError, match="must name a release"):
         ranking.release_named(value)
 
 
 def test_more_candidates_than_the_limit_are_refused_naming_it():
-    from ensemble.serving import ranking
+    from ensemble.scoring import ranking
 
     ranking.check_count(8192, 8192)
     with pytest.raises(ranking.RankError, match="at most 8192.*max_candidates"):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ensemble.serving import declared
-from ensemble.serving.deploy import _declare
+from ensemble.operate import declared
+from ensemble.operate.deploy import _declare
 
 
 def test_written_release_is_read_back_only_while_the_repository_holds_it(tmp_path):

@@ -154,3 +154,32 @@ def test_github_anchor_rules():
     assert github_anchor("`ensemble score`: files") == "ensemble-score-files"
     assert github_anchor("What ran here (and what did not)") == "what-ran-here-and-what-did-not"
     assert github_anchor("ensemble baseline-serve") == "ensemble-baseline-serve"
+
+
+def _documented_layout() -> dict[str, int]:
+    """development.md's layout table: place (``ensemble/x/``, ``ensemble/x.py``, ``clients/``) -> layer."""
+    section = (ROOT / "docs" / "development.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    places = {}
+    for row in re.findall(r"^\| (\d+) \| ([^|]+) \|", section, re.M):
+        folder = ""
+        for name in re.findall(r"`([^`]+)`", row[1]):
+            if "/" in name.rstrip("/"):
+                folder = name.rsplit("/", 1)[0] + "/" if not name.endswith("/") else ""
+            place = name if "/" in name else folder + name
+            places[place] = int(row[0])
+    return places
+
+
+def test_the_development_layout_lists_the_tree_with_its_layers():
+    """docs/development.md's layout table names every package folder and top-level module of the tree,
+    and each at the layer tests/unit/test_layout.py holds its imports to."""
+    from tests.unit.test_layout import _layer
+
+    package = ROOT / "ensemble"
+    actual = {f"ensemble/{p.name}/" for p in package.iterdir() if (p / "__init__.py").is_file()}
+    actual |= {f"ensemble/{p.name}" for p in package.glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+    actual |= {"clients/", "loadtest/", "benchmarks/"}
+    documented = _documented_layout()
+    assert set(documented) == actual
+    module = {place: place.removesuffix("/").removesuffix(".py").replace("/", ".") for place in documented}
+    assert {place: layer for place, layer in documented.items() if _layer(module[place]) != layer} == {}

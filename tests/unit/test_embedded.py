@@ -1,6 +1,6 @@
 """The native backend's Python side (ensemble/serving/embedded.py) in this process, on the real exported
-ranker: a plain call (what fused_backend.c answers from ``score_plain``) gives what ``execute`` gives,
-bit for bit, with the same admission."""
+ranker: the C path it offers the backend (the chain in C and the compiled admission policy) scores a
+plain call as ``execute`` scores the same requests, bit for bit."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def ranker_model(trained):
     from ensemble.models.registry import Layout
     from ensemble.repository import configs
     from ensemble.serving import embedded
-    from ensemble.serving.runtime import latest_version
+    from ensemble.scoring.pipeline import latest_version
 
     config = json_format.MessageToJson(configs.layout_configs(Layout.NATIVE)[schema.Model.RANKER.value],
                                        preserving_proto_field_name=True)
@@ -38,7 +38,7 @@ def _wire(cats: np.ndarray) -> bytes:
 
 
 def _call(sizes, seed, timeouts_us=None):
-    """Requests of ``sizes`` rows as execute takes them, and the same as score_plain takes them."""
+    """Requests of ``sizes`` rows as execute takes them, and the same as the chain in C takes them."""
     dense, cats = fresh_rows(sum(sizes), seed=seed)
     dense, cats = dense[-sum(sizes):], cats[-sum(sizes):]  # the edge cases come last
     bounds = np.cumsum([0, *sizes])
@@ -46,22 +46,19 @@ def _call(sizes, seed, timeouts_us=None):
     parts = [(np.ascontiguousarray(dense[a:b], np.float32).tobytes(), _wire(cats[a:b])) for a, b in zip(bounds, bounds[1:])]
     requests = [(((FP32, (n, dense.shape[1]), memoryview(d)), (BYTES, (n, cats.shape[1]), memoryview(c))), t, False, (), None)
                 for n, t, (d, c) in zip(sizes, timeouts_us, parts)]
-    joined = (b"".join(d for d, _ in parts), b"".join(c for _, c in parts))
-    return requests, joined, bounds
+    return requests, tuple((d, c, n) for n, (d, c) in zip(sizes, parts)), bounds
 
 
 @pytest.mark.parametrize("sizes", [[1], [7], [1, 1, 1, 1], [3, 40, 2], [33], [300]])
-def test_a_plain_call_scores_what_execute_scores(ranker_model, sizes):
-    assert ranker_model.plain is not None  # the exported ranker has the chain and reads the wire
-    names = ranker_model.plain[3]
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_chain_in_c_scores_a_plain_call_as_execute_does(ranker_model, sizes, threads):
+    assert ranker_model.plain is not None  # the exported ranker has the chain in C and reads the wire
+    names, chain = ranker_model.plain[1], ranker_model.plain[2]
     assert names == tuple(t.name for t in schema.RANKER_OUTPUTS)
-    requests, joined, bounds = _call(sizes, seed=sum(sizes))
+    requests, parts, bounds = _call(sizes, seed=sum(sizes))
     answers = dict(ranker_model.execute(requests, 0.0))
-    scores, taken, refused = ranker_model.score_plain(joined, tuple(sizes), tuple(r[1] for r in requests))
-    ranker_model.finish_plain()
-    assert taken == tuple(range(len(sizes))) and refused == ()
-    assert scores.dtype == np.float32 and scores.shape == (len(names), sum(sizes)) and scores.flags.c_contiguous
-    assert ranker_model.rows == sum(sizes)
+    scores = np.empty((len(names), sum(sizes)), np.float32)
+    chain.score(parts, scores, threads)
     for i in range(len(sizes)):
         kind, outputs = answers[i]
         assert kind == "ok"
@@ -70,23 +67,19 @@ def test_a_plain_call_scores_what_execute_scores(ranker_model, sizes):
             np.testing.assert_array_equal(array.reshape(-1), scores[k, bounds[i]:bounds[i + 1]])
 
 
-def test_a_plain_call_refuses_what_would_miss_its_deadline_and_scores_the_rest(ranker_model):
+def test_execute_refuses_what_would_miss_its_deadline_and_scores_the_rest(ranker_model):
     admission = ranker_model.ranker.admission
     assert admission is not None  # the native layout serves with the latency objective
     sizes = [2, 3, 4]
-    requests, joined, bounds = _call(sizes, seed=5, timeouts_us=[10_000_000, 1, 10_000_000])  # 1 us: cannot be met
-    scores, taken, refused = ranker_model.score_plain(joined, tuple(sizes), (10_000_000, 1, 10_000_000))
-    ranker_model.finish_plain()
-    assert taken == (0, 2)
-    assert [(i, code) for i, code, _ in refused] == [(1, calls.UNAVAILABLE)]
-    assert "deadline" in refused[0][2]
-    assert scores.shape[1] == 2 + 4 and ranker_model.rows == 6
+    requests, _, _ = _call(sizes, seed=5, timeouts_us=[10_000_000, 1, 10_000_000])  # 1 us: cannot be met
+    answers = dict(ranker_model.execute(requests, 0.0))
+    assert answers[1][0] == "error" and answers[1][1] == calls.UNAVAILABLE and "deadline" in answers[1][2]
+    assert [answers[i][0] for i in (0, 2)] == ["ok", "ok"] and ranker_model.rows == 6
     assert admission.last_call[2] == 3  # the call was recorded: three requests
-    expected = dict(ranker_model.execute([requests[0], requests[2]], 0.0))
+    alone = dict(ranker_model.execute([requests[0], requests[2]], 0.0))
     for j, i in enumerate((0, 2)):
-        start = 0 if j == 0 else sizes[0]
-        for k, (_, array) in enumerate(expected[j][1]):
-            np.testing.assert_array_equal(array.reshape(-1), scores[k, start:start + sizes[i]])
+        for (_, array), (_, expected) in zip(answers[i][1], alone[j][1]):
+            np.testing.assert_array_equal(array, expected)
 
 
 def test_no_plain_path_without_the_kernel_chain(ranker_model):
@@ -105,23 +98,32 @@ def test_the_plain_path_offers_the_chain_and_the_policy_in_c(ranker_model):
     the compiled admission policy (the one every other path of this model updates too)."""
     from ensemble.serving import admission
 
-    chain, policy, split_rows = ranker_model.plain[4:]
+    chain, policy, split_rows = ranker_model.plain[2:]
     assert chain is not None and chain is ranker_model.pipeline.native_chain
     assert isinstance(ranker_model.ranker.admission, admission.NativeAdmission)
     assert policy is ranker_model.ranker.admission.native
     assert split_rows == (ranker_model.pipeline.PARALLEL_MIN_ROWS if ranker_model.pipeline.parallel else 0)
 
 
-def test_no_chain_in_c_beside_a_python_policy(ranker_model):
-    """The backend may plan in C only with the policy every other call of the model updates."""
+def test_no_c_path_beside_a_python_policy_or_without_the_chain_in_c(ranker_model):
+    """The backend may plan in C only with the policy every other call of the model updates, and
+    scores in C only with the chain in C: otherwise every call goes through execute."""
     from ensemble.serving import admission
 
     compiled = ranker_model.ranker.admission
     ranker_model.ranker.admission = admission.Admission(compiled.objective_s)
     try:
-        assert ranker_model._plain_spec()[4:6] == (None, None)
+        assert ranker_model._plain_spec() is None
     finally:
         ranker_model.ranker.admission = compiled
+    pipeline = ranker_model.pipeline
+    chain = pipeline.native_chain
+    pipeline.__dict__["native_chain"] = None  # a build without ensemble.native._chain
+    try:
+        assert ranker_model._plain_spec() is None
+    finally:
+        pipeline.__dict__["native_chain"] = chain
+    assert ranker_model._plain_spec() is not None
 
 
 

@@ -120,7 +120,7 @@ def test_the_keras_dlrm_declares_and_loads_its_engine(tmp_path):
 def test_declare_by_hand_checks_the_name(torch_step, tmp_path):
     import shutil
 
-    from ensemble.repository import manifest
+    from ensemble.models import manifest
     from ensemble.schema import Model
 
     folder = tmp_path / "by-hand"

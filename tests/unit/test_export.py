@@ -5,9 +5,9 @@ import shutil
 
 import pytest
 
-from ensemble.repository import manifest
+from ensemble.models import manifest
 from ensemble.repository.export import TrainedArtifacts, export_repository
-from ensemble.serving.runtime import latest_version, load_step
+from ensemble.scoring.pipeline import latest_version, load_step
 from ensemble.schema import Model
 
 

@@ -11,7 +11,7 @@ import pytest
 from ensemble.fleet import gateway as gw
 from ensemble.fleet.envoy import EnvoyError, validate
 from ensemble.fleet.fleet import FleetError, FleetOptions, plan
-from ensemble.serving.server import ServerOptions
+from ensemble.operate.server import ServerOptions
 
 TWO = gw.Gateway((gw.Replica(18100, 18101), gw.Replica(18102, 18103)), http_port=18000, grpc_port=18001,
                  admin_port=18002)
@@ -123,7 +123,7 @@ def test_fleet_plan_ports_and_logs(tmp_path):
 def test_fleet_plan_never_picks_a_port_the_options_name():
     """Replica and admin ports picked at start avoid the gateway's and every replica's metrics port
     (none of which is bound yet), and one another; ports are never handed out twice."""
-    from ensemble.serving.server import free_ports
+    from ensemble.operate.server import free_ports
 
     seen: set[int] = set()
     for _ in range(30):
@@ -145,7 +145,7 @@ def test_fleet_plan_never_picks_a_port_the_options_name():
 def test_one_exposed_server_is_triton_on_loopback_behind_the_gateway():
     """The door: a fleet of one on a public address puts tritonserver on loopback ports of its own,
     and the gateway takes the user's HTTP, gRPC and metrics ports."""
-    from ensemble.serving.server import free_ports
+    from ensemble.operate.server import free_ports
 
     http, grpc, metrics = free_ports(3)
     (server,), gateway = plan(FleetOptions(ServerOptions(Path("repo"), host="0.0.0.0", http_port=http, grpc_port=grpc,

@@ -8,7 +8,7 @@ import pytest
 from ensemble import schema
 from ensemble.check import compat
 from ensemble.repository import configs
-from ensemble.repository import releases
+from ensemble.models import triton_releases
 from ensemble.schema import Model
 
 
@@ -41,7 +41,7 @@ def test_backends_and_placement(gpu):
         assert (gpu[name].backend, kind[name]) == ("python", ["KIND_CPU"])
     assert gpu["ranker"].platform == "ensemble"
     for name, config in gpu.items():
-        assert releases.backend_of(config.backend, config.platform) in releases.PINNED.backends, name
+        assert triton_releases.backend_of(config.backend, config.platform) in triton_releases.PINNED.backends, name
 
 
 def test_gpu_and_cpu_configs_agree(cpu, gpu):
@@ -71,7 +71,7 @@ def test_backend_names_map_to_schema_tensors(gpu):
 
 
 def test_fil_parameters_valid_for_pinned_release(gpu):
-    assert compat._fil("xgb", gpu["xgb"], None, releases.PINNED) == []
+    assert compat._fil("xgb", gpu["xgb"], None, triton_releases.PINNED) == []
     params = {k: v.string_value for k, v in gpu["xgb"].parameters.items()}
     assert params == {"model_type": "treelite_checkpoint", "output_class": "false", "predict_proba": "false"}
     assert list(gpu["xgb"].output[0].dims) == [1]
@@ -79,19 +79,19 @@ def test_fil_parameters_valid_for_pinned_release(gpu):
 
 def test_fil_parameters_follow_the_release():
     """25.09 renamed output_class to is_classifier: configs generated for one release fail the other."""
-    new = configs.parse(configs.all_gpu_configs(releases.RELEASES["25.09"])["xgb"])
-    old = configs.parse(configs.all_gpu_configs(releases.PINNED)["xgb"])
-    assert compat._fil("xgb", new, None, releases.RELEASES["25.09"]) == []
+    new = configs.parse(configs.all_gpu_configs(triton_releases.RELEASES["25.09"])["xgb"])
+    old = configs.parse(configs.all_gpu_configs(triton_releases.PINNED)["xgb"])
+    assert compat._fil("xgb", new, None, triton_releases.RELEASES["25.09"]) == []
     assert any("'output_class' is not read by the FIL backend of 25.09 (removed in 25.09)" in p
-               for p in compat._fil("xgb", old, None, releases.RELEASES["25.09"]))
+               for p in compat._fil("xgb", old, None, triton_releases.RELEASES["25.09"]))
     assert any("required parameter 'output_class' is missing" in p
-               for p in compat._fil("xgb", new, None, releases.PINNED))
+               for p in compat._fil("xgb", new, None, triton_releases.PINNED))
 
 
 def test_gpu_step_set_matches_cpu_steps(trained):
     """features under layout="gpu" also emits the design matrix; xgb reading it scores the same."""
     from ensemble.models.xgb import design_matrix
-    from ensemble.serving.runtime import latest_version, load_step
+    from ensemble.scoring.pipeline import latest_version, load_step
 
     from tests.helpers import fresh_rows
 
@@ -135,7 +135,8 @@ def test_device_resolution_without_a_gpu(monkeypatch):
 def test_gpu_libraries_are_never_imported_on_the_cpu_path():
     from tests.helpers import modules_loaded
 
-    code = ("import ensemble.device, ensemble.serving.runtime, ensemble.check.compat, ensemble.repository.configs, ensemble.cli\n"
+    code = ("import ensemble.device, ensemble.scoring.pipeline, ensemble.check.compat, ensemble.repository.configs, "
+            "ensemble.cli\n"
             "ensemble.repository.configs.all_gpu_configs()")
     assert modules_loaded(code, ("cudf", "cupy", "cuml", "nvforest", "dask_cudf", "rmm")) == []
 
@@ -188,7 +189,7 @@ def test_gpu_tree_scorer_reads_the_treelite_checkpoint():
 
     from ensemble.models import xgb, xgb_gpu
 
-    assert releases.FIL_MODEL_FILES[xgb_gpu.FIL_MODEL_TYPE] == xgb.FIL_FILE
+    assert triton_releases.FIL_MODEL_FILES[xgb_gpu.FIL_MODEL_TYPE] == xgb.FIL_FILE
     source = inspect.getsource(xgb_gpu._load_fil)
     assert "xgboost_json" not in source and source.count("model_type=FIL_MODEL_TYPE") == 2
     scorer = inspect.getsource(xgb_gpu.GpuTreeScorer.__init__)

@@ -18,9 +18,9 @@ def small_dlrm(tmp_path):
     return dlrm_torch.TorchScorer(tmp_path / "1").kernel
 
 
-@pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.models._dlrm not built, or this CPU lacks AVX2+FMA")
+@pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.native._dlrm not built, or this CPU lacks AVX2+FMA")
 def test_every_point_is_timed_and_the_builds_give_the_same_floats(small_dlrm):
-    from ensemble.models import _dlrm
+    from ensemble.native import _dlrm
 
     results = kernels.run({"dlrm_torch": small_dlrm}, rows=(1, 17), repetitions=2, budget_rows=40)
     assert [(r["model"], r["rows"]) for r in results] == [("dlrm_torch", 1), ("dlrm_torch", 17)]
@@ -34,11 +34,11 @@ def test_every_point_is_timed_and_the_builds_give_the_same_floats(small_dlrm):
     assert _dlrm.wide() == _dlrm.wide(True)  # the benchmark leaves the wide build on where it runs
 
 
-@pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.models._dlrm not built, or this CPU lacks AVX2+FMA")
+@pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.native._dlrm not built, or this CPU lacks AVX2+FMA")
 def test_another_build_is_timed_on_the_same_weights_and_its_floats_compared(small_dlrm):
     """--against: a second copy of the module loaded from its shared object (here this very build, so
     the floats must be the same) runs in the same alternation, and the table gains its columns."""
-    from ensemble.models import _dlrm
+    from ensemble.native import _dlrm
 
     other = kernels.load_build(_dlrm.__file__)
     assert other is not _dlrm
@@ -49,12 +49,12 @@ def test_another_build_is_timed_on_the_same_weights_and_its_floats_compared(smal
     assert "--against us/row" in lines[0] and lines[2].endswith("| yes |")
 
 
-@pytest.mark.skipif(xgb._trees is None, reason="ensemble.models._trees was not built (no C compiler at install)")
+@pytest.mark.skipif(xgb._trees is None, reason="ensemble.native._trees was not built (no C compiler at install)")
 def test_the_trees_are_timed_in_both_walks_and_against_another_build():
     """Random complete trees of depth 6 at 3 and 40 rows (the 16-lane walk takes 16 rows or more on
     AVX-512): both walks' floats the same, and --against a second copy of the module (this build, so the
     same floats) timed beside them; a DLRM module given as --against does not apply to the trees."""
-    from ensemble.models import _trees
+    from ensemble.native import _trees
 
     rng = np.random.default_rng(3)
     trees = xgb.TreeArrays(rng.integers(0, 10, 20 * 63).astype(np.uint32), rng.normal(size=20 * 63).astype(np.float32),

@@ -46,7 +46,7 @@ def test_tf_dlrm_exports_savedmodel_and_reloads(tmp_path):
     np.testing.assert_allclose(served, direct, atol=1e-6)
 
 
-@pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.models._dlrm not built, or this CPU lacks AVX2+FMA")
+@pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.native._dlrm not built, or this CPU lacks AVX2+FMA")
 @pytest.mark.parametrize("dim,last", [(4, 12), (16, 16)], ids=["scalar-widths", "vector-widths"])
 def test_the_c_forward_pass_reads_both_exported_dlrms_and_gives_their_scores(tmp_path, dim, last):
     """The kernel's weights come from each exported file (TorchScript graph constants, TFLite
@@ -78,12 +78,12 @@ def test_the_c_forward_pass_reads_both_exported_dlrms_and_gives_their_scores(tmp
                 scorer._kernel(dense, ids)
 
 
-@pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.models._dlrm not built, or this CPU lacks AVX2+FMA")
+@pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.native._dlrm not built, or this CPU lacks AVX2+FMA")
 def test_the_c_interaction_gives_pairs_in_any_order_the_same_sums():
     """DLRM's pair order (every j < i, row by row) takes the kernel's direct path; any other order
     is picked from the Gram matrix. Both must give the same sums: the top layer's weights permuted
     with the pairs, the same probabilities."""
-    from ensemble.models import _dlrm
+    from ensemble.native import _dlrm
 
     rng = np.random.default_rng(3)
     n_columns, dim, rows = 26, 16, 70
@@ -123,7 +123,7 @@ def test_the_c_interaction_gives_pairs_in_any_order_the_same_sums():
         _dlrm.Weights(bottom, np.zeros((len(table), dim + 1), np.float32), offsets, pair_i, pair_j, top)
 
 
-@pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.models._dlrm not built, or this CPU lacks AVX2+FMA")
+@pytest.mark.skipif(not dlrm_kernel.available(), reason="ensemble.native._dlrm not built, or this CPU lacks AVX2+FMA")
 @pytest.mark.parametrize("dim,widths,columns", [(16, (64, 32), (128, 64)), (32, (48, 16), (80, 16)),
                                                 (12, (40,), (20, 8)), (16, (16,), (32,))],
                          ids=["exported-shape", "dim-32", "scalar-widths", "one-hidden-layer"])
@@ -132,7 +132,7 @@ def test_the_avx512_build_gives_the_avx2_builds_floats(dim, widths, columns):
     or x 16 outputs, 16 x 16 Gram blocks after an in-register transpose); every output must be the
     AVX2 build's float, bit for bit, at every row count around the tiles and blocks, in DLRM's pair
     order and in another one, and for 27 vectors (the direct path) and 33 (past the Gram blocks)."""
-    from ensemble.models import _dlrm
+    from ensemble.native import _dlrm
 
     if not _dlrm.wide(True):
         pytest.skip("this CPU has no AVX-512 (x86-64-v4): only the AVX2 build runs")
@@ -196,7 +196,7 @@ def test_compiled_trees_equal_xgboost_on_trained_rows(trained):
     """The exported model on real feature rows (integer ids sitting on split thresholds): the
     case where TL2cgen's quantized thresholds once disagreed with XGBoost on 1% of rows."""
     from ensemble.features import transforms
-    from ensemble.serving.runtime import release_versions
+    from ensemble.scoring.pipeline import release_versions
     from ensemble.schema import Model
 
     versions = release_versions(trained.repository)
@@ -209,7 +209,7 @@ def test_compiled_trees_equal_xgboost_on_trained_rows(trained):
     np.testing.assert_allclose(compiled, scorer.booster.inplace_predict(x), atol=1e-6)
 
 
-@pytest.mark.skipif(xgb._trees is None, reason="ensemble.models._trees was not built (no C compiler at install)")
+@pytest.mark.skipif(xgb._trees is None, reason="ensemble.native._trees was not built (no C compiler at install)")
 def test_tree_arrays_equal_xgboost_with_missing_values_on_every_batch_size(tmp_path):
     """Trees of uneven depth (leaves above the deepest level fill the complete tree below them),
     missing values sent both ways (trained with NaNs, so default directions differ by node)."""
@@ -234,14 +234,14 @@ def test_tree_arrays_equal_xgboost_with_missing_values_on_every_batch_size(tmp_p
 
 
 @pytest.mark.skipif(xgb._trees is None or not xgb._trees.wide(),
-                    reason="ensemble.models._trees not built, or this CPU lacks AVX-512")
+                    reason="ensemble.native._trees not built, or this CPU lacks AVX-512")
 @pytest.mark.parametrize("depth", [6, 8])
 def test_the_16_lane_tree_walk_gives_the_8_lane_walks_floats(depth):
     """Random complete trees (thresholds around the values, both missing-value columns, 39 and 3
     trees: the wide walk takes 2 or 4 trees at once, then the rest one by one) on rows with NaNs,
     infinities and values equal to thresholds: the 16-lane walk and the 8-lane walk give every row the
     same float32 score."""
-    from ensemble.models import _trees
+    from ensemble.native import _trees
 
     rng = np.random.default_rng(depth)
     n_features, n_internal = 11, (1 << depth) - 1
@@ -266,10 +266,10 @@ def test_the_16_lane_tree_walk_gives_the_8_lane_walks_floats(depth):
             np.testing.assert_array_equal(wide.view(np.int32), narrow.view(np.int32), err_msg=f"{n_trees} trees, {rows} rows")
 
 
-@pytest.mark.skipif(xgb._trees is None, reason="ensemble.models._trees was not built (no C compiler at install)")
+@pytest.mark.skipif(xgb._trees is None, reason="ensemble.native._trees was not built (no C compiler at install)")
 def test_tree_arrays_equal_xgboost_on_trained_rows(trained):
     from ensemble.features import transforms
-    from ensemble.serving.runtime import release_versions
+    from ensemble.scoring.pipeline import release_versions
     from ensemble.schema import Model
 
     versions = release_versions(trained.repository)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ensemble.serving.server import ServerOptions, TritonServer
-from ensemble.serving.monitoring import (DASHBOARD, DEFAULT_QUANTILES, LatencySummaries, dashboard_metric_names,
+from ensemble.operate.server import ServerOptions, TritonServer
+from ensemble.operate.monitoring import (DASHBOARD, DEFAULT_QUANTILES, LatencySummaries, dashboard_metric_names,
                                          dashboard_queries, format_quantiles, parse_exposition, parse_quantiles,
                                          promql_metric_names)
 

@@ -1,10 +1,10 @@
-"""The C request-path loops (ensemble.serving._native) against their Python twins: same objects out,
+"""The C request-path loops (ensemble.native._request) against their Python twins: same objects out,
 same errors, and the extension is really built in this environment (so CI runs the C path)."""
 
 import numpy as np
 import pytest
 
-from ensemble.serving import native
+from ensemble import native
 
 VALUES = [b"68fd1e64", b"", b"x" * 70000, "\u00e9".encode(), b"\xff\x00\xfe", b"  "]
 

@@ -5,7 +5,7 @@ import os
 import subprocess
 import time
 
-from ensemble.serving import processes
+from ensemble.operate import processes
 
 
 def _region(folder, name: str):

@@ -9,13 +9,13 @@ import pytest
 
 from clients.wire import serialize_bytes
 from ensemble import schema
-from ensemble.serving import runtime
+from ensemble.scoring import pipeline as runtime
 from ensemble.schema import Model
 
 
 def _triton_utils():
     """Triton's own triton_python_backend_utils, as shipped in the nvidia-pytriton wheel."""
-    from ensemble.serving.server import find_tritonserver
+    from ensemble.operate.server import find_tritonserver
 
     path = find_tritonserver().parent.parent / "backends" / "python" / "triton_python_backend_utils.py"
     spec = importlib.util.spec_from_file_location("triton_python_backend_utils", path)
@@ -66,7 +66,7 @@ def test_fused_step_scores_like_the_pipeline(trained, pipeline):
 
 
 def test_wire_runner_scores_the_wire_buffer_like_the_fused_step(trained, pipeline):
-    from ensemble.serving import native
+    from ensemble import native
     from tests.helpers import fresh_rows
 
     fused = runtime.load_fused(runtime.latest_version(trained.repository / Model.RANKER.value))
@@ -143,7 +143,7 @@ def test_no_kernel_chain_when_a_model_scores_without_its_kernel(pipeline):
 
 
 def test_a_kernel_chain_that_disagrees_with_the_steps_is_not_used(pipeline, monkeypatch, caplog):
-    from ensemble.serving import chain
+    from ensemble.scoring import chain
 
     scores = chain.KernelChain.__call__
 

@@ -4,8 +4,8 @@ tests/integration/test_faults.py)."""
 import pytest
 
 from ensemble.models.registry import Layout
-from ensemble.serving.server import ServerOptions, TritonServer
-from ensemble.serving.supervise import GaveUp, Supervisor, SupervisorPolicy
+from ensemble.operate.server import ServerOptions, TritonServer
+from ensemble.operate.supervise import GaveUp, Supervisor, SupervisorPolicy
 from tests.helpers import stop_process
 
 
@@ -81,7 +81,7 @@ def test_a_stopped_ranker_process_is_ended_and_healed_before_any_probe(tmp_path,
 
 
 def test_a_stop_shorter_than_stop_confirm_is_left_alone(tmp_path, monkeypatch):
-    from ensemble.serving import processes
+    from ensemble.operate import processes
 
     supervisor, stubs, lines, reloads = _supervised_stubs(tmp_path, monkeypatch, "ranker")
     states = iter(["T", "S"])  # stopped at the first look, running again at the second (a profiler's sample)

@@ -7,7 +7,7 @@
 #include <math.h>
 
 #include "fuzz_python.h"
-#include "serving/_native.c"
+#include "native/_request.c"
 
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
     if (size < 1) return 0;

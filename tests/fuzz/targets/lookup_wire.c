@@ -7,7 +7,7 @@
  * must get dict.get(value, fallback). Bits 1-2 make the expected count wrong (one less, one more, zero),
  * which must be refused. */
 #include "fuzz_python.h"
-#include "serving/_native.c"
+#include "native/_request.c"
 
 #define FALLBACK 7
 

@@ -1,11 +1,11 @@
-/* The native backend's checks of whether a request is plain (backend_checks.h, as fused_backend.c
+/* The native backend's checks of whether a request is plain (backend_checks.h, as backend.c
  * compiles them): an input's type, shape, buffer count and memory, and whether its one buffer holds
  * exactly its [rows x width] values, float32 or BYTES strings, on any properties and bytes.
  *
  * Input: 23 bytes of properties (datatype, served type, dims, buffers, memory, served width, shape[0],
  * shape[1] as int64 little-endian, rows so far), then the buffer. */
 #include "fuzz_python.h"
-#include "serving/backend_checks.h"
+#include "native/backend_checks.h"
 
 static int64_t int64_at(const unsigned char *p) {
     uint64_t v = 0;

@@ -5,7 +5,7 @@
  *
  * Input: one byte of parameter type, then the key up to the first NUL, then the value. */
 #include "fuzz_python.h"
-#include "serving/backend_checks.h"
+#include "native/backend_checks.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     fuzz_start_python();

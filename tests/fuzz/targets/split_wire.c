@@ -2,7 +2,7 @@
  * exactly the values an independent walk finds (join_wire gives the buffer back), or raises
  * ValueError when the walk finds the buffer malformed. */
 #include "fuzz_python.h"
-#include "serving/_native.c"
+#include "native/_request.c"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     fuzz_start_python();

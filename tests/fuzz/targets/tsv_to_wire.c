@@ -4,7 +4,7 @@
  *
  * Input: one byte of shape (rows 0-7, label or not, dense columns 0-3... from its bits), then the lines. */
 #include "fuzz_python.h"
-#include "serving/_native.c"
+#include "native/_request.c"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     fuzz_start_python();

@@ -21,14 +21,14 @@ from pathlib import Path
 
 from ensemble.repository.configs import LATENCY_OBJECTIVE_PARAMETER, config_file, config_name, parse as parse_config
 from ensemble import online
-from ensemble.serving import allocator, lifecycle, processes
-from ensemble.serving.allocator import Allocator
-from ensemble.serving.control import RELEASE_HEADER, Control, ControlError, restricted_options
+from ensemble.operate import allocator, lifecycle, processes
+from ensemble.operate.allocator import Allocator
+from ensemble.operate.control import RELEASE_HEADER, Control, ControlError, restricted_options
 from ensemble.models.registry import Layout
 from ensemble import schema
 from ensemble.schema import Model
-from ensemble.serving.monitoring import LatencySummaries
-from ensemble.serving.door import door_options
+from ensemble.operate.monitoring import LatencySummaries
+from ensemble.operate.door import door_options
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # What `ensemble serve` serves on CPU unless told otherwise: the whole chain inside Triton's own
@@ -58,14 +58,14 @@ class ServerOptions:
             the server's cores.
         admin_key: when set, Triton's model-repository API (load/unload: what ``ensemble
             deploy`` and the supervisor use) answers only requests carrying it in the
-            ``ensemble-admin-key`` header (:mod:`ensemble.serving.control`). Required to bind a
+            ``ensemble-admin-key`` header (:mod:`ensemble.operate.control`). Required to bind a
             non-loopback address.
         latency_summaries: Prometheus latency summaries on the metrics port (off by default; see
-            :mod:`ensemble.serving.monitoring`).
+            :mod:`ensemble.operate.monitoring`).
         latency_objective_ms: the fused ranker's latency objective (:mod:`ensemble.serving.admission`):
             the ranker is loaded with it in its config. None: the repository config's own
             (``configs.DEFAULT_OBJECTIVE_MS`` as exported).
-        allocator: the memory allocator tritonserver runs with (:mod:`ensemble.serving.allocator`).
+        allocator: the memory allocator tritonserver runs with (:mod:`ensemble.operate.allocator`).
         require_declared: a DLRM step whose release declares an engine that cannot run here fails to load
             (so the server does not start) instead of scoring with another (:mod:`ensemble.models.engines`).
     """
@@ -106,7 +106,7 @@ def _pytriton_dir() -> Path | None:
 def _check_native_backend(repository: Path) -> None:
     """The native layout serves a release only when its folder holds the backend library (``ensemble
     export`` copies it there when the project's install built it)."""
-    from ensemble.serving import backend
+    from ensemble.native import backend
 
     ranker = repository / Model.RANKER.value
     releases = [p for p in ranker.iterdir() if p.is_dir() and p.name.isdigit()] if ranker.is_dir() else []
@@ -317,7 +317,7 @@ class TritonServer:
         """The release the last deploy or rollback declared for this repository (``ensemble.serving.
         declared``), which this server loads instead of the newest; None: the newest. Only the fused
         and native layouts serve a release as one model version."""
-        from ensemble.serving import declared
+        from ensemble.operate import declared
 
         if Layout(self.options.layout) not in (Layout.FUSED, Layout.NATIVE):
             return None
@@ -326,7 +326,7 @@ class TritonServer:
     def declared_versions(self) -> list[int] | None:
         """The ranker versions this server loads: the declared release, and during a release across a
         fleet the other one being switched to or from (None: the newest)."""
-        from ensemble.serving import declared
+        from ensemble.operate import declared
 
         return declared.versions(self.options.repository) if self.declared_release() is not None else None
 

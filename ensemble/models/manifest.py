@@ -16,6 +16,8 @@ from ensemble import schema
 from ensemble.schema import Model
 
 MANIFEST_FILE = "manifest.json"
+# A release (a version of the ranker) lists the versions of its steps in this file, beside its manifest.
+RELEASE_FILE = "release.json"
 LIBRARIES = ("numpy", "pyarrow", "nvtabular", "xgboost-cpu", "xgboost", "torch",
              "tensorflow-cpu", "tensorflow", "keras", "nvidia-pytriton", "tritonclient")
 LOG = logging.getLogger(__name__)

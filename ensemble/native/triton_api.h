@@ -2,7 +2,7 @@
  * libtritonserver) that the fused backend calls, declared from Triton's public documentation of
  * that API. Triton resolves these symbols in its own process when it loads the backend.
  *
- * Only what fused_backend.c uses is declared; the enum values follow the documented order.
+ * Only what backend.c uses is declared; the enum values follow the documented order.
  */
 #ifndef ENSEMBLE_TRITON_API_H
 #define ENSEMBLE_TRITON_API_H

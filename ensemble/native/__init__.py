@@ -1,4 +1,4 @@
-"""The request path's per-string loops: C when ``ensemble.serving._native`` was built (``pip install``
+"""The request path's per-string loops: C when ``ensemble.native._request`` was built (``pip install``
 compiles it), Python otherwise. Both produce the same objects; tests compare them.
 
 - :func:`split_wire`: Triton's BYTES wire format (per element a uint32 little-endian length,
@@ -26,11 +26,11 @@ from typing import Sequence
 import numpy as np
 
 try:
-    from ensemble.serving import _native
+    from ensemble.native import _request
 except ImportError:  # built without a C compiler: the Python loops below
-    _native = None
+    _request = None
 
-COMPILED = _native is not None
+COMPILED = _request is not None
 
 _LENGTH = struct.Struct("<I")
 
@@ -99,27 +99,27 @@ def _gather_py(table: dict, keys: list) -> tuple[bytes, bytes] | None:
     return b"".join(heads), b"".join(tails)
 
 
-split_wire = _native.split_wire if COMPILED else _split_wire_py
-join_wire = _native.join_wire if COMPILED else _join_wire_py
-gather = _native.gather if COMPILED else _gather_py
-_lookup = _native.lookup if COMPILED else _lookup_py
-_dense_prepare = _native.dense_prepare if COMPILED else _dense_prepare_py
-_blend = _native.blend if COMPILED else _blend_py
-Vocabulary = _native.Vocabulary if COMPILED else _VocabularyPy
+split_wire = _request.split_wire if COMPILED else _split_wire_py
+join_wire = _request.join_wire if COMPILED else _join_wire_py
+gather = _request.gather if COMPILED else _gather_py
+_lookup = _request.lookup if COMPILED else _lookup_py
+_dense_prepare = _request.dense_prepare if COMPILED else _dense_prepare_py
+_blend = _request.blend if COMPILED else _blend_py
+Vocabulary = _request.Vocabulary if COMPILED else _VocabularyPy
 
 
 def tsv_to_wire(blob: bytes, rows: int, with_label: bool, n_dense: int, n_categorical: int):
     """Lines of ``with_label`` + ``n_dense`` integer + ``n_categorical`` string tab-separated fields,
     each ending in a newline -> ``(labels int8 [rows] or None, dense float32 [rows x n_dense],
     wire bytes, row_ends int64 [rows])``: what ``parse_criteo`` and the BYTES serialization give
-    for the same lines. None when a line is outside the parser's grammar (see ``_native.c``) or the
+    for the same lines. None when a line is outside the parser's grammar (see ``_request.c``) or the
     extension was not built: the caller then parses the general way."""
     if not COMPILED:
         return None
     labels = np.empty(rows, np.int8) if with_label else None
     dense = np.empty((rows, n_dense), np.float32)
     row_ends = np.empty(rows, np.int64)
-    wire = _native.tsv_to_wire(blob, rows, with_label, n_dense, n_categorical, labels, dense, row_ends)
+    wire = _request.tsv_to_wire(blob, rows, with_label, n_dense, n_categorical, labels, dense, row_ends)
     return None if wire is None else (labels, dense, wire, row_ends)
 
 

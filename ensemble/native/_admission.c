@@ -6,7 +6,7 @@
  *
  * Admission(objective_s, state: tuple, texts: tuple) builds one from a Python policy's state
  * (admission.NativeAdmission does); plan(...) and finished(...) are its Python face, and the capsule
- * (kernel_api.h) its face for C callers, over the same state.
+ * (api.h) its face for C callers, over the same state.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "kernel_api.h"
+#include "api.h"
 
 /* admission.py's constants */
 #define TAIL_QUANTILE 0.9
@@ -395,7 +395,7 @@ static PyMethodDef admission_methods[] = {
 };
 
 static PyTypeObject AdmissionType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ensemble.serving._admission.Admission",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ensemble.native._admission.Admission",
     .tp_basicsize = sizeof(Admission),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "The ranker's admission in C (see ensemble/serving/admission.py).",

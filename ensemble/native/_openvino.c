@@ -9,8 +9,8 @@
  * each column's table before the run, as the C forward pass checks them: OpenVINO's gather answers an
  * id outside its table with a zero vector instead of an error.
  *
- * It publishes the same entry points as ensemble.models._dlrm (kernel_api.h: EnsembleDlrmApi) under
- * its own capsule, so the chain (ensemble/serving/_chain.c) scores through either.
+ * It publishes the same entry points as ensemble.native._dlrm (api.h: EnsembleDlrmApi) under
+ * its own capsule, so the chain (ensemble/native/_chain.c) scores through either.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -21,7 +21,7 @@
 
 #include <openvino/c/openvino.h>
 
-#include "kernel_api.h"
+#include "api.h"
 
 #define SLOTS 8 /* most compiled copies of a model one Engine holds */
 
@@ -85,7 +85,7 @@ static ov_tensor_t *wrap(ov_element_type_e type, int64_t rows, int64_t width, co
     return tensor;
 }
 
-/* kernel_api.h's forward: -1 done, -2 out of memory, -3 the runtime failed (its message on stderr),
+/* api.h's forward: -1 done, -2 out of memory, -3 the runtime failed (its message on stderr),
  * else the flat index of an id outside its table (nothing scored). */
 static int64_t engine_forward(PyObject *obj, const float *dense, const int64_t *ids, int64_t rows, float *out) {
     Engine *e = (Engine *)obj;
@@ -267,7 +267,7 @@ static PyGetSetDef engine_getset[] = {
 };
 
 static PyTypeObject EngineType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ensemble.models._openvino.Engine",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ensemble.native._openvino.Engine",
     .tp_basicsize = sizeof(Engine),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A DLRM compiled by OpenVINO's CPU runtime: Engine(model_path, precision, limits, n_dense, "
@@ -299,7 +299,7 @@ PyMODINIT_FUNC PyInit__openvino(void) {
     if (PyType_Ready(&EngineType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    OpenVinoError = PyErr_NewException("ensemble.models._openvino.OpenVinoError", PyExc_RuntimeError, NULL);
+    OpenVinoError = PyErr_NewException("ensemble.native._openvino.OpenVinoError", PyExc_RuntimeError, NULL);
     PyObject *capsule = PyCapsule_New((void *)&API, ENSEMBLE_OPENVINO_CAPSULE, NULL);
     if (OpenVinoError == NULL || capsule == NULL || PyModule_AddObjectRef(m, "OpenVinoError", OpenVinoError) < 0 ||
         PyModule_AddObjectRef(m, "Engine", (PyObject *)&EngineType) < 0 ||

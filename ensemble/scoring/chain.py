@@ -1,11 +1,11 @@
 """The ranker's three models and its blend on the CPU as four direct C calls.
 
-Through the steps (:class:`ensemble.serving.runtime.StepRunner`) a batch passes five step wrappers,
+Through the steps (:class:`ensemble.scoring.pipeline.StepRunner`) a batch passes five step wrappers,
 five output dictionaries, dtype checks and the trees' design-matrix concatenation before the kernels
 see it: ~0.07 ms of Python for a 1-row request against ~0.035 ms in the kernels (build VM, one warm
 process). :class:`KernelChain` calls the same kernels on the same arrays in the same order and
 writes their scores into one preallocated array, so its answers are the steps' answers bit for bit;
-:class:`ensemble.serving.runtime.Pipeline` uses it whenever every model scores with its C kernel
+:class:`ensemble.scoring.pipeline.Pipeline` uses it whenever every model scores with its C kernel
 (the trees' evaluator, both DLRMs' forward pass, the blender) and checks that at load on a sample.
 """
 
@@ -18,10 +18,10 @@ import numpy as np
 from ensemble import schema
 from ensemble.models.blend import Blender
 from ensemble.schema import Model
-from ensemble.serving import native
+from ensemble import native
 
 try:
-    from ensemble.serving import _chain
+    from ensemble.native import _chain
 except ImportError:  # built without a C compiler (or without numpy's headers): no chain in C
     _chain = None
 
@@ -85,10 +85,10 @@ class KernelChain:
 
     def native(self, transform) -> "object | None":
         """This chain with ``transform`` (a :class:`ensemble.features.transforms.LeanTransform` that reads the
-        wire) before it, as one C object (``_chain.Chain``, ``ensemble/serving/_chain.c``): raw float32
+        wire) before it, as one C object (``_chain.Chain``, ``ensemble/native/_chain.c``): raw float32
         dense values and Triton's BYTES wire buffers in, the outputs out, with no Python call, for the
         native backend. None when ``_chain`` or the C vocabulary was not built. Unchecked:
-        :attr:`ensemble.serving.runtime.Pipeline.native_chain` compares it with the Python chain."""
+        :attr:`ensemble.scoring.pipeline.Pipeline.native_chain` compares it with the Python chain."""
         from ensemble.features.transforms import OOV_ID
 
         vocabulary = transform.vocabulary

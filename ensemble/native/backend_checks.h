@@ -1,4 +1,4 @@
-/* What the native backend (fused_backend.c) reads of a request's own bytes before it trusts them: the
+/* What the native backend (backend.c) reads of a request's own bytes before it trusts them: the
  * request parameters (the "bulk" flag, the "ensemble-release" parameter a fleet's gateway forwards from
  * its header), where an input's buffer lives, and whether a request is plain (each input in its served
  * type and width, its rows in one CPU buffer, its strings well formed). Pure functions of their
@@ -12,7 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "kernel_api.h"
+#include "api.h"
 #include "triton_api.h"
 
 #define PLAIN_MAX_ROWS (1 << 24) /* the most rows a plain request may have */

@@ -13,9 +13,9 @@ loading it, finite scores in [0, 1] on fresh rows, and held-out AUC not worse th
 release's by more than :data:`AUC_TOLERANCE` (measured on ``--holdout`` when given, else the
 test AUC each release recorded at export). After the switch the served scores must equal the
 in-process ones (<= 1e-5) or the previous release is put back. A release that serves is declared
-(:mod:`ensemble.serving.declared`), so a server started later on the repository serves it too.
+(:mod:`ensemble.operate.declared`), so a server started later on the repository serves it too.
 
-The switch goes through Triton's model-repository API (:mod:`ensemble.serving.control`, which says who
+The switch goes through Triton's model-repository API (:mod:`ensemble.operate.control`, which says who
 may call it), over gRPC when ``grpc_url`` is given (``ensemble deploy`` always gives it): a load over
 Triton's HTTP API holds one of its HTTP threads for the whole load, and the clients whose keep-alive
 connections that thread owns get no reply until it ends.
@@ -31,11 +31,11 @@ import numpy as np
 from ensemble import schema
 from ensemble.data import criteo
 from ensemble.features import transforms
-from ensemble.repository import manifest
-from ensemble.serving import declared
-from ensemble.serving.control import Control, ControlError
+from ensemble.models import manifest
+from ensemble.operate import declared
+from ensemble.operate.control import Control, ControlError
 from ensemble.models.registry import ORDER
-from ensemble.serving.runtime import RELEASE_FILE, Pipeline, release_versions
+from ensemble.scoring.pipeline import RELEASE_FILE, Pipeline, release_versions
 from ensemble.schema import Model
 
 AUC_TOLERANCE = 0.005  # AUC points a new release may lose against the serving one (noise on ~30k rows)

@@ -17,15 +17,12 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ensemble import schema
-from ensemble.repository import manifest
-from ensemble.serving import native
+from ensemble import native, schema
 from ensemble.device import Device
-from ensemble.models import artifacts
+from ensemble.models import artifacts, manifest
+from ensemble.models.manifest import RELEASE_FILE  # noqa: F401 - where a release lists its steps' versions
 from ensemble.models.registry import BY_MODEL, ORDER, Layout
 from ensemble.schema import Model
-
-RELEASE_FILE = "release.json"
 
 LOG = logging.getLogger(__name__)
 
@@ -201,7 +198,7 @@ class Pipeline:
     def rank(self, context_dense, context_categorical, candidate_dense, candidate_categorical,
              k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """What the ``rank`` model answers, in process: (order best first, every candidate's score)."""
-        from ensemble.serving import ranking
+        from ensemble.scoring import ranking
 
         widths = self.widths
         dense, categorical = ranking.broadcast(context_dense, context_categorical, candidate_dense,
@@ -261,14 +258,34 @@ class Pipeline:
         tensors = {schema.DENSE_FEATURES.name: transform.transform_dense(dense), schema.CATEGORY_IDS.name: category_ids}
         return self._run(tensors, self._levels[1:])
 
+    def score_wire(self, dense: np.ndarray, wire: bytes, rows: int) -> dict[str, np.ndarray]:
+        """:meth:`score` for rows whose categorical values come as Triton's BYTES wire buffer (row-major),
+        scored as the native backend scores a call: by the chain in C when it is built here, else by
+        looking the strings up from the buffer, else from the strings. Each output flat, [rows] float32."""
+        dense = np.ascontiguousarray(dense, np.float32)
+        chain = self.native_chain
+        if chain is not None:
+            out = np.empty((len(schema.RANKER_OUTPUTS), rows), np.float32)
+            split = self._parallel and rows >= self.PARALLEL_MIN_ROWS
+            chain.score(((dense, wire, rows),), out, 2 if split else 1)
+            return {t.name: out[k] for k, t in enumerate(schema.RANKER_OUTPUTS)}
+        transform = self.reads_wire
+        if transform is not None:
+            scores = self.score_ids(dense, transform.ids_from_wire(wire, rows))
+        else:
+            strings = np.empty(rows * self.widths.categorical, dtype=object)
+            strings[:] = native.split_wire(wire)
+            scores = self.score(dense, strings.reshape(rows, -1))
+        return {name: value.reshape(-1) for name, value in scores.items()}
+
     @functools.cached_property
     def kernel_chain(self):
-        """The models and the blend as direct kernel calls (:class:`ensemble.serving.chain.KernelChain`),
+        """The models and the blend as direct kernel calls (:class:`ensemble.scoring.chain.KernelChain`),
         which score every batch (each half on its own thread when a batch is split), when every model
         has its C kernel here and the chain gives the steps' own scores on a sample batch, bit for
         bit; else None (the steps run). Built on first use."""
         from ensemble.features.transforms import FIRST_ID  # ids below it (reserved) are in every table
-        from ensemble.serving.chain import KernelChain
+        from ensemble.scoring.chain import KernelChain
 
         if (not self._use_chain or not self._row_split or len(self._levels) != 3
                 or [s.step.model for s in self._levels[0]] != [Model.FEATURES]):
@@ -293,7 +310,7 @@ class Pipeline:
     @functools.cached_property
     def native_chain(self):
         """The whole chain in C from raw dense values and Triton's BYTES wire buffers
-        (:meth:`ensemble.serving.chain.KernelChain.native`), which the native backend scores plain calls
+        (:meth:`ensemble.scoring.chain.KernelChain.native`), which the native backend scores plain calls
         with, when it builds here and gives :meth:`chain_scores`' outputs bit for bit on a sample of
         random, edge-case and in-vocabulary rows, whole on one thread and in parts on two; else None.
         Built on first use."""
@@ -445,7 +462,7 @@ def deserialize_bytes(buffer) -> np.ndarray:
     The python backend turns every BYTES input into numpy through
     ``triton_python_backend_utils.deserialize_bytes_tensor``, a loop that formats a struct
     string per element: 1.2 ms for the 2,600 strings of a 100-row request here, the largest
-    single cost of such a request in the fused model. :func:`ensemble.serving.native.split_wire` does
+    single cost of such a request in the fused model. :func:`ensemble.native.split_wire` does
     the same in C (or a leaner Python loop); ``model.py`` installs this in place of the original.
     """
     values = native.split_wire(buffer)

@@ -31,7 +31,7 @@
 #include <immintrin.h>
 #endif
 
-#include "kernel_api.h"
+#include "api.h"
 
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
 typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
@@ -850,7 +850,7 @@ static PyObject *weights_call(PyObject *obj, PyObject *args, PyObject *kwargs) {
 }
 
 static PyTypeObject WeightsType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ensemble.models._dlrm.Weights",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ensemble.native._dlrm.Weights",
     .tp_basicsize = sizeof(Weights),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Weights(bottom, table, offsets, pair_i, pair_j, top): forward()'s weights, taken once; "
@@ -860,7 +860,7 @@ static PyTypeObject WeightsType = {
     .tp_call = weights_call,
 };
 
-/* The C entry point (kernel_api.h), over a Weights object its caller holds. */
+/* The C entry point (api.h), over a Weights object its caller holds. */
 static int64_t api_n_dense(PyObject *weights) { return ((Weights *)weights)->net.n_dense; }
 static int64_t api_n_ids(PyObject *weights) { return ((Weights *)weights)->net.F; }
 static int64_t api_forward(PyObject *weights, const float *dense, const int64_t *ids, int64_t rows, float *out) {

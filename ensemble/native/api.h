@@ -1,5 +1,5 @@
 /* The C entry points the project's extension modules hand each other, so that a served call can run
- * from Triton's buffers to the answers with no Python call in between (ensemble/serving/fused_backend.c).
+ * from Triton's buffers to the answers with no Python call in between (ensemble/native/backend.c).
  *
  * Each module that offers some publishes one table of function pointers as a capsule named
  * "<module>._C_API_<version>" (PyCapsule_Import finds it). The version changes with any table's
@@ -47,8 +47,8 @@ static inline uint64_t ensemble_wire_offset(const unsigned char *wire, uint64_t 
 #define ENSEMBLE_API_VERSION "2"
 #define ENSEMBLE_API_ATTRIBUTE "_C_API_" ENSEMBLE_API_VERSION
 
-/* ensemble.models._trees: the trees as arrays (ensemble.models.xgb.TreeArrays). */
-#define ENSEMBLE_TREES_CAPSULE "ensemble.models._trees." ENSEMBLE_API_ATTRIBUTE
+/* ensemble.native._trees: the trees as arrays (ensemble.models.xgb.TreeArrays). */
+#define ENSEMBLE_TREES_CAPSULE "ensemble.native._trees." ENSEMBLE_API_ATTRIBUTE
 typedef struct {
     /* The floats of scratch that predict needs for rows of n_features features. */
     size_t (*scratch_floats)(int64_t n_features);
@@ -58,8 +58,8 @@ typedef struct {
                     float base_margin, float *scratch, float *out);
 } EnsembleTreesApi;
 
-/* ensemble.models._dlrm: a DLRM's forward pass over a _dlrm.Weights object. */
-#define ENSEMBLE_DLRM_CAPSULE "ensemble.models._dlrm." ENSEMBLE_API_ATTRIBUTE
+/* ensemble.native._dlrm: a DLRM's forward pass over a _dlrm.Weights object. */
+#define ENSEMBLE_DLRM_CAPSULE "ensemble.native._dlrm." ENSEMBLE_API_ATTRIBUTE
 typedef struct {
     /* The dense inputs and the id columns a row has for this net. */
     int64_t (*n_dense)(PyObject *weights);
@@ -70,14 +70,14 @@ typedef struct {
     int64_t (*forward)(PyObject *weights, const float *dense, const int64_t *ids, int64_t rows, float *out);
 } EnsembleDlrmApi;
 
-/* ensemble.models._openvino: a DLRM compiled by OpenVINO (an _openvino.Engine object), the same entry points
+/* ensemble.native._openvino: a DLRM compiled by OpenVINO (an _openvino.Engine object), the same entry points
  * as _dlrm's; its forward also returns -3 when the runtime fails. */
-#define ENSEMBLE_OPENVINO_CAPSULE "ensemble.models._openvino." ENSEMBLE_API_ATTRIBUTE
+#define ENSEMBLE_OPENVINO_CAPSULE "ensemble.native._openvino." ENSEMBLE_API_ATTRIBUTE
 
-/* ensemble.serving._native: the categorical lookup and the elementwise steps. */
-#define ENSEMBLE_NATIVE_CAPSULE "ensemble.serving._native." ENSEMBLE_API_ATTRIBUTE
+/* ensemble.native._request: the categorical lookup and the elementwise steps. */
+#define ENSEMBLE_REQUEST_CAPSULE "ensemble.native._request." ENSEMBLE_API_ATTRIBUTE
 typedef struct {
-    /* The id columns of a _native.Vocabulary. */
+    /* The id columns of a _request.Vocabulary. */
     int64_t (*columns)(PyObject *vocabulary);
     /* out[i] = the id of value i of a BYTES wire buffer in column i % columns (fallback when absent);
      * the buffer must hold exactly count values. 0, or -1 with the reason in error. */
@@ -90,8 +90,8 @@ typedef struct {
                   size_t rows);
 } EnsembleNativeApi;
 
-/* ensemble.serving._admission: the ranker's admission (ensemble.serving.admission). */
-#define ENSEMBLE_ADMISSION_CAPSULE "ensemble.serving._admission." ENSEMBLE_API_ATTRIBUTE
+/* ensemble.native._admission: the ranker's admission (ensemble.serving.admission). */
+#define ENSEMBLE_ADMISSION_CAPSULE "ensemble.native._admission." ENSEMBLE_API_ATTRIBUTE
 #define ENSEMBLE_MESSAGE_SIZE 256
 typedef struct {
     int64_t rows;
@@ -114,8 +114,8 @@ typedef struct {
     void (*finished)(PyObject *admission, double start, double end, int64_t requests, int64_t rows, int64_t scored);
 } EnsembleAdmissionApi;
 
-/* ensemble.serving._chain: the ranker's whole chain over Triton's buffers (a _chain.Chain). */
-#define ENSEMBLE_CHAIN_CAPSULE "ensemble.serving._chain." ENSEMBLE_API_ATTRIBUTE
+/* ensemble.native._chain: the ranker's whole chain over Triton's buffers (a _chain.Chain). */
+#define ENSEMBLE_CHAIN_CAPSULE "ensemble.native._chain." ENSEMBLE_API_ATTRIBUTE
 typedef struct {
     /* The outputs (blend, then each model) of the rows of parts requests into out [outputs x total
      * rows]: part p has rows[p] rows, dense[p] [rows x n_dense] float32 raw features, and wire[p] the

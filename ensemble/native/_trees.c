@@ -42,7 +42,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kernel_api.h"
+#include "api.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
@@ -293,7 +293,7 @@ static int get(PyObject *obj, Py_buffer *view, const char *name, int writable, P
     return 0;
 }
 
-/* The C entry point (kernel_api.h): predict's arithmetic on arrays its caller holds. */
+/* The C entry point (api.h): predict's arithmetic on arrays its caller holds. */
 static size_t scratch_floats(int64_t n_features) { return (size_t)(BLOCK_ROWS * 2 * n_features); }
 
 static void api_predict(const float *x, int64_t rows, int64_t n_features, int64_t n_trees, int depth,

@@ -5,7 +5,7 @@
  * joining them back into the wire format cost about 0.4-0.5 ms each on the build machine: a third
  * of the fused ranker's time per 100-row request. These three functions do the same work with
  * the same objects (Python bytes, the vocabularies' own dicts), so results are identical by
- * construction; ensemble/serving/native.py falls back to the Python loops when this module was not built.
+ * construction; ensemble/native/__init__.py falls back to the Python loops when this module was not built.
  * gather joins the cached rows of a ranking request by ids (ensemble/online.py).
  * Two more do a request's elementwise arithmetic in one pass each (the continuous features before
  * their logarithm; the blender), where numpy's ten-odd calls per step cost ~20 us at one row.
@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kernel_api.h"
+#include "api.h"
 
 /* split_wire(buffer) -> list[bytes] */
 static PyObject *split_wire(PyObject *self, PyObject *arg) {
@@ -466,7 +466,7 @@ static PyMethodDef vocabulary_methods[] = {
 
 static PyTypeObject VocabularyType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "ensemble.serving._native.Vocabulary",
+    .tp_name = "ensemble.native._request.Vocabulary",
     .tp_basicsize = sizeof(Vocabulary),
     .tp_dealloc = (destructor)vocabulary_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -648,9 +648,9 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_native", .m_size = -1, .m_methods = methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_request", .m_size = -1, .m_methods = methods};
 
-/* The C entry points (kernel_api.h). */
+/* The C entry points (api.h). */
 static int64_t api_columns(PyObject *vocabulary) { return ((Vocabulary *)vocabulary)->columns; }
 static int api_lookup_wire(PyObject *vocabulary, const unsigned char *data, size_t size, int64_t fallback, int64_t *out,
                            size_t count, char *error, size_t error_size) {
@@ -659,11 +659,11 @@ static int api_lookup_wire(PyObject *vocabulary, const unsigned char *data, size
 
 static const EnsembleNativeApi API = {api_columns, api_lookup_wire, prepare, blend_rows};
 
-PyMODINIT_FUNC PyInit__native(void) {
+PyMODINIT_FUNC PyInit__request(void) {
     if (PyType_Ready(&VocabularyType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    PyObject *capsule = PyCapsule_New((void *)&API, ENSEMBLE_NATIVE_CAPSULE, NULL);
+    PyObject *capsule = PyCapsule_New((void *)&API, ENSEMBLE_REQUEST_CAPSULE, NULL);
     if (PyModule_AddObjectRef(m, "Vocabulary", (PyObject *)&VocabularyType) < 0 ||
         PyModule_AddObject(m, ENSEMBLE_API_ATTRIBUTE, capsule) < 0) {
         Py_XDECREF(capsule);

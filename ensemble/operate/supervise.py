@@ -40,7 +40,7 @@ Two faults seen here, and what the supervisor does about them:
   SIGKILLs that stub, unloads ``rank`` and loads it again. When its answer names the ranker's
   process (``rank`` calls the ranker, which broke after its own probe), the ranker is healed
   instead. A heal of the ranker ends the ranker's processes, never ``rank``'s.
-- **The native layout's ranker stalls.** It runs inside tritonserver (``libtriton_fused.so``), so
+- **The native layout's ranker stalls.** It runs inside tritonserver (``libtriton_native.so``), so
   there is no process of its own to end: after ``failures_to_heal`` failed probes with no progress
   the supervisor restarts the server as below (a crash of that code is a crash of the server).
   Every question the supervisor asks the server waits no longer than ``probe_timeout``.
@@ -72,9 +72,9 @@ import numpy as np
 
 from ensemble import schema
 from ensemble.models.registry import Layout
-from ensemble.serving import processes
-from ensemble.serving.control import Control, ControlError
-from ensemble.serving.server import ServerError, TritonServer
+from ensemble.operate import processes
+from ensemble.operate.control import Control, ControlError
+from ensemble.operate.server import ServerError, TritonServer
 
 RELOAD_PARAMETER = "reload_generation"
 STOPPED_STATES = ("T", "t")  # /proc/<pid>/stat: stopped by a signal, stopped by a tracer

@@ -1,14 +1,14 @@
 /* The ranker's whole chain over a call's buffers, in C: Triton's raw dense values and BYTES strings
- * in, the four outputs out, with no Python call, so the native backend (fused_backend.c) can answer a
+ * in, the four outputs out, with no Python call, so the native backend (backend.c) can answer a
  * call without the interpreter.
  *
  * It runs the same code the Python path runs, in the same order: the lean feature transform (the
- * categorical lookup of _native.c straight from the wire; the dense fill, clip and +1 of _native.c,
+ * categorical lookup of _request.c straight from the wire; the dense fill, clip and +1 of _request.c,
  * then numpy's own float32 log loop, then the normalization in float32), the trees of _trees.c on the
- * same design matrix, both DLRMs through _dlrm.c, the blend of _native.c. Those modules hand their
- * entry points over as capsules (kernel_api.h); numpy's log is the loop np.log runs for float32, taken
+ * same design matrix, both DLRMs through _dlrm.c, the blend of _request.c. Those modules hand their
+ * entry points over as capsules (api.h); numpy's log is the loop np.log runs for float32, taken
  * from the ufunc, because NVTabular's values (and the trees' thresholds on them) are numpy's to the
- * bit. ensemble/serving/chain.py builds a Chain from a loaded release and checks, before anything
+ * bit. ensemble/scoring/chain.py builds a Chain from a loaded release and checks, before anything
  * uses it, that it gives the Python chain's scores bit for bit.
  *
  * A call may use two threads: the rows are cut in two (as the Python pipeline cuts a batch) and a
@@ -32,7 +32,7 @@
 #include <numpy/ndarraytypes.h>
 #include <numpy/ufuncobject.h>
 
-#include "kernel_api.h"
+#include "api.h"
 
 #define MODELS 3 /* trees, torch DLRM, TF DLRM: the outputs after the blend */
 
@@ -106,8 +106,8 @@ static const void *api_of(const char *capsule) {
 /* The entry points of a DLRM engine object: a _dlrm.Weights or an _openvino.Engine, else NULL (TypeError). */
 static const EnsembleDlrmApi *dlrm_api(PyObject *engine) {
     const char *name = Py_TYPE(engine)->tp_name;
-    if (strcmp(name, "ensemble.models._dlrm.Weights") == 0) return api_of(ENSEMBLE_DLRM_CAPSULE);
-    if (strcmp(name, "ensemble.models._openvino.Engine") == 0) return api_of(ENSEMBLE_OPENVINO_CAPSULE);
+    if (strcmp(name, "ensemble.native._dlrm.Weights") == 0) return api_of(ENSEMBLE_DLRM_CAPSULE);
+    if (strcmp(name, "ensemble.native._openvino.Engine") == 0) return api_of(ENSEMBLE_OPENVINO_CAPSULE);
     PyErr_Format(PyExc_TypeError, "Chain: a DLRM must be a _dlrm.Weights or an _openvino.Engine, not %s", name);
     return NULL;
 }
@@ -166,13 +166,13 @@ static PyObject *chain_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     pthread_mutex_init(&c->helper.lock, NULL);
     pthread_mutex_init(&c->helper.busy, NULL);
     pthread_cond_init(&c->helper.wake, NULL);
-    c->native = api_of(ENSEMBLE_NATIVE_CAPSULE);
+    c->native = api_of(ENSEMBLE_REQUEST_CAPSULE);
     c->trees = c->native ? api_of(ENSEMBLE_TREES_CAPSULE) : NULL;
     c->dlrm[0] = c->trees ? dlrm_api(torch) : NULL;
     c->dlrm[1] = c->dlrm[0] ? dlrm_api(tf) : NULL;
     if (c->dlrm[1] == NULL || numpy_log(c) < 0) goto fail;
-    if (strcmp(Py_TYPE(vocabulary)->tp_name, "ensemble.serving._native.Vocabulary") != 0) {
-        PyErr_SetString(PyExc_TypeError, "Chain: a _native.Vocabulary and two DLRM engines");
+    if (strcmp(Py_TYPE(vocabulary)->tp_name, "ensemble.native._request.Vocabulary") != 0) {
+        PyErr_SetString(PyExc_TypeError, "Chain: a _request.Vocabulary and two DLRM engines");
         goto fail;
     }
     c->vocabulary = Py_NewRef(vocabulary);
@@ -306,7 +306,7 @@ static void *helper_main(void *arg) {
     Chain *c = arg;
     Helper *h = &c->helper;
     /* The helper scores half of the posting thread's call, so it runs at that thread's priority (the
-     * native backend lowers its model thread's, fused_backend.c: lower_priority), also when it was
+     * native backend lowers its model thread's, backend.c: lower_priority), also when it was
      * started at load by another thread. It only ever lowers its own, which needs no privilege. */
     int mine = thread_nice();
     pthread_mutex_lock(&h->lock);
@@ -505,7 +505,7 @@ static PyMethodDef chain_methods[] = {
 };
 
 static PyTypeObject ChainType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ensemble.serving._chain.Chain",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ensemble.native._chain.Chain",
     .tp_basicsize = sizeof(Chain),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "The ranker's chain in C over raw dense values and BYTES wire buffers.",

@@ -1,5 +1,5 @@
-"""The ``native`` layout's Triton backend: ``fused_backend.c`` (built by the project's install,
-``setup.py``) declares the backend API it calls in ``triton_api.h`` and runs the fused ranker's
+"""The ``native`` layout's Triton backend: ``backend.c`` (built by the project's install, ``setup.py``)
+declares the backend API it calls in ``triton_api.h`` and runs the fused ranker's
 Python code (:mod:`ensemble.serving.embedded`) in an interpreter embedded in Triton's process.
 """
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ensemble.repository.configs import NATIVE_BACKEND
-
 HERE = Path(__file__).resolve().parent
+# The backend's name in a model config (``backend: "native"``), named after the layout that uses it.
+NATIVE_BACKEND = "native"
 FILE_NAME = f"libtriton_{NATIVE_BACKEND}.so"  # the name Triton looks for in a model's version folder
 
 

@@ -22,7 +22,7 @@ DASHBOARD = PROJECT_ROOT / "docker" / "grafana" / "dashboards" / "ranker.json"
 # The dashboard's fleet panels also read the Envoy gateway's statistics, which no tritonserver exports.
 GATEWAY_METRIC_PREFIX = "envoy_"
 # Its online-store panels read the rank model's lookup counters, which appear once a ranking request by
-# ids has been served (ensemble/online.py; fused_backend.c, "the model's own counters").
+# ids has been served (ensemble/online.py; backend.c, "the model's own counters").
 STORE_METRIC_PREFIX = "ensemble_store_"
 
 # p50 / p90 / p95 / p99 with the rank error Prometheus' best practices suggest for each: the

@@ -1,0 +1,383 @@
+/* The fused ranker as a Triton backend of the project's own: Triton loads it into its own process
+ * (``libtriton_native.so`` in the model's folder, ``backend: "native"`` in its config), so a request
+ * reaches the ranker without the python backend's stub process and its shared-memory round trip.
+ *
+ * The ranker's model code runs in a Python interpreter embedded here (ensemble.serving.embedded):
+ * this file moves tensors between Triton and that code, answers each request, and reports the
+ * statistics Triton's metrics and perf_analyzer read. A call's plain requests (see "a plain call"
+ * below) are planned and scored in C, with no Python call and without the interpreter's lock, through
+ * the C entry points the model's modules hand over at load (ensemble/native/api.h: the admission
+ * policy and the whole chain, checked at load against the step-by-step pipeline to the bit); every
+ * other request goes through the model's execute. ensemble_backend_requests_total{path} counts both.
+ */
+
+#include "backend.h"
+
+uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+TRITONSERVER_Error *fail(TS_ErrorCode code, const char *format, ...) {
+    char message[1024];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(message, sizeof message, format, args);
+    va_end(args);
+    return TRITONSERVER_ErrorNew(code, message);
+}
+
+void log_line(TS_LogLevel level, const char *message) {
+    TRITONSERVER_Error *err = TRITONSERVER_LogMessage(level, __FILE__, __LINE__, message);
+    if (err) TRITONSERVER_ErrorDelete(err);
+}
+
+TRITONSERVER_Error *TRITONBACKEND_Initialize(TRITONBACKEND_Backend *backend) {
+    (void)backend;
+    uint32_t major, minor;
+    TRITONSERVER_Error *err = TRITONBACKEND_ApiVersion(&major, &minor);
+    if (err) return err;
+    if (major != ENSEMBLE_BACKEND_API_MAJOR || minor < ENSEMBLE_BACKEND_API_MINOR)
+        return fail(TS_ERROR_UNSUPPORTED, "the fused backend needs backend API %d.%d+, this Triton has %u.%u",
+                    ENSEMBLE_BACKEND_API_MAJOR, ENSEMBLE_BACKEND_API_MINOR, major, minor);
+    return python_start();
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
+    const char *name, *repository, *config_json;
+    uint64_t version;
+    size_t config_size;
+    TB_ArtifactType artifact;
+    TRITONSERVER_Message *config;
+    TRITONSERVER_Error *err;
+    if ((err = TRITONBACKEND_ModelName(model, &name))) return err;
+    if ((err = TRITONBACKEND_ModelVersion(model, &version))) return err;
+    if ((err = TRITONBACKEND_ModelRepository(model, &artifact, &repository))) return err;
+    if ((err = TRITONBACKEND_ModelConfig(model, 1, &config))) return err;
+    if ((err = TRITONSERVER_MessageSerializeToJson(config, &config_json, &config_size))) {
+        TRITONSERVER_MessageDelete(config);
+        return err;
+    }
+    PyGILState_STATE gil = PyGILState_Ensure();
+    ModelState *state = calloc(1, sizeof *state);
+    PyObject *module = PyImport_ImportModule(ENTRY_MODULE);
+    if (module) {
+        state->model = PyObject_CallMethod(module, "Model", "s#sK", config_json, (Py_ssize_t)config_size,
+                                           repository, (unsigned long long)version);
+        Py_DECREF(module);
+    }
+    TRITONSERVER_MessageDelete(config);
+    if (state->model) {
+        PyObject *names = PyObject_GetAttrString(state->model, "input_names");
+        if (names && PyTuple_Check(names)) {
+            state->n_inputs = (int)PyTuple_GET_SIZE(names);
+            state->input_names = calloc(state->n_inputs, sizeof(char *));
+            for (int i = 0; i < state->n_inputs; i++)
+                state->input_names[i] = strdup(PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i)));
+        }
+        Py_XDECREF(names);
+        if (state->input_names) plain_spec(state, name);
+        PyObject *nice = PyObject_GetAttrString(state->model, "thread_nice");
+        if (nice == NULL) PyErr_Clear(); /* a model without the attribute: threads left as they are */
+        else if (PyLong_Check(nice)) state->thread_nice = (int)PyLong_AsLong(nice);
+        Py_XDECREF(nice);
+        engine_metrics(state, name, version);
+        create_path_metrics(state, name, version);
+        state->metric_updates = PyObject_GetAttrString(state->model, "metric_updates");
+        if (state->metric_updates == NULL) PyErr_Clear(); /* a model without counters of its own */
+        snprintf(state->metric_model, sizeof state->metric_model, "%s", name);
+        snprintf(state->metric_version, sizeof state->metric_version, "%llu", (unsigned long long)version);
+    }
+    if (state->model == NULL || state->input_names == NULL) {
+        char text[900];
+        python_error_text(text, sizeof text);
+        Py_XDECREF(state->model);
+        free(state);
+        PyGILState_Release(gil);
+        return fail(TS_ERROR_INTERNAL, "model '%s' version %llu did not load: %s", name,
+                    (unsigned long long)version, text);
+    }
+    PyGILState_Release(gil);
+    return TRITONBACKEND_ModelSetState(model, state);
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
+    void *raw;
+    TRITONSERVER_Error *err = TRITONBACKEND_ModelState(model, &raw);
+    if (err) return err;
+    ModelState *state = raw;
+    if (state == NULL) return NULL; /* Triton finalizes a model whose initialization failed, too */
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *result = PyObject_CallMethod(state->model, "close", NULL);
+    if (result == NULL) PyErr_Clear();
+    Py_XDECREF(result);
+    Py_XDECREF(state->chain);
+    Py_XDECREF(state->admission);
+    Py_XDECREF(state->metric_updates);
+    Py_DECREF(state->model);
+    PyGILState_Release(gil);
+    for (int k = 0; k < 2; k++) {
+        if (state->path_metrics[k] == NULL) continue;
+        TRITONSERVER_Error *gone = TRITONSERVER_MetricDelete(state->path_metrics[k]);
+        if (gone) TRITONSERVER_ErrorDelete(gone);
+    }
+    for (int k = 0; k < state->n_metrics; k++) {
+        TRITONSERVER_Error *gone = TRITONSERVER_MetricDelete(state->metrics[k]);
+        if (gone) TRITONSERVER_ErrorDelete(gone);
+    }
+    for (int k = 0; k < state->n_series; k++) {
+        TRITONSERVER_Error *gone = TRITONSERVER_MetricDelete(state->series[k].metric);
+        if (gone) TRITONSERVER_ErrorDelete(gone);
+    }
+    for (int k = 0; k < state->n_outputs; k++) free(state->output_names[k]);
+    for (int i = 0; i < state->n_inputs; i++) free(state->input_names[i]);
+    free(state->input_names);
+    free(state);
+    return NULL;
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance *instance) {
+    Instance *state = calloc(1, sizeof *state);
+    if (state == NULL) return fail(TS_ERROR_INTERNAL, "out of memory for a model instance");
+    Reporter *reporter = calloc(1, sizeof *reporter);
+    if (reporter != NULL) { /* without one, statistics are reported on the answering thread */
+        reporter->instance = instance;
+        pthread_mutex_init(&reporter->lock, NULL);
+        pthread_cond_init(&reporter->wake, NULL);
+        reporter->running = pthread_create(&reporter->thread, NULL, reporter_main, reporter) == 0;
+        state->reporter = reporter;
+    }
+    return TRITONBACKEND_ModelInstanceSetState(instance, state);
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance *instance) {
+    void *raw = NULL;
+    TRITONSERVER_Error *err = TRITONBACKEND_ModelInstanceState(instance, &raw);
+    if (err) return err;
+    Instance *state = raw;
+    if (state == NULL) return NULL;
+    if (state->lane != NULL) lane_stop(state->lane); /* answers every request it holds, reporting through the reporter */
+    Reporter *reporter = state->reporter;
+    if (reporter != NULL) {
+        if (reporter->running) /* the reporter makes every queued report before it ends */
+            stop_worker(&reporter->lock, &reporter->wake, &reporter->stop, reporter->thread);
+        pthread_cond_destroy(&reporter->wake);
+        pthread_mutex_destroy(&reporter->lock);
+        free(reporter);
+    }
+    free(state);
+    return NULL;
+}
+
+/* ----- a call ----- */
+
+/* The request's "bulk" flag and its "ensemble-release" parameter (the release a fleet's gateway routed
+ * it to, forwarded from its header by tritonserver; NULL when absent), valid during the request. */
+int request_parameters(TRITONBACKEND_Request *request, const char **release) {
+    uint32_t count = 0;
+    int bulk = 0;
+    *release = NULL;
+    TRITONSERVER_Error *err = TRITONBACKEND_RequestParameterCount(request, &count);
+    if (err) {
+        TRITONSERVER_ErrorDelete(err);
+        return 0;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        const char *key;
+        TS_ParameterType type;
+        const void *value;
+        err = TRITONBACKEND_RequestParameter(request, i, &key, &type, &value);
+        if (err) {
+            TRITONSERVER_ErrorDelete(err);
+            continue;
+        }
+        backend_parameter(key, type, value, &bulk, release);
+    }
+    return bulk;
+}
+
+/* Add one output tensor to a response, its bytes copied from `data`. */
+TRITONSERVER_Error *add_output(TRITONBACKEND_Response *response, const char *name, TS_DataType datatype,
+                               const int64_t *shape, uint32_t dims, const void *data, uint64_t size) {
+    TRITONBACKEND_Output *output;
+    void *buffer;
+    TS_MemoryType memory = TS_MEMORY_CPU;
+    int64_t memory_id = 0;
+    TRITONSERVER_Error *err = TRITONBACKEND_ResponseOutput(response, &output, name, datatype, shape, dims);
+    if (err == NULL) err = TRITONBACKEND_OutputBuffer(output, &buffer, size, &memory, &memory_id);
+    if (err == NULL) memcpy(buffer, data, (size_t)size);
+    return err;
+}
+
+/* Send a response as final, failed with `problem` when not NULL (deleted here); whether it succeeded. */
+bool send_final(TRITONBACKEND_Response *response, TRITONSERVER_Error *problem) {
+    TRITONSERVER_Error *err = TRITONBACKEND_ResponseSend(response, TS_RESPONSE_COMPLETE_FINAL, problem);
+    if (err) TRITONSERVER_ErrorDelete(err);
+    if (problem) {
+        TRITONSERVER_ErrorDelete(problem);
+        return false;
+    }
+    return true;
+}
+
+/* Answer a request with an error (Triton's code, the message). */
+void send_error(TRITONBACKEND_Request *request, int code, const char *message) {
+    TRITONBACKEND_Response *response;
+    TRITONSERVER_Error *err = TRITONBACKEND_ResponseNew(&response, request);
+    if (err) {
+        TRITONSERVER_ErrorDelete(err);
+        return;
+    }
+    TRITONSERVER_Error *answer_error = TRITONSERVER_ErrorNew((TS_ErrorCode)code, message ? message : "error");
+    err = TRITONBACKEND_ResponseSend(response, TS_RESPONSE_COMPLETE_FINAL, answer_error);
+    TRITONSERVER_ErrorDelete(answer_error);
+    if (err) TRITONSERVER_ErrorDelete(err);
+}
+
+/* This thread (a model instance's, on its first call) to nice value ``nice``, so that on a core it
+ * shares with Triton's front-end threads the threads parsing and answering requests run before it:
+ * the dynamic batcher then gathers the requests that arrive meanwhile into the next call. At the
+ * same priority the model thread, woken for each single request, took the core from the front end
+ * as soon as one request was queued, and calls under 4-16 concurrent clients stayed at one request
+ * (configs.py: MODEL_THREAD_NICE says what that cost). The chain's helper thread, started at load by
+ * another thread, takes the value of the thread whose call it shares (_chain.c). Only ever lowers the
+ * priority, which needs no privilege. */
+static void lower_priority(int nice) {
+    if (nice <= 0) return;
+    const pid_t tid = (pid_t)syscall(SYS_gettid);
+    errno = 0;
+    const int now = getpriority(PRIO_PROCESS, (id_t)tid);
+    if (errno != 0 || now >= nice) return;
+    if (setpriority(PRIO_PROCESS, (id_t)tid, nice) != 0) {
+        char text[200];
+        snprintf(text, sizeof text, "could not lower the model thread's priority to nice %d (%s); it keeps nice %d",
+                 nice, strerror(errno), now);
+        log_line(TS_LOG_WARN, text);
+    }
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance *instance,
+                                                       TRITONBACKEND_Request **requests,
+                                                       uint32_t request_count) {
+    uint64_t exec_start = now_ns();
+    TRITONBACKEND_Model *model;
+    void *raw;
+    TRITONSERVER_Error *err = TRITONBACKEND_ModelInstanceModel(instance, &model);
+    if (err == NULL) err = TRITONBACKEND_ModelState(model, &raw);
+    if (err) return err; /* Triton answers every request with this error */
+    ModelState *state = raw;
+    void *instance_raw = NULL;
+    err = TRITONBACKEND_ModelInstanceState(instance, &instance_raw);
+    if (err) TRITONSERVER_ErrorDelete(err); /* then reported here, on this thread */
+    Instance *owner = instance_raw;
+    Reporter *reporter = owner != NULL && another_core() ? owner->reporter : NULL;
+
+    /* Keep this thread's Python state across calls: the state PyGILState_Ensure creates for a
+     * thread Python did not start is destroyed by the matching Release, and a new one per call
+     * starts Python and the frameworks' thread-local caches cold every time. */
+    static __thread int thread_state_kept = 0;
+    if (!thread_state_kept) {
+        PyGILState_Ensure();
+        PyEval_SaveThread();
+        thread_state_kept = 1;
+        lower_priority(state->thread_nice);
+    }
+    bool *answered = calloc(request_count, sizeof(bool));
+    bool *succeeded = calloc(request_count, sizeof(bool));
+    bool *deferred = calloc(request_count, sizeof(bool)); /* handed to the bulk lane: it answers and reports them */
+    uint64_t compute_start = 0, compute_end = 0, rows = 0;
+    char text[900] = "";
+    /* Which requests take the C path: plain ones, when the model has it. The two groups are scored
+     * apart, each as a call of its own (the C one first), over compacted arrays mapped back after. */
+    PlainRequest *plain = state->chain ? malloc((request_count ? request_count : 1) * sizeof *plain) : NULL;
+    uint32_t *at = malloc((request_count ? request_count : 1) * sizeof *at); /* group member -> request */
+    TRITONBACKEND_Request **group = malloc((request_count ? request_count : 1) * sizeof *group);
+    bool *group_answered = calloc(request_count ? request_count : 1, sizeof(bool));
+    bool *group_succeeded = calloc(request_count ? request_count : 1, sizeof(bool));
+    bool *group_deferred = calloc(request_count ? request_count : 1, sizeof(bool));
+    if (answered == NULL || succeeded == NULL || deferred == NULL || at == NULL || group == NULL ||
+        group_answered == NULL || group_succeeded == NULL || group_deferred == NULL) {
+        snprintf(text, sizeof text, "out of memory for a call of %u requests", request_count);
+    } else {
+        uint32_t n_plain = 0;
+        for (uint32_t r = 0; plain != NULL && r < request_count; r++) {
+            if (plain_request(state, requests[r], &plain[n_plain])) {
+                at[n_plain] = r;
+                group[n_plain++] = requests[r];
+            }
+        }
+        if (n_plain > 0) {
+            compute_start = now_ns();
+            Lane *lane = lane_of(owner, state, instance);
+            native_execute(state, group, n_plain, plain, lane, exec_start, group_answered, group_succeeded, group_deferred,
+                           &rows, text, sizeof text);
+            compute_end = now_ns();
+            count_path(state, 0, n_plain);
+            for (uint32_t g = 0; g < n_plain; g++) {
+                answered[at[g]] = group_answered[g];
+                succeeded[at[g]] = group_succeeded[g];
+                deferred[at[g]] = group_deferred[g];
+            }
+        }
+        if (n_plain < request_count) {
+            uint32_t n_other = 0;
+            for (uint32_t r = 0, g = 0; r < request_count; r++) {
+                if (g < n_plain && at[g] == r) {
+                    g++;
+                    continue;
+                }
+                at[n_other] = r;
+                group[n_other] = requests[r];
+                group_answered[n_other] = group_succeeded[n_other] = false;
+                n_other++;
+            }
+            uint64_t python_start = 0, python_end = 0;
+            PyGILState_STATE gil = PyGILState_Ensure();
+            python_execute(state, group, n_other, exec_start, group_answered, group_succeeded, &python_start,
+                           &python_end, text, sizeof text);
+            PyObject *scored = PyObject_GetAttrString(state->model, "rows");
+            if (scored && PyLong_Check(scored)) rows += PyLong_AsUnsignedLongLong(scored);
+            if (scored == NULL || PyErr_Occurred()) PyErr_Clear();
+            Py_XDECREF(scored);
+            PyGILState_Release(gil);
+            count_path(state, 1, n_other);
+            if (compute_start == 0) compute_start = python_start;
+            compute_end = python_end;
+            for (uint32_t g = 0; g < n_other; g++) {
+                answered[at[g]] = group_answered[g];
+                succeeded[at[g]] = group_succeeded[g];
+            }
+        }
+    }
+    free(plain);
+    free(at);
+    free(group);
+    free(group_answered);
+    free(group_succeeded);
+    free(group_deferred);
+    uint64_t exec_end = now_ns();
+
+    for (uint32_t r = 0; r < request_count; r++) {
+        if (deferred != NULL && deferred[r]) continue; /* the lane answers, reports and releases it */
+        if (answered == NULL || !answered[r]) { /* its path failed as a whole: every request still gets an answer */
+            TRITONBACKEND_Response *response;
+            if (TRITONBACKEND_ResponseNew(&response, requests[r]) == NULL) {
+                TRITONSERVER_Error *why = fail(TS_ERROR_INTERNAL, "the ranker failed: %s", text[0] ? text : "no answer");
+                TRITONSERVER_Error *send = TRITONBACKEND_ResponseSend(response, TS_RESPONSE_COMPLETE_FINAL, why);
+                if (send) TRITONSERVER_ErrorDelete(send);
+                TRITONSERVER_ErrorDelete(why);
+            }
+        }
+        Report item = {requests[r], succeeded != NULL && succeeded[r], 0, exec_start, compute_start, compute_end, exec_end};
+        report(reporter, instance, &item);
+    }
+    if (rows) {
+        Report item = {NULL, true, rows, exec_start, compute_start, compute_end, exec_end};
+        report(reporter, instance, &item);
+    }
+    free(answered);
+    free(succeeded);
+    free(deferred);
+    return NULL;
+}

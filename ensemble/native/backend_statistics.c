@@ -1,0 +1,188 @@
+/* The native backend's metrics and statistics (see backend.h): the metric families it adds to
+ * Triton's, and each call's statistics, reported to Triton off the answering thread. */
+#include "backend.h"
+
+/* ----- the model's own counters -----
+ *
+ * A model whose Python object has `metric_updates` (the rank model's online-store lookups:
+ * ensemble/serving/embedded.py) reports counters through Triton's metrics: after each call the backend
+ * takes (family, label, increment) triples from it, each family one of MODEL_FAMILIES, and adds them to
+ * the family's series {model, version[, outcome]}. The series go when the version unloads. */
+typedef struct {
+    const char *name, *help;
+} ModelFamily;
+
+static const ModelFamily model_family_specs[] = {
+    {"ensemble_store_entities_total",
+     "entities a ranking request by ids named, by outcome: cache_hit, store_hit, unknown_user, unknown_item, "
+     "stale_served, stale_refused"},
+    {"ensemble_store_failures_total", "ranking requests by ids refused because the online store did not answer"},
+    {"ensemble_store_round_trips_total", "round trips to the online store (one MGET, or one per cluster node)"},
+    {"ensemble_store_round_trip_seconds_total", "seconds spent in round trips to the online store"},
+};
+
+_Static_assert(sizeof model_family_specs / sizeof model_family_specs[0] == MODEL_FAMILIES,
+               "MODEL_FAMILIES (backend.h) counts the families");
+
+static TRITONSERVER_MetricFamily *model_families[MODEL_FAMILIES];
+
+static pthread_once_t model_families_once = PTHREAD_ONCE_INIT;
+
+/* Which path scored each request: declared, so a C path that declines requests shows in the metrics. */
+static TRITONSERVER_MetricFamily *path_family;
+
+static void create_model_families(void) {
+    TRITONSERVER_Error *failed = TRITONSERVER_MetricFamilyNew(
+        &path_family, TS_METRIC_COUNTER, "ensemble_backend_requests_total",
+        "requests the native backend scored, by path: c (planned and scored in C by the release's chain) or "
+        "python (through the model's execute: a request that is not plain, or any request of a model without a C path)");
+    if (failed) {
+        TRITONSERVER_ErrorDelete(failed);
+        path_family = NULL;
+    }
+    for (int f = 0; f < MODEL_FAMILIES; f++) {
+        TRITONSERVER_Error *err = TRITONSERVER_MetricFamilyNew(&model_families[f], TS_METRIC_COUNTER,
+                                                               model_family_specs[f].name, model_family_specs[f].help);
+        if (err) {
+            TRITONSERVER_ErrorDelete(err);
+            model_families[f] = NULL;
+        }
+    }
+}
+
+TRITONSERVER_Metric *model_series(ModelState *state, int family, const char *label) {
+    for (int k = 0; k < state->n_series; k++)
+        if (state->series[k].family == family && strcmp(state->series[k].label, label) == 0)
+            return state->series[k].metric;
+    if (state->n_series >= MODEL_SERIES || model_families[family] == NULL || strlen(label) >= 32) return NULL;
+    const char *names[] = {"model", "version", "outcome"};
+    const char *values[] = {state->metric_model, state->metric_version, label};
+    TRITONSERVER_Metric *metric = labelled(model_families[family], names, values, label[0] ? 3 : 2, 0.0);
+    if (metric == NULL) return NULL;
+    state->series[state->n_series].family = family;
+    snprintf(state->series[state->n_series].label, 32, "%s", label);
+    state->series[state->n_series++].metric = metric;
+    return metric;
+}
+
+TRITONSERVER_Metric *labelled(TRITONSERVER_MetricFamily *family, const char *const *names,
+                              const char *const *values, int count, double value) {
+    const TRITONSERVER_Parameter *labels[5];
+    for (int k = 0; k < count; k++) labels[k] = TRITONSERVER_ParameterNew(names[k], TS_PARAMETER_STRING, values[k]);
+    TRITONSERVER_Metric *metric = NULL;
+    TRITONSERVER_Error *err = TRITONSERVER_MetricNew(&metric, family, labels, (uint64_t)count);
+    for (int k = 0; k < count; k++) TRITONSERVER_ParameterDelete((TRITONSERVER_Parameter *)labels[k]);
+    if (err) {
+        TRITONSERVER_ErrorDelete(err);
+        return NULL;
+    }
+    if ((err = TRITONSERVER_MetricSet(metric, value))) TRITONSERVER_ErrorDelete(err);
+    return metric;
+}
+
+/* ----- statistics, reported off the answering thread -----
+ *
+ * Triton updates its latency summaries (the Prometheus quantile estimators behind the *_summary_us
+ * metrics) inside TRITONBACKEND_ModelInstanceReportStatistics, and every so often that update takes
+ * milliseconds. Made on the thread that answers, it holds up the next request (the served p99 of
+ * one-row requests). So each instance hands its answered requests' statistics, and their release, to
+ * a reporter thread of the lowest priority (SCHED_IDLE), which runs when the answering thread waits.
+ * When the reporter falls behind (a full queue: a saturated core), the answering thread reports
+ * itself, so the memory held by unreleased requests stays bounded. Statistics therefore trail the
+ * answers by as long as the reporter waits for a free core. A server allowed only one core (taskset)
+ * reports on the answering thread: there the reporter would compete for the same core,
+ * and measured with a closed loop on one core its tail was longer, not shorter. */
+
+static void report_now(TRITONBACKEND_ModelInstance *instance, const Report *report) {
+    TRITONSERVER_Error *err;
+    if (report->request == NULL) {
+        err = TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, report->rows, report->exec_start,
+                                                               report->compute_start, report->compute_end,
+                                                               report->exec_end);
+        if (err) TRITONSERVER_ErrorDelete(err);
+        return;
+    }
+    err = TRITONBACKEND_ModelInstanceReportStatistics(instance, report->request, report->success,
+                                                      report->exec_start, report->compute_start,
+                                                      report->compute_end, report->exec_end);
+    if (err) TRITONSERVER_ErrorDelete(err);
+    err = TRITONBACKEND_RequestRelease(report->request, TS_REQUEST_RELEASE_ALL);
+    if (err) TRITONSERVER_ErrorDelete(err);
+}
+
+void *reporter_main(void *arg) {
+    Reporter *reporter = arg;
+    /* SCHED_IDLE: Linux preempts this thread for any ordinary one that wakes (a request's), where a
+     * low nice value alone still lets it finish its time slice first. Nice 19 if that is refused. */
+    struct sched_param lowest = {0};
+    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &lowest) != 0)
+        setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+    Report batch[REPORT_BATCH];
+    for (;;) {
+        pthread_mutex_lock(&reporter->lock);
+        while (reporter->count == 0 && !reporter->stop) pthread_cond_wait(&reporter->wake, &reporter->lock);
+        size_t n = 0;
+        while (n < REPORT_BATCH && reporter->count > 0) {
+            batch[n++] = reporter->queue[reporter->head];
+            reporter->head = (reporter->head + 1) % REPORT_QUEUE;
+            reporter->count--;
+        }
+        bool done = n == 0 && reporter->stop;
+        pthread_mutex_unlock(&reporter->lock);
+        if (done) return NULL;
+        for (size_t i = 0; i < n; i++) report_now(reporter->instance, &batch[i]);
+    }
+}
+
+/* Whether this thread may run on more than one core (checked per call: taskset can change it). */
+bool another_core(void) {
+    cpu_set_t cores;
+    return sched_getaffinity(0, sizeof cores, &cores) == 0 && CPU_COUNT(&cores) > 1;
+}
+
+/* Hands a report to the reporter, or makes it here when there is none or its queue is full. */
+void report(Reporter *reporter, TRITONBACKEND_ModelInstance *instance, const Report *item) {
+    if (reporter != NULL && reporter->running) {
+        pthread_mutex_lock(&reporter->lock);
+        if (reporter->count < REPORT_QUEUE) {
+            reporter->queue[(reporter->head + reporter->count) % REPORT_QUEUE] = *item;
+            if (reporter->count++ == 0) pthread_cond_signal(&reporter->wake);
+            pthread_mutex_unlock(&reporter->lock);
+            return;
+        }
+        pthread_mutex_unlock(&reporter->lock);
+    }
+    report_now(instance, item);
+}
+
+/* Ends a worker thread (the reporter, a bulk lane): sets its stop flag under its lock, wakes it and
+ * waits for it; the worker finishes what it holds before it returns. */
+void stop_worker(pthread_mutex_t *lock, pthread_cond_t *wake, bool *stop, pthread_t thread) {
+    pthread_mutex_lock(lock);
+    *stop = true;
+    pthread_cond_signal(wake);
+    pthread_mutex_unlock(lock);
+    pthread_join(thread, NULL);
+}
+
+/* Adds `requests` to the version's ensemble_backend_requests_total series of `path` (0: c, 1: python). */
+void count_path(ModelState *state, int path, uint32_t requests) {
+    if (state->path_metrics[path] == NULL || requests == 0) return;
+    TRITONSERVER_Error *err = TRITONSERVER_MetricIncrement(state->path_metrics[path], (double)requests);
+    if (err) TRITONSERVER_ErrorDelete(err);
+}
+
+/* The version's ensemble_backend_requests_total series, path "c" and "python" (NULL where it cannot be). */
+void create_path_metrics(ModelState *state, const char *name, uint64_t version) {
+    pthread_once(&model_families_once, create_model_families);
+    for (int k = 0; k < 2 && path_family != NULL; k++) {
+        char version_text[24];
+        snprintf(version_text, sizeof version_text, "%llu", (unsigned long long)version);
+        const char *names[] = {"model", "version", "path"};
+        const char *values[] = {name, version_text, k == 0 ? "c" : "python"};
+        state->path_metrics[k] = labelled(path_family, names, values, 3, 0.0);
+    }
+}
+
+/* The model's own counter families, created once per process. */
+void ensure_model_families(void) { pthread_once(&model_families_once, create_model_families); }
