@@ -4,8 +4,7 @@
   ``optional=True``: without a C compiler or Python headers the install still succeeds and
   ``ensemble.native`` uses its Python loops (slower, same results).
 - ``ensemble.native._trees``: the boosted trees as arrays, evaluated tree-major over a batch
-  (``ensemble.models.xgb.TreeArrays``); optional like the above (then the TL2cgen library and
-  XGBoost score the trees).
+  (``ensemble.models.xgb.TreeArrays``); optional like the above (then XGBoost scores the trees).
 - ``ensemble.native._dlrm``: either DLRM's forward pass in one C call (``ensemble.models.dlrm_kernel``);
   optional (then TorchScript and LiteRT score the DLRMs).
 - ``ensemble.native._admission``: the ranker's admission policy in C (``ensemble.serving.admission``

@@ -3,7 +3,7 @@
 Some libraries write straight to file descriptor 2 from C++, where Python's ``warnings`` and
 ``logging`` cannot reach: LiteRT's "INFO: Created TensorFlow Lite XNNPACK delegate for CPU." (no
 switch turns it off) and absl/TensorFlow info lines ("I0000 00:00:... file.cc:12] ..."); others
-hand their C++ log lines to a Python callback that prints them to stdout (TL2cgen).
+hand their C++ log lines to a Python callback that prints them to stdout.
 :func:`native_info_quieted` holds both while a block runs and passes on everything but those
 lines, so warnings and errors still show.
 """

@@ -10,7 +10,6 @@ XGB_JSON = "xgboost.json"  # XGBoost's own model file (training output)
 # (an unknown "cats" key, then base_score written as a vector "[2.5E-1]"), the failure users
 # report in fil_backend issues #311 and #378 for earlier version pairs.
 FIL_CHECKPOINT = "checkpoint.tl"
-TREES_LIBRARY = "trees.so"  # the trees compiled to native code at export (CPU layouts)
 TORCHSCRIPT = "model.pt"  # the torch DLRM (TorchScript, frozen), also what libtorch loads
 SAVEDMODEL = "model.savedmodel"  # the Keras DLRM as a SavedModel (the GPU layout's TensorFlow backend)
 SAVEDMODEL_OUTPUT = "output_0"  # the output key Keras `model.export` gives its serving signature

@@ -143,7 +143,6 @@ def _finish_xgb(staging: Path) -> None:
     from ensemble.models import xgb
 
     xgb.write_fil_checkpoint(staging)  # what the GPU layout's FIL backend loads
-    xgb.compile_trees(staging)  # what the CPU layouts evaluate
 
 
 def _finish_dlrm_tf(staging: Path) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-import re
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble import schema
-from ensemble.models.artifacts import FIL_CHECKPOINT, TREES_LIBRARY, XGB_JSON
+from ensemble.models.artifacts import FIL_CHECKPOINT, XGB_JSON
 from ensemble.device import Device
 
 LOG = logging.getLogger(__name__)
@@ -147,156 +146,14 @@ def write_fil_checkpoint(model_dir: str | Path) -> Path:
     return path
 
 
-# The C source added to TL2cgen's generated code: the whole batch in one call, evaluated one
-# translation unit (a slice of the trees) at a time over all rows. TL2cgen's own ``predict``
-# walks all trees for one row; the trees' code is ~1.8 MB for the demo model, far more than the
-# L2 cache, so row after row re-reads it. Tree-major order keeps one unit's code hot for the
-# whole batch. Per row it performs exactly ``predict``'s operations in the same order (units
-# 0..N-1 adding into the result, the base score, the sigmoid), so the results are bit-identical.
-_BATCH_SOURCE = """
-#include "header.h"
-static void (*const units[])(union Entry*, float*) = {{{units}}};
-#define N_UNITS (sizeof(units) / sizeof(units[0]))
-#define BLOCK 256
-
-void predict_rows(union Entry* rows, int64_t n, float* out) {{
-  const int nf = get_num_feature();
-  for (int64_t start = 0; start < n; start += BLOCK) {{
-    const int64_t stop = start + BLOCK < n ? start + BLOCK : n;
-    for (int64_t r = start; r < stop; ++r) out[r] = 0;
-    for (size_t u = 0; u < N_UNITS; ++u) {{
-      for (int64_t r = start; r < stop; ++r) units[u](rows + r * nf, out + r);
-    }}
-    for (int64_t r = start; r < stop; ++r) {{
-      out[r] += {base_score};
-      postprocess(out + r);
-    }}
-  }}
-}}
-"""
-
-
-def _batch_source(code_dir: Path) -> str | None:
-    """``predict_rows`` for the generated code in ``code_dir``, or None when that code is not the
-    single-target shape it assumes (then the library has TL2cgen's per-row ``predict`` only)."""
-    import re
-
-    header, main = (code_dir / "header.h").read_text(), (code_dir / "main.c").read_text()
-    units = re.findall(r"^void (predict_unit\d+)\(union Entry\* data, float\* result\);", header, re.M)
-    base = re.findall(r"^  result\[0\] \+= ([-+0-9.eE]+);$", main, re.M)
-    if ("#define N_TARGET 1\n" not in header or "postprocess(result)" not in main or "quantize(" in main
-            or not units or len(base) != 1):
-        return None
-    return _BATCH_SOURCE.format(units=", ".join(units), base_score=base[0])
-
-
-def compile_trees(model_dir: str | Path, threads: int = 2) -> Path | None:
-    """Compile ``xgboost.json`` in ``model_dir`` to a shared library (TL2cgen's C code, gcc -O3,
-    16 translation units, plus :data:`_BATCH_SOURCE`).
-
-    About 45 s for the demo model's 222 trees on this machine's 2 cores. Returns None (and the
-    CPU layouts use XGBoost alone) when no C compiler is found.
-    """
-    import json
-    import shutil
-    import tempfile
-
-    if shutil.which("gcc") is None:
-        return None
-    import tl2cgen
-    import treelite
-
-    from ensemble.console import native_info_quieted
-
-    model_dir = Path(model_dir)
-    model = treelite.frontend.load_xgboost_model(str(model_dir / MODEL_FILE))
-    with tempfile.TemporaryDirectory(prefix="trees-") as tmp, native_info_quieted(*_TL2CGEN_NOTICES):
-        code = Path(tmp) / "code"
-        # quantize=0: TL2cgen 1.0.0's quantized thresholds sent 1.3% of fresh rows down other
-        # branches than XGBoost (score off by up to 0.026 on the demo model); plain float
-        # comparisons agree with XGBoost within 4e-7.
-        tl2cgen.generate_c_code(model, code, params={"parallel_comp": 16, "quantize": 0})
-        batch = _batch_source(code)
-        if batch is not None:  # create_shared compiles the sources its recipe lists
-            (code / "batch.c").write_text(batch)
-            recipe = json.loads((code / "recipe.json").read_text())
-            recipe["sources"].append({"name": "batch", "length": batch.count("\n")})
-            (code / "recipe.json").write_text(json.dumps(recipe))
-        built = tl2cgen.create_shared("gcc", code, nthread=threads, options=["-O3"], long_build_time_warning=False)
-        path = model_dir / TREES_LIBRARY
-        shutil.copyfile(built, path)
-    return path
-
-
-# What TL2cgen prints while it compiles, dropped from the terminal. TL2cgen 1.0.0 bundles Treelite
-# 4.1.2 and reads the model that the installed Treelite (4.8.1: the GPU layout's FIL checkpoint needs
-# it to read XGBoost 3.x JSON) hands it: a same-major-version checkpoint, which it loads in full but
-# announces in three lines ("The model you are loading originated from a newer Treelite version ...",
-# then both version numbers). The compiled trees are checked against XGBoost on the exported
-# model's own rows (tests/unit/test_models.py), so the notice carries nothing a user can act on.
-_TL2CGEN_NOTICES = tuple(re.compile(p) for p in (
-    r"originated from a newer Treelite version", r"^Currently running Treelite version",
-    r"^The model checkpoint was generated from Treelite version", r"Parallel compilation enabled"))
-
-
-class CompiledTrees:
-    """The compiled library, called through ctypes.
-
-    ``predict_rows(union Entry* rows, int64 n, float* out)`` (ours, see :data:`_BATCH_SOURCE`)
-    scores a batch in one call; libraries without it fall back to TL2cgen's per-row
-    ``predict(union Entry* row, int pred_margin, float* result)``, one ctypes call a row. A
-    float32 row is a valid ``Entry`` array (an entry is ``missing`` only when its bits are all
-    ones, a NaN the design matrix never holds: missing dense values are filled before this step).
-    """
-
-    def __init__(self, library: Path, n_features: int = N_FEATURES):
-        import ctypes
-
-        self._lib = ctypes.CDLL(str(library))
-        if self._lib.get_num_feature() != n_features:
-            raise ValueError(f"{library} takes {self._lib.get_num_feature()} features, not {n_features}")
-        self._rows = getattr(self._lib, "predict_rows", None)
-        if self._rows is not None:
-            self._rows.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)
-            self._rows.restype = None
-        self._lib.predict.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
-        self._lib.predict.restype = None
-
-    @property
-    def batched(self) -> bool:
-        return self._rows is not None
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        """[B x 39] float32 -> [B] P(click)."""
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        out = np.zeros(len(x), dtype=np.float32)
-        if self._rows is not None:
-            self._rows(x.ctypes.data, len(x), out.ctypes.data)
-            return out
-        predict, base, step, result = self._lib.predict, x.ctypes.data, x.strides[0], out.ctypes.data
-        for i in range(len(x)):
-            predict(base + i * step, 0, result + 4 * i)
-        return out
-
-
-# Batches up to this many rows run the compiled trees; larger ones XGBoost's own predictor.
-# Measured here (222 trees, depth 8, 1 thread, one run, medians), compiled ``predict_rows`` vs
-# XGBoost: 0.018 / 0.13 / 0.61 / 0.90 / 8.9 / 37 ms against 0.70 / 0.86 / 1.2 / 1.5 / 8.8 / 32 ms
-# for 1 / 8 / 64 / 100 / 1,000 / 4,096 rows. XGBoost's cost per call is mostly fixed and its
-# predictor (array trees, blocked rows) is faster per row in large batches. A library without
-# ``predict_rows`` (one ctypes call per row: 1.6 ms for 64 rows) only pays off below ~48 rows.
-COMPILED_MAX_ROWS = 512
-PER_ROW_MAX_ROWS = 48
-# The trees as arrays (:class:`TreeArrays`, ``_trees.c``) against the compiled library and XGBoost,
-# 222 trees of depth 8, one thread, a different slice of real rows each call (medians of 100, build
-# VM, quiet): 14 / 57 / 324 us against 28 / 117 / 809 (TL2cgen) and 468 / 520 / 871 (XGBoost) for
-# 1 / 8 / 100 rows. A row repeated call after call favours TL2cgen's branches (its predictor learns the path),
-# which served traffic never does.
+# The trees are scored by TreeArrays (the C evaluator in ``ensemble/native/_trees.c``) when that module
+# was built and takes the model, else by XGBoost's own predictor; export compiles nothing for them
+# (the evaluators measured against each other: docs/results/trees-evaluators.md).
 
 
 try:
     from ensemble.native import _trees
-except ImportError:  # built without a C compiler: TL2cgen's library and XGBoost score the trees
+except ImportError:  # built without a C compiler: XGBoost scores the trees
     _trees = None
 
 
@@ -341,7 +198,7 @@ class TreeArrays:
             if depth > cls.MAX_DEPTH:
                 reason = f"depth {depth} > {cls.MAX_DEPTH}"
         if reason is not None:
-            LOG.warning("xgb: the C trees decline this model (%s); TL2cgen's library and XGBoost score it", reason)
+            LOG.warning("xgb: the C trees decline this model (%s); XGBoost scores it", reason)
             return None
         n_internal, n_leaves = (1 << depth) - 1, 1 << depth
         column = np.zeros((len(trees), n_internal), np.uint32)
@@ -365,8 +222,7 @@ class TreeArrays:
         base_score = float(str(params["base_score"]).strip("[]"))
         base_margin = float(np.log(base_score) - np.log1p(-base_score))
         if not np.isfinite(threshold).all():  # the missing-value columns need finite thresholds
-            LOG.warning("xgb: the C trees decline this model (a split threshold is not finite); TL2cgen's "
-                        "library and XGBoost score it")
+            LOG.warning("xgb: the C trees decline this model (a split threshold is not finite); XGBoost scores it")
             return None
         return cls(column.ravel(), threshold.ravel(), leaves.ravel(), depth, base_margin, int(params["num_feature"]))
 
@@ -399,9 +255,8 @@ def _depth(tree: dict) -> int:
 
 class TreeScorer:
     """``(dense_features, category_ids) -> [B x 1]`` P(click) from the trees: :class:`TreeArrays` when
-    ``_trees`` was built, else the compiled library (``trees.so``, when export could build it) for
-    small batches and XGBoost for large ones. All evaluate the same trees in float32 and differ by
-    <= 5e-7 (the sum's order)."""
+    ``_trees`` was built and takes the model, else XGBoost's predictor. Both evaluate the same trees in
+    float32 and differ by <= 5e-7 (the sum's order)."""
 
     def __init__(self, model_dir: str | Path, threads: int = 1):
         import xgboost as xgb
@@ -409,9 +264,6 @@ class TreeScorer:
         model_dir = Path(model_dir)
         self.booster = xgb.Booster(model_file=str(model_dir / MODEL_FILE))
         self.booster.set_param({"nthread": threads})
-        library = model_dir / TREES_LIBRARY
-        self._compiled = CompiledTrees(library, self.booster.num_features()) if library.is_file() else None
-        self._compiled_max_rows = COMPILED_MAX_ROWS if self._compiled and self._compiled.batched else PER_ROW_MAX_ROWS
         self._arrays = TreeArrays.from_json(model_dir / MODEL_FILE) if _trees is not None else None
 
     @property
@@ -421,10 +273,5 @@ class TreeScorer:
 
     def __call__(self, dense_features: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
         x = design_matrix(dense_features, category_ids)
-        if self._arrays is not None:
-            out = self._arrays(x)
-        elif self._compiled is not None and len(x) <= self._compiled_max_rows:
-            out = self._compiled(x)
-        else:
-            out = self.booster.inplace_predict(x)
+        out = self._arrays(x) if self._arrays is not None else self.booster.inplace_predict(x)
         return np.asarray(out, dtype=np.float32).reshape(-1, 1)

@@ -169,7 +169,7 @@ def test_client_library_imports_no_heavy_framework():
     """The client depends on the contract (ensemble.schema), not on the server's frameworks."""
     from tests.helpers import modules_loaded
 
-    heavy = ("pandas", "pyarrow", "torch", "tensorflow", "nvtabular", "xgboost", "tl2cgen", "ai_edge_litert")
+    heavy = ("pandas", "pyarrow", "torch", "tensorflow", "nvtabular", "xgboost", "ai_edge_litert")
     assert modules_loaded("import clients.triton", heavy) == []
 
 

@@ -183,3 +183,31 @@ def test_the_development_layout_lists_the_tree_with_its_layers():
     assert set(documented) == actual
     module = {place: place.removesuffix("/").removesuffix(".py").replace("/", ".") for place in documented}
     assert {place: layer for place, layer in documented.items() if _layer(module[place]) != layer} == {}
+
+
+def test_serving_md_stays_a_topic_page():
+    """docs/serving.md states current behaviour, commands and one table per claim; narratives and
+    superseded runs live under docs/results/."""
+    assert len((ROOT / "docs" / "serving.md").read_text().splitlines()) <= 300
+
+
+def test_no_commit_hash_outside_the_results():
+    """History lives in git: no word of README.md or docs/*.md (docs/results/ aside) names a commit of
+    this repository."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    words = {}
+    for page in PAGES:
+        if "results" in page.relative_to(ROOT).parts:
+            continue
+        for word in set(re.findall(r"\b[0-9a-f]{7,40}\b", page.read_text())):
+            words.setdefault(word, []).append(_relative(page))
+    if not words:
+        return
+    checked = subprocess.run(["git", "cat-file", "--batch-check"], cwd=ROOT, capture_output=True, text=True,
+                             input="".join(f"{w}^{{commit}}\n" for w in sorted(words)))
+    named = [w for w, line in zip(sorted(words), checked.stdout.splitlines()) if line.split()[1:2] == ["commit"]]
+    assert {w: words[w] for w in named} == {}

@@ -178,23 +178,9 @@ def test_dlrm_training_learns_a_signal():
     assert metrics.auc(labels[5000:], dlrm_torch.predict(model, dense[5000:], ids[5000:])) > 0.7
 
 
-def test_compiled_trees_equal_xgboost_on_every_batch_size(tmp_path):
-    dense, ids = _batch(3000, seed=6)
-    x = xgb.design_matrix(dense, ids)
-    y = (dense[:, 0] - 0.2 * ids[:, 1] + np.random.default_rng(0).normal(size=3000) > 0).astype(np.int8)
-    booster = xgb.train(xgb.XGBConfig(rounds=30, max_depth=5, early_stopping=30), x[:2000], y[:2000], x[2000:], y[2000:])
-    xgb.save(booster, tmp_path)
-    assert xgb.compile_trees(tmp_path) is not None
-    scorer = xgb.TreeScorer(tmp_path)
-    assert scorer._compiled is not None
-    for rows in (1, 7, xgb.COMPILED_MAX_ROWS, xgb.COMPILED_MAX_ROWS + 1, 1000):  # both paths
-        got = scorer(dense[:rows], ids[:rows]).ravel()
-        np.testing.assert_allclose(got, booster.inplace_predict(x[:rows]), atol=1e-6)
-
-
-def test_compiled_trees_equal_xgboost_on_trained_rows(trained):
-    """The exported model on real feature rows (integer ids sitting on split thresholds): the
-    case where TL2cgen's quantized thresholds once disagreed with XGBoost on 1% of rows."""
+def test_the_tree_scorer_equals_xgboost_on_trained_rows(trained):
+    """The exported model on real feature rows (integer ids sitting on split thresholds), through the
+    scorer the CPU layouts run (the C evaluator when built, else XGBoost)."""
     from ensemble.features import transforms
     from ensemble.scoring.pipeline import release_versions
     from ensemble.schema import Model
@@ -203,10 +189,10 @@ def test_compiled_trees_equal_xgboost_on_trained_rows(trained):
     transform = transforms.LeanTransform.load(versions[Model.FEATURES] / "workflow")
     dense, ids = transform(transforms.dense_array(trained.test), transforms.encode_categorical(trained.test))
     scorer = xgb.TreeScorer(versions[Model.XGB])
-    assert scorer._compiled is not None and scorer._compiled.batched
+    assert (scorer.kernel is not None) == (xgb._trees is not None)
     x = xgb.design_matrix(dense, ids)
-    compiled = scorer._compiled(x)
-    np.testing.assert_allclose(compiled, scorer.booster.inplace_predict(x), atol=1e-6)
+    np.testing.assert_allclose(scorer(dense, ids).ravel(), scorer.booster.inplace_predict(x), atol=1e-6)
+    assert not (versions[Model.XGB] / "trees.so").exists()  # export compiles nothing for the trees
 
 
 @pytest.mark.skipif(xgb._trees is None, reason="ensemble.native._trees was not built (no C compiler at install)")
