@@ -106,8 +106,9 @@ def test_every_module_offers_its_c_entry_points_under_the_headers_version():
     version = re.search(r'#define ENSEMBLE_API_VERSION "(\d+)"', header).group(1)
     is_valid = ctypes.pythonapi.PyCapsule_IsValid
     is_valid.argtypes, is_valid.restype = (ctypes.py_object, ctypes.c_char_p), ctypes.c_int
-    for name in ("ensemble.native._trees", "ensemble.native._dlrm", "ensemble.native._request",
-                 "ensemble.native._admission", "ensemble.native._chain"):
+    from tests.fuzz.sanitize import MODULES  # every C module of the project
+
+    for name in MODULES:
         module = importlib.import_module(name)
         assert [a for a in dir(module) if a.startswith("_C_API")] == [f"_C_API_{version}"], name
         assert is_valid(getattr(module, f"_C_API_{version}"), f"{name}._C_API_{version}".encode()), name

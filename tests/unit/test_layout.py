@@ -26,14 +26,16 @@ PACKAGE = Path(ensemble.__file__).parent
 COMPOSERS = {"cli.py", "demo.py", "demo_movielens.py", "acceptance.py"}
 
 
-def _imported_modules(path: Path) -> set[str]:
-    """Every module an ``import`` or ``from ... import`` names in the file, nested ones included."""
+def _imported_modules(path: Path, known: frozenset[str] = frozenset()) -> set[str]:
+    """Every module an ``import`` or ``from ... import`` names in the file, nested ones included; ``from P
+    import m`` also names P.m when P.m is one of ``known``."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names if f"{node.module}.{alias.name}" in known)
     return found
 
 
@@ -92,18 +94,9 @@ def _layer(module: str) -> int | None:
 def _graph() -> dict[str, set[str]]:
     """Module -> the project modules it imports (``from P import m`` names module P.m when it is one)."""
     modules = {_module_name(p): p for p in SOURCES}
-    graph = {}
-    for name, path in modules.items():
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                found.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                found.add(node.module)
-                found.update(f"{node.module}.{alias.name}" for alias in node.names
-                             if f"{node.module}.{alias.name}" in modules)
-        graph[name] = {m for m in found if m in modules and m != name}
-    return graph
+    known = frozenset(modules)
+    return {name: {m for m in _imported_modules(path, known) if m in modules and m != name}
+            for name, path in modules.items()}
 
 
 def test_every_module_has_a_layer():
