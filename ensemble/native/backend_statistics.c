@@ -172,10 +172,11 @@ void count_path(ModelState *state, int path, uint32_t requests) {
     if (err) TRITONSERVER_ErrorDelete(err);
 }
 
-/* The version's ensemble_backend_requests_total series, path "c" and "python" (NULL where it cannot be). */
+/* The version's ensemble_backend_requests_total series: path "c" when the model has the C path, and
+ * "python" (NULL where a series cannot be made). Called after plain_spec. */
 void create_path_metrics(ModelState *state, const char *name, uint64_t version) {
     pthread_once(&model_families_once, create_model_families);
-    for (int k = 0; k < 2 && path_family != NULL; k++) {
+    for (int k = state->chain != NULL ? 0 : 1; k < 2 && path_family != NULL; k++) {
         char version_text[24];
         snprintf(version_text, sizeof version_text, "%llu", (unsigned long long)version);
         const char *names[] = {"model", "version", "path"};

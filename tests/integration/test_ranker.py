@@ -222,13 +222,14 @@ def test_the_native_backend_counts_the_path_of_every_request(servers, rows, expe
 
     srv = servers(Layout.NATIVE)
 
-    def counts():
+    def counts(model=schema.Model.RANKER.value):
         with urllib.request.urlopen(srv.metrics_url, timeout=10) as reply:
             samples = parse_exposition(reply.read().decode()).get("ensemble_backend_requests_total", [])
-        return {labels["path"]: value for labels, value in samples if labels.get("model") == schema.Model.RANKER.value}
+        return {labels["path"]: value for labels, value in samples if labels.get("model") == model}
 
     before = counts()
     assert set(before) == {"c", "python"}
+    assert set(counts(schema.RANK_MODEL)) == {"python"}  # the rank model has no C path
     dense, cats = rows
     client = RankerClient(srv.http_url, "http")
     for i in range(5):
