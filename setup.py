@@ -14,7 +14,7 @@
   through the model's execute.
   The modules hand each other their C entry points as capsules (``ensemble/native/api.h``).
 - ``ensemble/native/libtriton_native*.so``: the ``native`` layout's Triton backend
-  (``ensemble/native/backend*.c``, declared in ``backend.h``). Not a Python module: Triton loads it into
+  (``ensemble/native/backend*.c``, declared in ``backend_internal.h``). Not a Python module: Triton loads it into
   its own process and it embeds this interpreter's libpython, so it links that library. ``optional=True`` as well: without it
   the ``fused`` and ``ensemble`` layouts still serve (``ensemble serve --layout native`` says why it cannot).
 """
@@ -64,11 +64,12 @@ if OPENVINO_C:
                           extra_link_args=[str(OPENVINO_C[-1]), f"-Wl,-rpath,{OPENVINO / 'libs'}"]))
 if numpy is not None:
     MODULES.append(module("_chain", "-O2", "-ffp-contract=off", include=(numpy.get_include(),)))
-# The backend: its entry points, the embedded interpreter, the C path and its statistics (backend.h).
+# The backend: its entry points, the embedded interpreter, the C path, its statistics and what they all use
+# of Triton (backend_internal.h).
 BACKEND = Extension(
     "ensemble.native.libtriton_native",
-    [f"{NATIVE}/{c}.c" for c in ("backend", "backend_interpreter", "backend_plain", "backend_statistics")],
-    optional=True, depends=[f"{NATIVE}/{h}" for h in ("backend.h", "triton_api.h", "backend_checks.h")] + API,
+    [f"{NATIVE}/backend{part}.c" for part in ("", "_interpreter", "_plain", "_statistics", "_io")], optional=True,
+    depends=[f"{NATIVE}/{h}" for h in ("backend_internal.h", "triton_api.h", "backend_checks.h")] + API,
     include_dirs=[NATIVE], define_macros=[("PYTHON_LIBRARY", f'"{PYTHON_LIBRARY}"')],
     libraries=[f"python{LIBRARY_NAME}"], library_dirs=[sysconfig.get_config_var("LIBDIR") or ""],
     extra_compile_args=[*WARNINGS, "-O2", "-fvisibility=hidden"])

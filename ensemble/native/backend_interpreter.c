@@ -1,7 +1,7 @@
-/* The native backend's embedded interpreter (see backend.h): it starts Python inside Triton's process,
+/* The native backend's embedded interpreter (see backend_internal.h): it starts Python inside Triton's process,
  * loads the model's Python object, reads what it offers the C path, and scores every request that is not
  * plain through the model's execute, each bad request with its own error. */
-#include "backend.h"
+#include "backend_internal.h"
 
 /* The pending Python exception as text (and cleared), for an error message. */
 void python_error_text(char *out, size_t size) {

@@ -1,6 +1,6 @@
-/* The native backend's C path (see backend.h): plain requests planned by the compiled admission policy
+/* The native backend's C path (see backend_internal.h): plain requests planned by the compiled admission policy
  * and scored by the release's chain in C, without the interpreter's lock; and the bulk lane beside it. */
-#include "backend.h"
+#include "backend_internal.h"
 
 /* ----- a plain call -----
  *

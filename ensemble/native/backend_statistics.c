@@ -1,6 +1,6 @@
-/* The native backend's metrics and statistics (see backend.h): the metric families it adds to
+/* The native backend's metrics and statistics (see backend_internal.h): the metric families it adds to
  * Triton's, and each call's statistics, reported to Triton off the answering thread. */
-#include "backend.h"
+#include "backend_internal.h"
 
 /* ----- the model's own counters -----
  *
@@ -22,7 +22,7 @@ static const ModelFamily model_family_specs[] = {
 };
 
 _Static_assert(sizeof model_family_specs / sizeof model_family_specs[0] == MODEL_FAMILIES,
-               "MODEL_FAMILIES (backend.h) counts the families");
+               "MODEL_FAMILIES (backend_internal.h) counts the families");
 
 static TRITONSERVER_MetricFamily *model_families[MODEL_FAMILIES];
 

@@ -1,18 +1,20 @@
-/* The native backend's own declarations, shared by its four files (one library, libtriton_native.so):
+/* The native backend's own declarations, shared by its files (one library, libtriton_native.so):
  *
- *   backend.c              Triton's entry points (backend, model, instance, execute) and the answers
+ *   backend.c              Triton's entry points (backend, model, instance, execute)
  *   backend_interpreter.c  the Python interpreter embedded in Triton's process: starting it, the model's
  *                          objects, and the per-request path through the model's execute
  *   backend_plain.c        plain requests planned and scored in C by the release's chain; the bulk lane
  *   backend_statistics.c   metric families and series; statistics reported off the answering thread
+ *   backend_io.c           what they all use of Triton: the clock, errors, log lines, a request's
+ *                          parameters and its answers
  *
  * Nothing here is exported: the library is built with -fvisibility=hidden and only the TRITONBACKEND_
  * entry points (triton_api.h) are visible to Triton. The C entry points the Python modules share with
  * each other and with this backend are in api.h; what the backend checks of a request's own bytes is in
  * backend_checks.h.
  */
-#ifndef ENSEMBLE_BACKEND_H
-#define ENSEMBLE_BACKEND_H
+#ifndef ENSEMBLE_BACKEND_INTERNAL_H
+#define ENSEMBLE_BACKEND_INTERNAL_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -125,7 +127,7 @@ typedef struct {
 #define LANE_NICE 19
 #define LANE_YIELD_NS 1000000000ull
 
-/* backend.c: Triton's entry points and a request's answers */
+/* backend_io.c: the clock, errors, log lines, a request's parameters and its answers */
 TRITONSERVER_Error *add_output(TRITONBACKEND_Response *response, const char *name, TS_DataType datatype,
                                const int64_t *shape, uint32_t dims, const void *data, uint64_t size);
 TRITONSERVER_Error *fail(TS_ErrorCode code, const char *format, ...);
