@@ -22,8 +22,8 @@ from pathlib import Path
 
 from ensemble.models.registry import Layout
 from ensemble.operate import lifecycle
-from loadtest.statistics import cpu_per_request, model_stats, stage_times  # noqa: F401 - the runner's own
-from loadtest.targets import BASELINES, DEFAULT_TARGETS, TARGETS, Target  # noqa: F401 - as above
+from loadtest.statistics import cpu_per_request, model_stats, stage_times
+from loadtest.targets import DEFAULT_TARGETS, TARGETS, Target
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 

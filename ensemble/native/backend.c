@@ -198,59 +198,44 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
         thread_state_kept = 1;
         lower_priority(state->thread_nice);
     }
-    bool *answered = calloc(request_count, sizeof(bool));
-    bool *succeeded = calloc(request_count, sizeof(bool));
-    bool *deferred = calloc(request_count, sizeof(bool)); /* handed to the bulk lane: it answers and reports them */
+    /* The call's requests in the order they are scored: the plain ones first (the C path, when the model
+     * has it), then every other (the model's execute), each group in arrival order; the flags below are
+     * indexed by that order. */
+    const size_t slots = request_count ? request_count : 1;
+    TRITONBACKEND_Request **ordered = malloc(slots * sizeof *ordered);
+    bool *answered = calloc(slots, sizeof(bool));
+    bool *succeeded = calloc(slots, sizeof(bool));
+    bool *deferred = calloc(slots, sizeof(bool)); /* handed to the bulk lane: it answers and reports them */
+    PlainRequest *plain = state->chain ? malloc(slots * sizeof *plain) : NULL;
     uint64_t compute_start = 0, compute_end = 0, rows = 0;
     char text[900] = "";
-    /* Which requests take the C path: plain ones, when the model has it. The two groups are scored
-     * apart, each as a call of its own (the C one first), over compacted arrays mapped back after. */
-    PlainRequest *plain = state->chain ? malloc((request_count ? request_count : 1) * sizeof *plain) : NULL;
-    uint32_t *at = malloc((request_count ? request_count : 1) * sizeof *at); /* group member -> request */
-    TRITONBACKEND_Request **group = malloc((request_count ? request_count : 1) * sizeof *group);
-    bool *group_answered = calloc(request_count ? request_count : 1, sizeof(bool));
-    bool *group_succeeded = calloc(request_count ? request_count : 1, sizeof(bool));
-    bool *group_deferred = calloc(request_count ? request_count : 1, sizeof(bool));
-    if (answered == NULL || succeeded == NULL || deferred == NULL || at == NULL || group == NULL ||
-        group_answered == NULL || group_succeeded == NULL || group_deferred == NULL) {
+    uint32_t n_plain = 0;
+    if (ordered == NULL || answered == NULL || succeeded == NULL || deferred == NULL) {
         snprintf(text, sizeof text, "out of memory for a call of %u requests", request_count);
+        if (ordered == NULL) ordered = requests; /* every request is still answered below */
     } else {
-        uint32_t n_plain = 0;
-        for (uint32_t r = 0; plain != NULL && r < request_count; r++) {
-            if (plain_request(state, requests[r], &plain[n_plain])) {
-                at[n_plain] = r;
-                group[n_plain++] = requests[r];
-            }
+        uint32_t n_other = 0;
+        for (uint32_t r = 0; r < request_count; r++) {
+            if (plain != NULL && plain_request(state, requests[r], &plain[n_plain])) ordered[n_plain++] = requests[r];
+            else ordered[request_count - 1 - n_other++] = requests[r]; /* from the end: reversed just below */
+        }
+        for (uint32_t i = n_plain, j = request_count; i + 1 < j; i++, j--) {
+            TRITONBACKEND_Request *kept = ordered[i];
+            ordered[i] = ordered[j - 1];
+            ordered[j - 1] = kept;
         }
         if (n_plain > 0) {
             compute_start = now_ns();
-            Lane *lane = lane_of(owner, state, instance);
-            native_execute(state, group, n_plain, plain, lane, exec_start, group_answered, group_succeeded, group_deferred,
-                           &rows, text, sizeof text);
+            native_execute(state, ordered, n_plain, plain, lane_of(owner, state, instance), exec_start, answered,
+                           succeeded, deferred, &rows, text, sizeof text);
             compute_end = now_ns();
             count_path(state, 0, n_plain);
-            for (uint32_t g = 0; g < n_plain; g++) {
-                answered[at[g]] = group_answered[g];
-                succeeded[at[g]] = group_succeeded[g];
-                deferred[at[g]] = group_deferred[g];
-            }
         }
-        if (n_plain < request_count) {
-            uint32_t n_other = 0;
-            for (uint32_t r = 0, g = 0; r < request_count; r++) {
-                if (g < n_plain && at[g] == r) {
-                    g++;
-                    continue;
-                }
-                at[n_other] = r;
-                group[n_other] = requests[r];
-                group_answered[n_other] = group_succeeded[n_other] = false;
-                n_other++;
-            }
-            uint64_t python_start = 0, python_end = 0;
+        if (n_other > 0) {
+            uint64_t python_start = 0;
             PyGILState_STATE gil = PyGILState_Ensure();
-            python_execute(state, group, n_other, exec_start, group_answered, group_succeeded, &python_start,
-                           &python_end, text, sizeof text);
+            python_execute(state, ordered + n_plain, n_other, exec_start, answered + n_plain, succeeded + n_plain,
+                           &python_start, &compute_end, text, sizeof text);
             PyObject *scored = PyObject_GetAttrString(state->model, "rows");
             if (scored && PyLong_Check(scored)) rows += PyLong_AsUnsignedLongLong(scored);
             if (scored == NULL || PyErr_Occurred()) PyErr_Clear();
@@ -258,39 +243,30 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
             PyGILState_Release(gil);
             count_path(state, 1, n_other);
             if (compute_start == 0) compute_start = python_start;
-            compute_end = python_end;
-            for (uint32_t g = 0; g < n_other; g++) {
-                answered[at[g]] = group_answered[g];
-                succeeded[at[g]] = group_succeeded[g];
-            }
         }
     }
     free(plain);
-    free(at);
-    free(group);
-    free(group_answered);
-    free(group_succeeded);
-    free(group_deferred);
     uint64_t exec_end = now_ns();
 
     for (uint32_t r = 0; r < request_count; r++) {
         if (deferred != NULL && deferred[r]) continue; /* the lane answers, reports and releases it */
         if (answered == NULL || !answered[r]) { /* its path failed as a whole: every request still gets an answer */
             TRITONBACKEND_Response *response;
-            if (TRITONBACKEND_ResponseNew(&response, requests[r]) == NULL) {
+            if (TRITONBACKEND_ResponseNew(&response, ordered[r]) == NULL) {
                 TRITONSERVER_Error *why = fail(TS_ERROR_INTERNAL, "the ranker failed: %s", text[0] ? text : "no answer");
                 TRITONSERVER_Error *send = TRITONBACKEND_ResponseSend(response, TS_RESPONSE_COMPLETE_FINAL, why);
                 if (send) TRITONSERVER_ErrorDelete(send);
                 TRITONSERVER_ErrorDelete(why);
             }
         }
-        Report item = {requests[r], succeeded != NULL && succeeded[r], 0, exec_start, compute_start, compute_end, exec_end};
+        Report item = {ordered[r], succeeded != NULL && succeeded[r], 0, exec_start, compute_start, compute_end, exec_end};
         report(reporter, instance, &item);
     }
     if (rows) {
         Report item = {NULL, true, rows, exec_start, compute_start, compute_end, exec_end};
         report(reporter, instance, &item);
     }
+    if (ordered != requests) free(ordered);
     free(answered);
     free(succeeded);
     free(deferred);

@@ -3,7 +3,8 @@
 import math
 
 from loadtest.report import headline, ratios, write_report
-from loadtest.runner import Pinning, RunnerOptions, cpu_per_request, read_locust_csv, served_rows_per_s, stage_times
+from loadtest.runner import Pinning, RunnerOptions, read_locust_csv, served_rows_per_s
+from loadtest.statistics import cpu_per_request, stage_times
 
 
 def _scenario(target, rows, users, rps, p99, failures=0):
@@ -142,7 +143,7 @@ def test_plots_redraw_from_a_results_file_even_with_missing_figures(tmp_path):
 def test_targets_name_their_server_and_protocol():
     from ensemble.models.registry import Layout
     from loadtest.report import TRITON
-    from loadtest.runner import BASELINES, Target
+    from loadtest.targets import BASELINES, Target
 
     assert Target("triton-native-grpc").layout is Layout.NATIVE and Target("triton-native-grpc").grpc
     assert Target("triton-http").layout is Layout.FUSED and not Target("triton-http").grpc
