@@ -92,8 +92,10 @@ static int chain_threads(const ModelState *state, int64_t rows) {
  * (a running thread of equal weight would finish its time slice first). The lane holds at most
  * LANE_REQUESTS requests; more are refused (UNAVAILABLE, retryable). A request that has waited in the
  * lane past its own timeout is refused when its turn comes. Unloading the model first answers every
- * request the lane holds. Bulk requests on a server with no interactive traffic are scored in the
- * call, as before, on the model thread. */
+ * request the lane holds. While the lane holds requests, later bulk requests join it too, so they are
+ * scored in arrival order and the model thread stays free for interactive requests that a starved
+ * client sends late. Bulk requests on a server with no interactive traffic and an empty lane are
+ * scored in the call, as before, on the model thread. */
 
 /* What the lane did with a request: the `outcome` label of ensemble_bulk_lane_requests_total. */
 enum { LANE_SCORED, LANE_FAILED, LANE_REFUSED_FULL, LANE_REFUSED_LATE, LANE_OUTCOMES };
@@ -280,6 +282,14 @@ Lane *lane_of(Instance *owner, ModelState *state, TRITONBACKEND_ModelInstance *i
     return lane;
 }
 
+/* The requests the lane holds now (the one it scores included). */
+static size_t lane_held(Lane *lane) {
+    pthread_mutex_lock(&lane->lock);
+    const size_t held = lane->count;
+    pthread_mutex_unlock(&lane->lock);
+    return held;
+}
+
 /* Hands a request to the lane: false when the lane is full (the caller refuses it). */
 static bool lane_take(Lane *lane, TRITONBACKEND_Request *request, const PlainRequest *plain, uint64_t handed_ns) {
     pthread_mutex_lock(&lane->lock);
@@ -337,7 +347,10 @@ void native_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_
     for (uint32_t r = 0; r < count && !interactive; r++) interactive = !plain[r].bulk;
     if (interactive) __atomic_store_n(&state->interactive_ns, handed_ns, __ATOMIC_RELAXED);
     const uint64_t last = __atomic_load_n(&state->interactive_ns, __ATOMIC_RELAXED);
-    const bool yielding = lane != NULL && deferred != NULL && last != 0 && handed_ns - last <= LANE_YIELD_NS;
+    /* While the lane still holds requests, later bulk requests queue behind them there (arrival order,
+     * and the model thread stays free), however long ago the last interactive request was served. */
+    const bool yielding = lane != NULL && deferred != NULL &&
+                          ((last != 0 && handed_ns - last <= LANE_YIELD_NS) || lane_held(lane) > 0);
     int32_t n = 0;
     for (uint32_t r = 0; r < count; r++) {
         if (!yielding || !plain[r].bulk) {

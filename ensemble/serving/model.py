@@ -72,16 +72,19 @@ class TritonPythonModel:
 
     def _hand_bulk_to_lane(self, requests, call):
         """Beside interactive traffic (a call held an interactive request within the last
-        :data:`LANE_YIELD_S`), the bulk requests go to the lane (or are refused when it is full: answered
-        here through their senders). Returns the indices the call itself scores, or None when every
-        request stays in the call (then nothing was answered here)."""
+        :data:`LANE_YIELD_S`, or the lane still holds requests), the bulk requests go to the lane (or
+        are refused when it is full: answered here through their senders). Returns the indices the
+        call itself scores, or None when every request stays in the call (then nothing was answered
+        here)."""
         if self.lane is None:
             return None
         now = time.monotonic()
         if any(not c.admitted.bulk for c in call):
             self.interactive_at = now
-        if now - self.interactive_at > LANE_YIELD_S or not any(c.admitted.bulk for c in call):
+        if not any(c.admitted.bulk for c in call):
             return None
+        if now - self.interactive_at > LANE_YIELD_S and not self.lane.holding():
+            return None  # no interactive traffic and an empty lane: the call scores its bulk requests
         kept = []
         for i, (request, c) in enumerate(zip(requests, call)):
             if not c.admitted.bulk:
@@ -133,6 +136,12 @@ class BulkLane:
         deadline = time.monotonic() + timeout if timeout > 0 else float("inf")
         self.items.put((inputs, call_request.wanted, request.get_response_sender(), deadline, timeout))
         return True
+
+    def holding(self) -> bool:
+        """Whether the lane holds requests (the one it scores included): later bulk requests then
+        queue behind them here, in arrival order, however long ago interactive traffic was served."""
+        with self.lock:
+            return self.held > 0
 
     def stop(self):
         self.items.put(None)

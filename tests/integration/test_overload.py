@@ -17,7 +17,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from clients.triton import AsyncRankerClient, RankerClient, Retry, ScoringError
+from clients.triton import AsyncRankerClient, RankerClient, Retry, ScoringError, grpc_outputs
 from ensemble import schema
 from ensemble.repository.configs import LATENCY_OBJECTIVE_PARAMETER
 from ensemble.serving.admission import BULK
@@ -196,7 +196,7 @@ def test_the_bulk_lane_holds_a_bounded_number_of_requests(tight_server, pipeline
     dense, cats = fresh_rows(ROWS, seed=67)
     dense, cats = dense[:ROWS], cats[:ROWS]
     expected = pipeline.score(dense, cats)["score"].ravel()
-    stop, go = threading.Event(), threading.Barrier(SENT_AT_ONCE)
+    stop, go, served = threading.Event(), threading.Barrier(SENT_AT_ONCE), threading.Event()
     outcomes: list[str] = []
 
     def interactive() -> None:
@@ -204,6 +204,7 @@ def test_the_bulk_lane_holds_a_bounded_number_of_requests(tight_server, pipeline
         while not stop.is_set():
             try:
                 client.score(dense[:1], cats[:1])
+                served.set()
             except ScoringError:
                 pass
             time.sleep(0.01)
@@ -222,6 +223,11 @@ def test_the_bulk_lane_holds_a_bounded_number_of_requests(tight_server, pipeline
     beside = threading.Thread(target=interactive, daemon=True)
     beside.start()
     time.sleep(0.5)
+    # The premise: interactive traffic is being served (an answer within the last moment) when the bulk
+    # requests arrive; on a loaded machine the first interactive answers can take longer than the sleep.
+    assert served.wait(60), "no interactive request was answered"
+    served.clear()
+    assert served.wait(60), "no interactive request was answered"
     senders = [threading.Thread(target=bulk, daemon=True) for _ in range(SENT_AT_ONCE)]
     for t in senders:
         t.start()
@@ -239,6 +245,48 @@ def test_the_bulk_lane_holds_a_bounded_number_of_requests(tight_server, pipeline
     if tight_server.options.layout is Layout.NATIVE:  # the native lane's metrics
         counts = _lane_counts(tight_server)
         assert counts.get("refused_full", 0) >= sum("bulk lane" in o for o in refusals) > 0, counts
+
+
+def test_bulk_requests_join_the_lane_while_it_holds_requests(tight_server, pipeline):
+    """One interactive request, then eight gRPC clients sending 4,096-row bulk requests back to back
+    for 2.5 s: the first go to the lane (beside interactive traffic), and every later one joins the lane
+    while it still holds requests, long after the last interactive request (1 s), so bulk requests
+    are scored in arrival order and never on the model thread beside the lane. The native lane
+    counts what it scored; the fused lane has no metrics."""
+    if tight_server.options.layout is not Layout.NATIVE:
+        pytest.skip("the lane's outcomes are counted by the native backend's metrics only")
+    dense, cats = fresh_rows(ROWS, seed=71)
+    dense, cats = dense[:ROWS], cats[:ROWS]
+    expected = pipeline.score(dense, cats)["score"].ravel()
+    before = _lane_counts(tight_server).get("scored", 0.0)
+    RankerClient(tight_server.http_url, retry=Retry(attempts=1)).score(dense[:1], cats[:1])
+    outcomes: list[str] = []
+    end = time.monotonic() + 2.5
+
+    def bulk() -> None:
+        # one request serialized once and sent again and again: the clients' encoding (one interpreter
+        # for eight threads) must not leave the lane empty between requests, which would be a quiet
+        # server whose bulk requests are rightly scored in the call
+        client = RankerClient(tight_server.grpc_url, "grpc", retry=Retry(attempts=1), priority=Priority.BATCH,
+                              timeout=600.0)
+        call = client._grpc_ranker_call(dense, cats, False)
+        while time.monotonic() < end:
+            try:
+                scores = grpc_outputs(client._grpc_infer(call), (schema.SCORE,))[schema.SCORE.name]
+                outcomes.append("right" if np.allclose(scores, expected, atol=1e-5) else "wrong")
+            except Exception as exc:  # noqa: BLE001 - any failure is an outcome the test reports
+                outcomes.append(str(exc))
+        client.close()
+
+    senders = [threading.Thread(target=bulk, daemon=True) for _ in range(8)]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join(300)
+    scored = _lane_counts(tight_server).get("scored", 0.0) - before
+    print(f"\n{len(outcomes)} bulk requests in 2.5 s after one interactive request: the lane scored {scored:.0f}")
+    assert outcomes and set(outcomes) == {"right"}, outcomes[:3]
+    assert scored == len(outcomes)
 
 
 def _lane_counts(server) -> dict[str, float]:
