@@ -484,6 +484,45 @@ def cmd_deploy(args) -> int:
     return 0
 
 
+def cmd_experiment(args) -> int:
+    from ensemble.fleet import experiment
+    from ensemble.fleet import release as fleet_release
+    from ensemble.operate.control import ControlError
+
+    fleet = fleet_release.find(args.url)
+    if fleet is None:
+        print(f"error: no gateway recorded at {args.url}: experiments run behind a gateway (`ensemble serve "
+              "--replicas N`, or one server exposed with --host); give its HTTP address", file=sys.stderr)
+        return 1
+    try:
+        if args.action == "start":
+            shares = args.share or []
+            if len(shares) != len(args.candidate):
+                print("error: give one --share per --candidate", file=sys.stderr)
+                return 1
+            experiment.start(fleet, list(zip(args.candidate, shares)), args.key, args.holdout)
+        elif args.action == "promote":
+            print(f"release {experiment.promote(fleet, args.candidate[0] if args.candidate else None)} serves every "
+                  "request")
+        elif args.action == "abort":
+            print(f"experiment aborted: release {experiment.abort(fleet)} serves every request")
+        else:
+            running, arms = experiment.status(fleet)
+            if running is None:
+                print(f"no experiment: release {fleet.release} serves every request")
+                return 0
+            print(f"experiment since {running.started}, arms chosen by "
+                  + (f"the '{running.key}' header" if running.key else "request"))
+            print("| release | share | answered | refused or failed | mean ms |\n| --- | --- | --- | --- | --- |")
+            for arm in arms:
+                role = " (serving)" if arm.release == fleet.release else ""
+                print(f"| {arm.release}{role} | {arm.share:g}% | {arm.requests} | {arm.failures} | {arm.mean_ms:.3f} |")
+    except ControlError as exc:  # a refused experiment (DeployError) or a replica that said no
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_baseline_serve(args) -> int:
     from loadtest.baselines.app import Kind, serve
 
@@ -726,6 +765,20 @@ def build_parser() -> argparse.ArgumentParser:
                            help="labelled Criteo TSV: compare the releases' AUC on it (default: the AUC each "
                                 "release recorded at export)")
         p.set_defaults(func=cmd_deploy)
+
+    p = _command(sub, "experiment", "candidates on live traffic behind a gateway: start, status, promote, abort "
+                                    "(docs/fleet.md, Experiments)")
+    p.add_argument("action", choices=["start", "status", "promote", "abort"])
+    p.add_argument("--url", default="127.0.0.1:8000", help="the gateway's HTTP address")
+    p.add_argument("--candidate", type=int, action="append", default=[],
+                   help="start: a candidate release (repeatable, A/B/N); promote: the one to serve")
+    p.add_argument("--share", type=float, action="append",
+                   help="start: percent of requests for the candidate of the same position (repeatable)")
+    p.add_argument("--key", default=None,
+                   help="start: the request header whose value keeps a request's arm (such as a user id); "
+                        "default: each request's arm drawn at random")
+    p.add_argument("--holdout", default=None, help="start: labelled Criteo TSV for the candidates' AUC check")
+    p.set_defaults(func=cmd_experiment)
 
     p = _command(sub, "declare", "show or set the release every later server start on a repository loads")
     p.add_argument("--repository", default="model_repository", help="the Triton model repository")

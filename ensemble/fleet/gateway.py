@@ -52,6 +52,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,6 +123,10 @@ class Gateway:
             (None: the routes are part of the bootstrap and never change).
         metrics_port: a public port on ``host`` that answers ``GET /metrics`` from the replica's own
             metrics port (one replica with a ``metrics_port``; None: no metrics listener).
+        arms: an experiment's candidates, ``(release, percent)`` each: that share of the inference
+            requests goes to the candidate, the rest to ``release`` (:func:`arm_of` chooses).
+        arm_key: the request header whose value chooses a request's arm (the same value, the same
+            arm); None, or a request without it: a hash of the request's id (random per request).
     """
 
     replicas: tuple[Replica, ...]
@@ -136,6 +141,8 @@ class Gateway:
     release: int | None = None
     routes_dir: str | None = None
     metrics_port: int | None = None
+    arms: tuple[tuple[int, float], ...] = ()
+    arm_key: str | None = None
 
     def check(self) -> None:
         """Raises :class:`GatewayError` naming the first problem."""
@@ -166,6 +173,7 @@ class Gateway:
             raise GatewayError(f"dns_refresh must be > 0 seconds, got {self.dns_refresh}")
         if self.release is not None and not 0 < self.release < 2**63:
             raise GatewayError(f"release must be a positive version number, got {self.release}")
+        check_arms(self.release, self.arms, self.arm_key)
 
     def listeners(self) -> list[tuple[str, int]]:
         """Every (address, port) this gateway's Envoy binds."""
@@ -183,6 +191,60 @@ def requests_within_objective(objective_ms: float | None) -> int:
 
     objective = DEFAULT_OBJECTIVE_MS if objective_ms is None else objective_ms
     return max(MIN_REQUESTS_PER_REPLICA, math.ceil(objective / 1000 * PEAK_REQUESTS_PER_SECOND))
+
+
+ARM_POINTS = 10_000  # an arm's share is counted in hundredths of a percent
+HEADER_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")  # lower case: HTTP/2 and Envoy see header names so
+
+
+def check_arms(release: int | None, arms: tuple[tuple[int, float], ...], key: str | None) -> None:
+    """Raises :class:`GatewayError` when ``arms`` (an experiment's candidates beside ``release``)
+    cannot be served: unknown or repeated releases, shares outside (0, 100) or summing to 100 or
+    more, or a key that is no header name."""
+    if not arms:
+        if key is not None:
+            raise GatewayError("an arm key needs an experiment's arms")
+        return
+    if release is None:
+        raise GatewayError("an experiment needs the serving release (the arm that takes the rest)")
+    releases = [r for r, _ in arms]
+    if release in releases or len(set(releases)) != len(releases) or any(not 0 < r < 2**63 for r in releases):
+        raise GatewayError(f"an experiment's candidates must be distinct releases other than {release}: {releases}")
+    shares = [p for _, p in arms]
+    if any(not 0 < p < 100 for p in shares) or sum(shares) >= 100:
+        raise GatewayError(f"candidate shares must each be in (0, 100) percent and sum below 100: {shares}")
+    if any(round(p * ARM_POINTS / 100) < 1 for p in shares):
+        raise GatewayError(f"a share must be at least {100 / ARM_POINTS:g} percent: {shares}")
+    if key is not None and not HEADER_NAME.match(key):
+        raise GatewayError(f"the arm key must be a lower-case request header name, got {key!r}")
+
+
+def arm_bounds(release: int, arms: tuple[tuple[int, float], ...]) -> list[tuple[int, int]]:
+    """(release, upper bound in :data:`ARM_POINTS`) in order: the candidates, then the serving
+    release up to the whole."""
+    bounds, upto = [], 0
+    for candidate, percent in arms:
+        upto += round(percent * ARM_POINTS / 100)
+        bounds.append((candidate, upto))
+    return bounds + [(release, ARM_POINTS)]
+
+
+def arm_point(value: str | bytes) -> int:
+    """Where ``value`` (an arm key's value) falls in [0, ARM_POINTS): a polynomial hash of its bytes,
+    mixed by three Lehmer steps, all exact in doubles. The gateway's Lua computes the same
+    (:data:`ARM_LUA`), so a key's arm is known here, the same on every gateway and after restarts."""
+    h = 0
+    for byte in value.encode() if isinstance(value, str) else value:
+        h = (h * 31 + byte) % 2147483647
+    for _ in range(3):
+        h = (h * 48271 + 11) % 2147483647
+    return h % ARM_POINTS
+
+
+def arm_of(value: str | bytes, release: int, arms: tuple[tuple[int, float], ...]) -> int:
+    """The release a request whose arm key is ``value`` is scored by."""
+    point = arm_point(value)
+    return next(r for r, upto in arm_bounds(release, arms) if point < upto)
 
 
 def _address(host: str, port: int) -> dict:
@@ -293,6 +355,37 @@ def _refuse(status: int, text: str) -> dict:
 
 LUA_FILTER = "envoy.filters.http.lua"
 
+# The arm of a request, during an experiment: the route's metadata names the serving release
+# ("release"), the candidates with their upper bounds in ARM_POINTS ("arms": "4:1000;5:1500") and the
+# key header ("key"). The key's value (else Envoy's x-request-id, random per request) is hashed as
+# arm_point does; the request gets the release whose bound is the first above its point, and the
+# ``ensemble-release`` header naming it (the replicas pass it to the models). Outside an experiment
+# it returns the pinned release, or nil.
+ARM_LUA = """
+local function arm_of(handle)
+  local meta = handle:metadata()
+  local release = meta:get("release")
+  local arms = meta:get("arms")
+  if release == nil or arms == nil then return release end
+  local headers = handle:headers()
+  local key = meta:get("key")
+  local value = nil
+  if key ~= nil and key ~= "" then value = headers:get(key) end
+  if value == nil then value = headers:get("x-request-id") or "" end
+  local h = 0
+  for i = 1, #value do h = (h * 31 + value:byte(i)) % 2147483647 end
+  for _ = 1, 3 do h = (h * 48271 + 11) % 2147483647 end
+  local point = h % 10000
+  local chosen = release
+  for candidate, upto in string.gmatch(arms, "(%d+):(%d+)") do
+    if point < tonumber(upto) then chosen = candidate break end
+  end
+  headers:remove("RELEASE_HEADER")
+  headers:add("RELEASE_HEADER", chosen)
+  return chosen
+end
+""".replace("RELEASE_HEADER", RELEASE_HEADER)
+
 # Adds ``model_version`` (field 2 of Triton's ModelInferRequest) to a gRPC request for the ranker
 # that names no version: the release comes from the route's metadata. The message's top-level
 # fields are read only up to the first one past 2 (protobuf writers emit fields in number order);
@@ -320,7 +413,7 @@ local function encode(n)
   return table.concat(out)
 end
 function envoy_on_request(handle)
-  local release = handle:metadata():get("release")
+  local release = arm_of(handle)
   if release == nil then return end
   local body = handle:body()
   if body == nil then return end
@@ -350,6 +443,7 @@ function envoy_on_request(handle)
   end
 end
 """ % {"ranker": schema.Model.RANKER.value}
+PIN_VERSION_LUA = ARM_LUA + PIN_VERSION_LUA
 
 
 # The deepest JSON nesting the gateway passes to Triton. Triton 2.51's JSON parser recurses once per
@@ -403,6 +497,10 @@ local function too_deep(s)
 end
 function envoy_on_request(handle)
   -- header values first: a header object is no longer valid once body() has waited for the body
+  local release = arm_of(handle)
+  if release ~= nil and handle:metadata():get("path") ~= nil then
+    handle:headers():replace(":path", handle:metadata():get("path") .. release .. "/infer")
+  end
   if handle:headers():get(":method") ~= "POST" then return end
   local head = tonumber(handle:headers():get("inference-header-content-length") or "")
   local body = handle:body()
@@ -428,11 +526,24 @@ function envoy_on_response(handle)
   end
 end
 """ % {"depth": MAX_JSON_DEPTH}
+CLIENT_ERROR_LUA = ARM_LUA + CLIENT_ERROR_LUA
 
 
 def _has_lua(gateway: Gateway) -> bool:
     """Whether the gRPC listener carries the pinning filter (routes that change, or a pinned release)."""
     return gateway.release is not None or gateway.routes_dir is not None
+
+
+def _arm_metadata(gateway: Gateway, path: str | None) -> dict:
+    """A route's metadata for the Lua filters (:data:`ARM_LUA`): the serving release, and during an
+    experiment the arms and key; ``path``: the HTTP path the arm's version is appended to."""
+    meta = {"release": str(gateway.release)}
+    if gateway.arms:
+        meta["arms"] = ";".join(f"{r}:{upto}" for r, upto in arm_bounds(gateway.release, gateway.arms)[:-1])
+        meta["key"] = gateway.arm_key or ""
+        if path is not None:
+            meta["path"] = path
+    return {"metadata": {"filter_metadata": {LUA_FILTER: meta}}}
 
 
 def _lua_off(route: dict) -> dict:
@@ -445,7 +556,9 @@ def _pinned(route: dict, gateway: Gateway, grpc: bool) -> dict:
     if gateway.release is None:
         return _lua_off(route) if grpc and _has_lua(gateway) else route
     if grpc:
-        return {**route, "metadata": {"filter_metadata": {LUA_FILTER: {"release": str(gateway.release)}}}}
+        return {**route, **_arm_metadata(gateway, None)}
+    if gateway.arms:  # the Lua filter rewrites the path to the request's arm
+        return {**route, **_arm_metadata(gateway, f"/v2/models/{schema.Model.RANKER.value}/versions/")}
     return {**route, "route": {**route["route"],
                                "prefix_rewrite": f"/v2/models/{schema.Model.RANKER.value}/versions/{gateway.release}/infer"}}
 
@@ -467,6 +580,10 @@ def _http_routes(gateway: Gateway) -> list[dict]:
          "route": _forward("replicas_http_stats", gateway, grpc=False)},
         *([_pinned({"match": {"path": schema.RANKER_INFER_PATH}, "route": _forward("replicas_http", gateway, False)},
                    gateway, grpc=False)] if gateway.release is not None else []),
+        # during an experiment a ranking request carries its arm's release (the rank model scores with it)
+        *([{"match": {"path": f"/v2/models/{schema.RANK_MODEL}/infer"},
+            "route": _forward("replicas_http", gateway, grpc=False), **_arm_metadata(gateway, None)}]
+          if gateway.arms else []),
         {"match": {"safe_regex": {"regex": HTTP_MODEL_PATHS}},
          "route": _forward("replicas_http", gateway, grpc=False)},
         {"match": {"prefix": "/"}, **_refuse(403, REFUSED_TEXT)},
@@ -547,7 +664,7 @@ def _connection_manager(name: str, gateway: Gateway, grpc: bool) -> dict:
 def route_config(name: str, gateway: Gateway, grpc: bool) -> dict:
     """The routes of the listener ``name`` (``http`` or ``grpc``)."""
     host = {"name": name, "domains": ["*"], "routes": _grpc_routes(gateway) if grpc else _http_routes(gateway)}
-    if gateway.release is not None:
+    if gateway.release is not None and not gateway.arms:  # during an experiment the Lua filter sets it per request
         host["request_headers_to_add"] = [{"header": {"key": RELEASE_HEADER, "value": str(gateway.release)},
                                            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
     return {"name": name, "virtual_hosts": [host]}
@@ -557,9 +674,14 @@ def _routes_file(directory: str | Path, name: str) -> Path:
     return Path(directory) / f"routes-{name}.json"
 
 
-def routes_version(release: int | None) -> str:
-    """The ``version_info`` a routes file pinned to ``release`` carries (Envoy reports it once applied)."""
-    return f"release-{release}" if release is not None else "unpinned"
+def routes_version(release: int | None, arms: tuple[tuple[int, float], ...] = (), key: str | None = None) -> str:
+    """The ``version_info`` a routes file pinned to ``release`` (with an experiment's ``arms`` and
+    ``key``) carries (Envoy reports it once applied)."""
+    if release is None:
+        return "unpinned"
+    if not arms:
+        return f"release-{release}"
+    return f"experiment-{release}-" + "-".join(f"{r}x{p:g}" for r, p in arms) + (f"-by-{key}" if key else "")
 
 
 def write_routes(gateway: Gateway) -> list[Path]:
@@ -575,7 +697,8 @@ def write_routes(gateway: Gateway) -> list[Path]:
     for name, grpc in (("http", False), ("grpc", True)):
         target = _routes_file(directory, name)
         tmp = directory / f".{target.name}.tmp"
-        tmp.write_text(json.dumps({"version_info": routes_version(gateway.release), "resources": [
+        version = routes_version(gateway.release, gateway.arms, gateway.arm_key)
+        tmp.write_text(json.dumps({"version_info": version, "resources": [
             {"@type": _TYPES + "config.route.v3.RouteConfiguration", **route_config(name, gateway, grpc)}]}))
         os.replace(tmp, target)
         written.append(target)

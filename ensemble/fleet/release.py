@@ -86,7 +86,7 @@ def record(gateway: Gateway, repository: str | Path, layout: str, release: int |
         "gateway": {"host": gateway.host, "http_port": gateway.http_port, "grpc_port": gateway.grpc_port,
                     "admin_port": gateway.admin_port, "release": gateway.release, "routes_dir": gateway.routes_dir,
                     "max_request_bytes": gateway.max_request_bytes, "max_requests": gateway.max_requests,
-                    "retries": gateway.retries},
+                    "retries": gateway.retries, "arms": [list(a) for a in gateway.arms], "arm_key": gateway.arm_key},
         "replicas": [{"host": r.host, "http_port": r.http_port, "grpc_port": r.grpc_port} for r in gateway.replicas],
     }, indent=1) + "\n")
     os.replace(tmp, path)
@@ -118,7 +118,8 @@ def find(url: str) -> FleetRecord | None:
     gateway = Gateway(tuple(Replica(r["http_port"], r["grpc_port"], r["host"]) for r in data["replicas"]),
                       host=g["host"], http_port=g["http_port"], grpc_port=g["grpc_port"], admin_port=g["admin_port"],
                       max_request_bytes=g["max_request_bytes"], max_requests=g["max_requests"], retries=g["retries"],
-                      release=g["release"], routes_dir=g["routes_dir"])
+                      release=g["release"], routes_dir=g["routes_dir"],
+                      arms=tuple((int(r), float(p)) for r, p in g.get("arms") or ()), arm_key=g.get("arm_key"))
     return FleetRecord(gateway, data["repository"], data["layout"], int(data["pid"]), data.get("release"))
 
 
@@ -129,13 +130,15 @@ def applied_routes(admin_url: str) -> dict[str, str]:
     return {c.get("route_config", {}).get("name", ""): c.get("version_info", "") for c in dump.get("configs", [])}
 
 
-def _route(fleet: FleetRecord, pin: int | None, release: int | None = None) -> FleetRecord:
-    """Replace the gateway's routes with ones pinned to ``pin`` (None: no pin), wait until it
-    serves them, and record the fleet as serving ``release`` (default: as before)."""
-    switched = replace(fleet, gateway=replace(fleet.gateway, release=pin),
+def _route(fleet: FleetRecord, pin: int | None, release: int | None = None, arms: tuple[tuple[int, float], ...] = (),
+           key: str | None = None) -> FleetRecord:
+    """Replace the gateway's routes with ones pinned to ``pin`` (None: no pin; with ``arms``, an
+    experiment's candidates beside it, chosen by ``key``), wait until it serves them, and record
+    the fleet as serving ``release`` (default: as before)."""
+    switched = replace(fleet, gateway=replace(fleet.gateway, release=pin, arms=arms, arm_key=key),
                        release=fleet.release if release is None else release)
     write_routes(switched.gateway)
-    wanted = routes_version(pin)
+    wanted = routes_version(pin, arms, key)
     deadline = time.monotonic() + APPLY_TIMEOUT
     while True:
         try:
@@ -158,6 +161,8 @@ def _update_record(fleet: FleetRecord) -> None:
     path = record_path(fleet.gateway.http_port)
     data = json.loads(path.read_text())
     data["release"], data["gateway"]["release"] = fleet.release, fleet.gateway.release
+    data["gateway"]["arms"] = [list(a) for a in fleet.gateway.arms]
+    data["gateway"]["arm_key"] = fleet.gateway.arm_key
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)
@@ -196,6 +201,10 @@ def switch(fleet: FleetRecord, release: int, holdout: str | Path | None = None, 
         raise DeployError(f"the fleet at port {fleet.gateway.http_port} runs the {fleet.layout} layout, whose ranker "
                           "is not one model version per release (restart the fleet on the new export instead)")
     with _lock(fleet):
+        running = declared.experiment(fleet.repository)
+        if running is not None:
+            raise DeployError(f"an experiment runs on this fleet (candidates {[r for r, _ in running.arms]}): "
+                              "`ensemble experiment promote` or `abort` it first")
         if serving == release:
             _declare(fleet.repository, release, by, None, log)
             log(f"release {release} already serves on the fleet")

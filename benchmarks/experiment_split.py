@@ -1,0 +1,151 @@
+"""An experiment's arms over many keyed requests: does each arm get its share, and each key one arm?
+
+Not a test: prints a table and writes ``<out>/experiment-split.json``. What it runs, on loopback:
+
+1. A private copy of ``--repository`` with one more release exported from ``--workdir`` (the
+   candidate); the copy declares its previous newest release, which the fleet serves.
+2. ``ensemble serve --replicas N`` on it, then ``ensemble experiment start --candidate NEW --share P
+   --key x-user`` through the gateway.
+3. ``--requests`` 1-row requests through the gateway, each with an ``x-user`` header drawn at random
+   from ``--keys`` users, sent by ``--clients`` plain tritonclient clients (half HTTP, half gRPC, no
+   retries); every answer's ``model_version`` is recorded per key.
+4. ``ensemble experiment abort``.
+
+The targets (issue "Try a new ranker on live traffic"): each arm's share of the requests within 1
+percentage point of its setting; 0 keys answered by more than one release. Usage (after ``ensemble
+demo``)::
+
+    .venv/bin/python -m benchmarks.experiment_split --repository model_repository --workdir build
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from benchmarks import write_results
+from benchmarks.gateway_overhead import one_row_inputs
+from ensemble import schema
+from ensemble.machine import summary
+from ensemble.operate.server import free_port
+
+KEY = "x-user"
+
+
+def _client(index: int, protocol: str, address: str, keys: list[str], seen: dict, errors: list[str]) -> None:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    module = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(address)
+    inputs = one_row_inputs(module, index)
+    for key in keys:
+        try:
+            response = client.infer(schema.Model.RANKER.value, inputs, headers={KEY: key}).get_response()
+            seen[key].append(int(response["model_version"] if protocol == "http" else response.model_version))
+        except Exception as exc:  # noqa: BLE001 - every failure counts
+            errors.append(f"{type(exc).__name__}: {exc}"[:300])
+    client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repository", default="model_repository")
+    parser.add_argument("--workdir", default="build", help="what `ensemble train` left (the candidate's export)")
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=100_000)
+    parser.add_argument("--keys", type=int, default=20_000)
+    parser.add_argument("--share", type=float, default=10.0, help="the candidate's percent of requests")
+    parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--out", default="docs/results")
+    args = parser.parse_args(argv)
+
+    from ensemble import cli
+    from ensemble.fleet import release as fleet_release
+    from ensemble.fleet.gateway import arm_of
+    from ensemble.operate import declared
+    from ensemble.operate.deploy import available_releases
+    from ensemble.repository.export import TrainedArtifacts, export_repository
+
+    scratch = Path(tempfile.mkdtemp(prefix="experiment-split-"))
+    repository = scratch / "repository"
+    shutil.copytree(args.repository, repository)
+    declared.path(repository).unlink(missing_ok=True)
+    serving = available_releases(repository)[-1]
+    declared.write(repository, serving, "benchmarks.experiment_split")
+    export_repository(TrainedArtifacts.under(Path(args.workdir)), repository, keep=3)
+    candidate = available_releases(repository)[-1]
+    http_port, grpc_port = free_port(), free_port()
+    env = {**os.environ, fleet_release.RUN_DIR_ENV: str(scratch / "run")}
+    ensemble = str(Path(sys.executable).parent / "ensemble")
+    serve = subprocess.Popen([ensemble, "serve", "--repository", str(repository), "--replicas", str(args.replicas),
+                              "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+                              "--metrics-port", str(free_port()), "--log-file", str(scratch / "logs" / "triton.log")],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    log: list[str] = []
+    for line in serve.stdout:
+        log.append(line.rstrip())
+        if line.startswith("ready:") or serve.poll() is not None:
+            break
+    threading.Thread(target=lambda: [log.append(line.rstrip()) for line in serve.stdout], daemon=True).start()
+    os.environ[fleet_release.RUN_DIR_ENV] = env[fleet_release.RUN_DIR_ENV]
+    gateway = f"127.0.0.1:{http_port}"
+    try:
+        if fleet_release.find(gateway) is None or cli.main(["experiment", "start", "--url", gateway, "--candidate",
+                                                            str(candidate), "--share", f"{args.share:g}",
+                                                            "--key", KEY]) != 0:
+            print("\n".join(log[-30:]), file=sys.stderr)
+            return 1
+        rng = random.Random(args.seed)
+        users = [f"user-{rng.getrandbits(48):012x}" for _ in range(args.keys)]
+        sent = [rng.choice(users) for _ in range(args.requests)]
+        seen: dict[str, list[int]] = defaultdict(list)
+        errors: list[str] = []
+        started = time.monotonic()
+        threads = [threading.Thread(target=_client, args=(i, "http" if i % 2 == 0 else "grpc",
+                                                          gateway if i % 2 == 0 else f"127.0.0.1:{grpc_port}",
+                                                          sent[i::args.clients], seen, errors))
+                   for i in range(args.clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.monotonic() - started
+        cli.main(["experiment", "abort", "--url", gateway])
+    finally:
+        serve.terminate()
+        try:
+            serve.wait(120)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+    arms = ((candidate, args.share),)
+    answered = [v for versions in seen.values() for v in versions]
+    shares = {r: 100.0 * answered.count(r) / max(len(answered), 1) for r in (serving, candidate)}
+    switched = sum(len(set(v)) > 1 for v in seen.values())
+    unexpected = sum(any(x != arm_of(k, serving, arms) for x in v) for k, v in seen.items())
+    result = {"serving": serving, "candidate": candidate, "share_set": args.share, "requests": args.requests,
+              "answered": len(answered), "failed": len(errors), "errors": errors[:5], "keys": len(seen),
+              "repeated_keys": sum(len(v) > 1 for v in seen.values()), "shares": {str(r): s for r, s in shares.items()},
+              "keys_that_changed_arm": switched, "keys_off_their_computed_arm": unexpected, "seconds": seconds,
+              "replicas": args.replicas, "clients": args.clients}
+    print(f"| release | set | share of {len(answered):,} answered requests |\n| --- | --- | --- |\n"
+          f"| {candidate} (candidate) | {args.share:g}% | {shares[candidate]:.2f}% |\n"
+          f"| {serving} (serving) | {100 - args.share:g}% | {shares[serving]:.2f}% |")
+    print(f"\n{len(seen):,} keys ({result['repeated_keys']:,} sent more than once): {switched} answered by more than "
+          f"one release, {unexpected} off the arm arm_of computes; {len(errors)} failed; {seconds:.1f} s")
+    write_results(args.out, "experiment-split.json", "benchmarks.experiment_split", summary(), **result)
+    return 0 if not errors and switched == 0 and abs(shares[candidate] - args.share) <= 1.0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Candidates on live traffic behind a gateway: ``ensemble experiment start|status|promote|abort``.
+
+An experiment runs on a gateway's replicas (a fleet of ``ensemble serve --replicas N``, or one
+server exposed through its door, ``--host``): the serving release S keeps the requests no candidate
+takes, and each candidate C takes its share P of the inference requests (A/B/N: several candidates,
+each with its share). The gateway chooses a request's arm (:func:`ensemble.fleet.gateway.arm_of`):
+with a key (``--key NAME``: the request header NAME, such as a user id) the arm is a hash of its
+value, the same on every gateway, replica and restart; without one (or for a request without the
+header) it is a hash of Envoy's random request id. Each answer's ``model_version`` names the release
+that scored it, and Triton's per-version statistics and metrics are the arms' requests, latency and
+refusals.
+
+``start`` (from S serving alone):
+
+1. Each candidate passes the checks a deploy runs (:func:`ensemble.operate.deploy.check_release`:
+   manifests, it loads, finite scores, AUC).
+2. The gateway pins every request to S; every replica loads the candidates beside S and must
+   report them ready and score fresh rows on each exactly as this process does (<= 1e-5). A
+   replica that fails aborts the start: every replica goes back to S alone and nothing was routed
+   to a candidate.
+3. The experiment is declared (:mod:`ensemble.operate.declared`: a replica that restarts loads the
+   candidates, a fleet that restarts routes to them again), then the gateway's routes are replaced
+   in one step by the experiment's.
+
+``abort`` routes every new request to S in one step, then unloads the candidates; ``promote C``
+routes every new request to C in one step, declares C, then unloads the others. Requests already
+routed finish on the release they were routed to; no request is routed to a candidate after an
+abort, or to S after a promote.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from ensemble.fleet.gateway import GatewayError, check_arms
+from ensemble.fleet.release import RETIRE_AFTER, FleetRecord, _declare, _each, _lock, _route
+from ensemble.operate import declared
+from ensemble.operate.control import Control, ControlError
+from ensemble.operate.deploy import PARITY_ATOL, DeployError, check_release, fresh_rows
+
+
+def _serving(fleet: FleetRecord) -> int:
+    if fleet.release is None:
+        raise DeployError(f"the fleet at port {fleet.gateway.http_port} runs the {fleet.layout} layout, whose ranker "
+                          "is not one model version per release: experiments need the native or fused layout")
+    return fleet.release
+
+
+def start(fleet: FleetRecord, arms: list[tuple[int, float]], key: str | None = None, holdout=None,
+          log=print) -> declared.Experiment:
+    """Start an experiment of ``arms`` (``(candidate release, percent)``) beside the serving
+    release (the module docstring's steps); returns it.
+
+    Raises:
+        DeployError: a check failed or an experiment already runs (nothing changed; the message says why).
+    """
+    serving = _serving(fleet)
+    arms = [(int(r), float(p)) for r, p in arms]
+    try:
+        check_arms(serving, tuple(arms), key)
+    except GatewayError as exc:
+        raise DeployError(str(exc)) from None
+    with _lock(fleet):
+        running = declared.experiment(fleet.repository)
+        if running is not None:
+            raise DeployError(f"an experiment already runs (candidates {[r for r, _ in running.arms]}): "
+                              "promote or abort it first")
+        pipelines = {r: check_release(fleet.repository, r, serving, holdout, log, True) for r, _ in arms}
+        every = sorted({serving, *pipelines})
+        controls = fleet.replicas()
+        fleet = _route(fleet, serving)
+        _declare(fleet.repository, serving, "experiment", every, log)
+        log(f"loading candidate(s) {sorted(pipelines)} beside release {serving} on {len(controls)} replica(s)")
+        checks = {}
+        for release, pipeline in pipelines.items():
+            dense, cats = fresh_rows(pipeline.widths, seed=7)
+            checks[release] = (dense, cats, pipeline.score(dense, cats))
+
+        def load_and_check(i: int, control: Control) -> None:
+            control.load_release(every)
+            ready = control.ready_versions()
+            if ready != every:
+                raise ControlError(f"reports versions {ready} ready after loading {every}")
+            for release, (dense, cats, local) in checks.items():
+                served = control.infer(dense, cats, version=release)
+                diff = max(float(abs(served[k] - local[k].ravel()).max()) for k in served)
+                if diff > PARITY_ATOL:
+                    raise ControlError(f"release {release}'s served scores differ from in-process by {diff:.2e}")
+
+        problems = _each(controls, load_and_check)
+        if problems:
+            back = _each(controls, lambda i, c: c.load_release(serving))
+            _declare(fleet.repository, serving, "experiment", None, log)
+            if not back:
+                _route(fleet, None)
+            raise DeployError("experiment refused: " + "; ".join(problems) + f". Release {serving} serves every "
+                              "request, as before")
+        experiment = declared.Experiment(tuple(arms), key, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        declared.write(fleet.repository, serving, "experiment", every, experiment)
+        try:
+            _route(fleet, serving, arms=tuple(arms), key=key)
+        except (DeployError, OSError) as exc:
+            _route(fleet, serving)
+            _each(controls, lambda i, c: c.load_release(serving))
+            _declare(fleet.repository, serving, "experiment", None, log)
+            raise DeployError(f"the gateway did not take the experiment's routes ({exc}); release {serving} serves "
+                              "every request") from exc
+        log("experiment under way: " + ", ".join(f"release {r} takes {p:g}%" for r, p in arms)
+            + f", release {serving} the rest; arms chosen by " + (f"the '{key}' header" if key else "request"))
+        return experiment
+
+
+def _end(fleet: FleetRecord, winner: int, by: str, log) -> int:
+    """Route every new request to ``winner`` in one step, declare it, unload the others."""
+    serving = _serving(fleet)
+    with _lock(fleet):
+        running = declared.experiment(fleet.repository)
+        if running is None:
+            raise DeployError("no experiment runs on this fleet")
+        every = sorted({serving, *(r for r, _ in running.arms)})
+        if winner not in every:
+            raise DeployError(f"release {winner} is not in the experiment (releases {every})")
+        fleet = _route(fleet, winner, winner)
+        _declare(fleet.repository, winner, by, every, log)
+        log(f"the gateway routes every request to release {winner}; unloading the others in {RETIRE_AFTER:g}s")
+        time.sleep(RETIRE_AFTER)
+        left = _each(fleet.replicas(), lambda i, c: c.load_release(winner))
+        _declare(fleet.repository, winner, by, None, log)
+        if left:
+            log("other releases stay loaded on: " + "; ".join(left) + f" (the gateway keeps every request on "
+                f"{winner}; they go at that replica's next restart)")
+        else:
+            _route(fleet, None)
+        return winner
+
+
+def abort(fleet: FleetRecord, log=print) -> int:
+    """End the experiment: every new request to the serving release; the candidates unloaded."""
+    return _end(fleet, _serving(fleet), "experiment abort", log)
+
+
+def promote(fleet: FleetRecord, candidate: int | None = None, log=print) -> int:
+    """End the experiment with ``candidate`` (may be omitted with one candidate) serving every request."""
+    running = declared.experiment(fleet.repository)
+    if running is None:
+        raise DeployError("no experiment runs on this fleet")
+    candidates = [r for r, _ in running.arms]
+    if candidate is None:
+        if len(candidates) != 1:
+            raise DeployError(f"the experiment has candidates {candidates}: name the one to promote (--candidate)")
+        candidate = candidates[0]
+    if candidate not in candidates:
+        raise DeployError(f"release {candidate} is not a candidate of the experiment ({candidates})")
+    return _end(fleet, candidate, "experiment promote", log)
+
+
+@dataclass(frozen=True)
+class ArmStatistics:
+    """One arm, summed over the replicas: Triton's statistics of that ranker version."""
+
+    release: int
+    share: float  # percent of requests routed to it
+    requests: int  # answered
+    failures: int  # refused or failed
+    mean_ms: float  # request time, mean over the answered ones (nan: none)
+
+
+def status(fleet: FleetRecord) -> tuple[declared.Experiment | None, list[ArmStatistics]]:
+    """The declared experiment (None: none runs) and every arm's statistics so far."""
+    running = declared.experiment(fleet.repository)
+    serving = _serving(fleet)
+    if running is None:
+        return None, []
+    shares = {serving: 100.0 - sum(p for _, p in running.arms), **dict(running.arms)}
+    totals = {r: [0, 0, 0] for r in shares}
+    for replica in fleet.gateway.replicas:
+        for release in shares:
+            try:
+                stats = _version_stats(f"{replica.host}:{replica.http_port}", release)
+            except (urllib.error.URLError, OSError, ValueError):
+                continue
+            success, fail = stats.get("success", {}), stats.get("fail", {})
+            totals[release][0] += int(success.get("count", 0))
+            totals[release][1] += int(fail.get("count", 0))
+            totals[release][2] += int(success.get("ns", 0))
+    return running, [ArmStatistics(r, shares[r], n, f, ns / n / 1e6 if n else float("nan"))
+                     for r, (n, f, ns) in sorted(totals.items())]
+
+
+def _version_stats(url: str, release: int) -> dict:
+    from ensemble import schema
+
+    with urllib.request.urlopen(f"http://{url}/v2/models/{schema.Model.RANKER.value}/versions/{release}/stats",
+                                timeout=5) as reply:
+        found = json.loads(reply.read()).get("model_stats", [])
+    return found[0].get("inference_stats", {}) if found else {}

@@ -1,0 +1,195 @@
+"""Candidates on live traffic: `ensemble experiment start|status|promote|abort` against two real
+tritonservers (the native layout) behind a real Envoy gateway.
+
+The fleet serves a private copy of the trained repository holding three releases and starts on the
+oldest (declared). Each answer's `model_version` is the release that scored it; with a key, the arm
+a request gets must be the one `arm_of` computes for its key here, on both protocols, before and
+after a replica is killed and restarted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from benchmarks.fleet_release import Client, _tritonserver_pid, one_row_inputs
+from ensemble import cli, schema
+from ensemble.fleet import release as fleet_release
+from ensemble.fleet.gateway import arm_of
+from ensemble.operate import declared
+from ensemble.repository.export import TrainedArtifacts, export_repository
+from tests.helpers import fleet_ports, fresh_rows, start_serving, stop_serving, two_releases
+
+STARTUP_SECONDS = 420
+KEY = "x-user"
+
+
+@dataclass
+class ExperimentFleet:
+    repository: Path
+    http: str
+    grpc: str
+    releases: tuple[int, int, int]
+    output: list[str]
+
+    def record(self) -> fleet_release.FleetRecord:
+        found = fleet_release.find(self.http)
+        assert found is not None, "the fleet's record is missing:\n" + "\n".join(self.output[-20:])
+        return found
+
+
+@pytest.fixture(scope="module")
+def fleet(trained, tmp_path_factory):
+    root = tmp_path_factory.mktemp("experiments")
+    repository, first, second = two_releases(trained, root, keep=3)
+    third = int(export_repository(TrainedArtifacts.under(trained.workdir), repository, keep=3)[schema.Model.RANKER].name)
+    run = root / "run"
+    env = {**os.environ, fleet_release.RUN_DIR_ENV: str(run)}
+    http, grpc, metrics = fleet_ports(2)
+    process, output = start_serving(["--repository", str(repository), "--replicas", "2", "--http-port", str(http),
+                                     "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                                     "--log-file", str(root / "logs" / "serve.log")], env, timeout=STARTUP_SECONDS)
+    previous = os.environ.get(fleet_release.RUN_DIR_ENV)
+    os.environ[fleet_release.RUN_DIR_ENV] = str(run)  # the experiment commands below run in this process
+    yield ExperimentFleet(repository, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", (first, second, third), output)
+    if previous is None:
+        os.environ.pop(fleet_release.RUN_DIR_ENV, None)
+    else:
+        os.environ[fleet_release.RUN_DIR_ENV] = previous
+    stop_serving(process)
+
+
+def _keyed_versions(fleet: ExperimentFleet, protocol: str, keys: list[str | None]) -> list[int]:
+    """The release that answered one 1-row request per key (None: a request without the header),
+    sent with plain tritonclient through the gateway."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    module = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(fleet.http if protocol == "http" else fleet.grpc)
+    inputs = one_row_inputs(module, 3)
+    versions = []
+    try:
+        for key in keys:
+            reply = client.infer(schema.Model.RANKER.value, inputs, headers={KEY: key} if key is not None else None)
+            response = reply.get_response()
+            versions.append(int(response["model_version"] if protocol == "http" else response.model_version))
+    finally:
+        client.close()
+    return versions
+
+
+def _run_clients(fleet: ExperimentFleet, action) -> tuple[list[Client], float]:
+    """Run ``action()`` while one HTTP and one gRPC client (no retries) send 1-row requests; returns
+    the clients and when the action returned."""
+    stop = threading.Event()
+    clients = [Client(0, "http", fleet.http, 0.002, stop), Client(1, "grpc", fleet.grpc, 0.002, stop)]
+    for client in clients:
+        client.start()
+    time.sleep(0.5)
+    try:
+        action()
+        returned = time.monotonic()
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for client in clients:
+            client.join(timeout=30)
+    return clients, returned
+
+
+def _wait_versions(control, versions: list[int], timeout: float = 180.0) -> list[int]:
+    deadline, ready = time.monotonic() + timeout, []
+    while time.monotonic() < deadline:
+        try:
+            ready = control.ready_versions()
+            if ready == versions:
+                return ready
+        except Exception:  # noqa: BLE001 - restarting
+            pass
+        time.sleep(0.5)
+    return ready
+
+
+def test_keyed_arms_are_sticky_across_protocols_and_restarts_then_abort_under_load(fleet):
+    first, second, third = fleet.releases
+    arms = ((second, 20.0), (third, 10.0))
+    assert cli.main(["experiment", "start", "--url", fleet.http, "--candidate", str(second), "--share", "20",
+                     "--candidate", str(third), "--share", "10", "--key", KEY]) == 0
+    record = fleet.record()
+    assert record.gateway.arms == arms and record.gateway.arm_key == KEY and record.gateway.release == first
+    assert all(c.ready_versions() == [first, second, third] for c in record.replicas())
+    running = declared.experiment(fleet.repository)
+    assert running is not None and running.arms == arms and running.key == KEY
+
+    keys = [f"user-{i}" for i in range(300)]
+    expected = [arm_of(k, first, arms) for k in keys]
+    assert {second, third, first} == set(expected)  # every arm drawn among the keys
+    for protocol in ("http", "grpc"):  # the gateway's Lua and arm_of agree on every key, twice over
+        assert _keyed_versions(fleet, protocol, keys) == expected
+        assert _keyed_versions(fleet, protocol, keys[::-1]) == expected[::-1]
+
+    # without the header: each request drawn at random, in the set shares
+    unkeyed = _keyed_versions(fleet, "http", [None] * 600)
+    shares = {r: unkeyed.count(r) / len(unkeyed) * 100 for r in (first, second, third)}
+    print(f"\n600 unkeyed requests: {shares}")
+    assert abs(shares[second] - 20) < 7 and abs(shares[third] - 10) < 6 and abs(shares[first] - 70) < 8
+
+    # a ranking request through the gateway during the experiment is answered
+    from clients.triton import RankerClient, Retry
+
+    dense, cats = fresh_rows(12, seed=45)
+    ranking = RankerClient(fleet.http, "http", retry=Retry(attempts=1), timeout=30.0).rank(None, (dense, cats))
+    assert sorted(ranking.order) == list(range(len(dense)))
+
+    assert cli.main(["experiment", "status", "--url", fleet.http]) == 0
+    assert cli.main(["deploy", "--url", fleet.http]) == 1  # refused while the experiment runs
+
+    def kill_then_abort() -> None:
+        """Under the clients' load: a replica killed mid-experiment comes back holding every arm, keys
+        keep their arms, then the abort."""
+        replica = record.gateway.replicas[0]
+        os.kill(_tritonserver_pid(replica.http_port), signal.SIGKILL)
+        time.sleep(1.0)
+        assert _wait_versions(record.replicas()[0], [first, second, third]) == [first, second, third]
+        time.sleep(2.5)  # back in the gateway's rotation (health checks every second)
+        assert _keyed_versions(fleet, "grpc", keys) == expected
+        assert cli.main(["experiment", "abort", "--url", fleet.http]) == 0, "abort failed"
+
+    clients, aborted = _run_clients(fleet, kill_then_abort)
+    for client in clients:
+        assert not client.errors, client.errors[:3]
+        after = [v for t, v in client.answers if t > aborted]
+        assert after and set(after) == {first}, after[:10]
+    record = fleet.record()
+    assert record.gateway.arms == () and record.release == first
+    assert all(c.ready_versions() == [first] for c in record.replicas())
+    assert declared.experiment(fleet.repository) is None and declared.versions(fleet.repository) == [first]
+
+
+def test_promote_under_load_switches_every_replica_to_the_candidate(fleet):
+    first, second, _ = fleet.releases
+    assert declared.experiment(fleet.repository) is None
+    assert cli.main(["experiment", "start", "--url", fleet.http, "--candidate", str(second), "--share", "50"]) == 0
+    seen = _keyed_versions(fleet, "http", [None] * 200)
+    assert set(seen) == {first, second}
+    assert cli.main(["experiment", "start", "--url", fleet.http, "--candidate", str(second), "--share", "5"]) == 1
+
+    clients, promoted = _run_clients(fleet, lambda: cli.main(["experiment", "promote", "--url", fleet.http]) == 0
+                                     or pytest.fail("promote failed"))
+    for client in clients:
+        assert not client.errors, client.errors[:3]
+        after = [v for t, v in client.answers if t > promoted]
+        assert after and set(after) == {second}, after[:10]
+    record = fleet.record()
+    assert record.release == second and record.gateway.release is None and record.gateway.arms == ()
+    assert all(c.ready_versions() == [second] for c in record.replicas())
+    assert declared.read(fleet.repository) == second and declared.experiment(fleet.repository) is None
+    assert set(_keyed_versions(fleet, "grpc", [None] * 20)) == {second}
+    assert cli.main(["experiment", "abort", "--url", fleet.http]) == 1  # nothing runs any more
