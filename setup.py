@@ -68,7 +68,8 @@ if numpy is not None:
 # of Triton (backend_internal.h).
 BACKEND = Extension(
     "ensemble.native.libtriton_native",
-    [f"{NATIVE}/backend{part}.c" for part in ("", "_interpreter", "_plain", "_statistics", "_io")], optional=True,
+    [f"{NATIVE}/backend{part}.c" for part in ("", "_interpreter", "_plain", "_statistics", "_io", "_shadow")],
+    optional=True,
     depends=[f"{NATIVE}/{h}" for h in ("backend_internal.h", "triton_api.h", "backend_checks.h")] + API,
     include_dirs=[NATIVE], define_macros=[("PYTHON_LIBRARY", f'"{PYTHON_LIBRARY}"')],
     libraries=[f"python{LIBRARY_NAME}"], library_dirs=[sysconfig.get_config_var("LIBDIR") or ""],

@@ -500,7 +500,7 @@ def cmd_experiment(args) -> int:
             if len(shares) != len(args.candidate):
                 print("error: give one --share per --candidate", file=sys.stderr)
                 return 1
-            experiment.start(fleet, list(zip(args.candidate, shares)), args.key, args.holdout)
+            experiment.start(fleet, list(zip(args.candidate, shares)), args.key, args.holdout, shadow=args.shadow)
         elif args.action == "promote":
             print(f"release {experiment.promote(fleet, args.candidate[0] if args.candidate else None)} serves every "
                   "request")
@@ -512,7 +512,8 @@ def cmd_experiment(args) -> int:
                 print(f"no experiment: release {fleet.release} serves every request")
                 return 0
             print(f"experiment since {running.started}, arms chosen by "
-                  + (f"the '{running.key}' header" if running.key else "request"))
+                  + (f"the '{running.key}' header" if running.key else "request")
+                  + (f", {running.shadow:g}% of the serving release's requests shadowed" if running.shadow else ""))
             print("| release | share | answered | refused or failed | mean ms |\n| --- | --- | --- | --- | --- |")
             for arm in arms:
                 role = " (serving)" if arm.release == fleet.release else ""
@@ -778,6 +779,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start: the request header whose value keeps a request's arm (such as a user id); "
                         "default: each request's arm drawn at random")
     p.add_argument("--holdout", default=None, help="start: labelled Criteo TSV for the candidates' AUC check")
+    p.add_argument("--shadow", type=float, default=0.0,
+                   help="start: percent of the serving release's requests that every candidate scores too, after "
+                        "the answer (native layout): score differences and top-k overlaps as histograms")
     p.set_defaults(func=cmd_experiment)
 
     p = _command(sub, "declare", "show or set the release every later server start on a repository loads")

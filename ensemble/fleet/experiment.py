@@ -51,7 +51,7 @@ def _serving(fleet: FleetRecord) -> int:
 
 
 def start(fleet: FleetRecord, arms: list[tuple[int, float]], key: str | None = None, holdout=None,
-          log=print) -> declared.Experiment:
+          log=print, shadow: float = 0.0) -> declared.Experiment:
     """Start an experiment of ``arms`` (``(candidate release, percent)``) beside the serving
     release (the module docstring's steps); returns it.
 
@@ -61,7 +61,7 @@ def start(fleet: FleetRecord, arms: list[tuple[int, float]], key: str | None = N
     serving = _serving(fleet)
     arms = [(int(r), float(p)) for r, p in arms]
     try:
-        check_arms(serving, tuple(arms), key)
+        check_arms(serving, tuple(arms), key, shadow)
     except GatewayError as exc:
         raise DeployError(str(exc)) from None
     with _lock(fleet):
@@ -99,10 +99,10 @@ def start(fleet: FleetRecord, arms: list[tuple[int, float]], key: str | None = N
                 _route(fleet, None)
             raise DeployError("experiment refused: " + "; ".join(problems) + f". Release {serving} serves every "
                               "request, as before")
-        experiment = declared.Experiment(tuple(arms), key, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        experiment = declared.Experiment(tuple(arms), key, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), shadow)
         declared.write(fleet.repository, serving, "experiment", every, experiment)
         try:
-            _route(fleet, serving, arms=tuple(arms), key=key)
+            _route(fleet, serving, arms=tuple(arms), key=key, shadow=shadow)
         except (DeployError, OSError) as exc:
             _route(fleet, serving)
             _each(controls, lambda i, c: c.load_release(serving))
@@ -110,7 +110,8 @@ def start(fleet: FleetRecord, arms: list[tuple[int, float]], key: str | None = N
             raise DeployError(f"the gateway did not take the experiment's routes ({exc}); release {serving} serves "
                               "every request") from exc
         log("experiment under way: " + ", ".join(f"release {r} takes {p:g}%" for r, p in arms)
-            + f", release {serving} the rest; arms chosen by " + (f"the '{key}' header" if key else "request"))
+            + f", release {serving} the rest; arms chosen by " + (f"the '{key}' header" if key else "request")
+            + (f"; {shadow:g}% of release {serving}'s requests shadowed" if shadow else ""))
         return experiment
 
 

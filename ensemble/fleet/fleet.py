@@ -158,7 +158,8 @@ class Fleet:
         self.gateway = replace(gateway, routes_dir=str(self.folder / "routes"))
         running = declared.experiment(options.server.repository) if self.release is not None else None
         if running is not None:  # a fleet that restarts during an experiment routes to its arms again
-            self.gateway = replace(self.gateway, release=self.release, arms=running.arms, arm_key=running.key)
+            self.gateway = replace(self.gateway, release=self.release, arms=running.arms, arm_key=running.key,
+                                   shadow=running.shadow)
         self.servers = [TritonServer(o) for o in server_options]
         self.envoy = Envoy(self.gateway, log_file=_log_path(options.server.log_file, "gateway"))
         self._stop = threading.Event()

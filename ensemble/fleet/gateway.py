@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ensemble import schema
-from ensemble.operate.control import RELEASE_HEADER
+from ensemble.operate.control import RELEASE_HEADER, SHADOW_HEADER
 from ensemble.operate.door import HTTP_MAX_INPUT_BYTES
 
 # The fastest any replica answered on the build VM (1-row requests, native layout, one core:
@@ -127,6 +127,9 @@ class Gateway:
             requests goes to the candidate, the rest to ``release`` (:func:`arm_of` chooses).
         arm_key: the request header whose value chooses a request's arm (the same value, the same
             arm); None, or a request without it: a hash of the request's id (random per request).
+        shadow: percent of the serving release's requests (during an experiment) that the candidates
+            score too, after the answer: the gateway names them in the ``ensemble-shadow`` header, and
+            removes that header from every request a client sends.
     """
 
     replicas: tuple[Replica, ...]
@@ -143,6 +146,7 @@ class Gateway:
     metrics_port: int | None = None
     arms: tuple[tuple[int, float], ...] = ()
     arm_key: str | None = None
+    shadow: float = 0.0
 
     def check(self) -> None:
         """Raises :class:`GatewayError` naming the first problem."""
@@ -173,7 +177,7 @@ class Gateway:
             raise GatewayError(f"dns_refresh must be > 0 seconds, got {self.dns_refresh}")
         if self.release is not None and not 0 < self.release < 2**63:
             raise GatewayError(f"release must be a positive version number, got {self.release}")
-        check_arms(self.release, self.arms, self.arm_key)
+        check_arms(self.release, self.arms, self.arm_key, self.shadow)
 
     def listeners(self) -> list[tuple[str, int]]:
         """Every (address, port) this gateway's Envoy binds."""
@@ -197,13 +201,15 @@ ARM_POINTS = 10_000  # an arm's share is counted in hundredths of a percent
 HEADER_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")  # lower case: HTTP/2 and Envoy see header names so
 
 
-def check_arms(release: int | None, arms: tuple[tuple[int, float], ...], key: str | None) -> None:
+def check_arms(release: int | None, arms: tuple[tuple[int, float], ...], key: str | None, shadow: float = 0.0) -> None:
     """Raises :class:`GatewayError` when ``arms`` (an experiment's candidates beside ``release``)
     cannot be served: unknown or repeated releases, shares outside (0, 100) or summing to 100 or
-    more, or a key that is no header name."""
+    more, a key that is no header name, or a shadow share outside [0, 100]."""
+    if not 0 <= shadow <= 100:
+        raise GatewayError(f"the shadow share must be 0-100 percent, got {shadow}")
     if not arms:
-        if key is not None:
-            raise GatewayError("an arm key needs an experiment's arms")
+        if key is not None or shadow:
+            raise GatewayError("an arm key or a shadow share needs an experiment's arms")
         return
     if release is None:
         raise GatewayError("an experiment needs the serving release (the arm that takes the rest)")
@@ -229,14 +235,15 @@ def arm_bounds(release: int, arms: tuple[tuple[int, float], ...]) -> list[tuple[
     return bounds + [(release, ARM_POINTS)]
 
 
-def arm_point(value: str | bytes) -> int:
+def arm_point(value: str | bytes, rounds: int = 3) -> int:
     """Where ``value`` (an arm key's value) falls in [0, ARM_POINTS): a polynomial hash of its bytes,
-    mixed by three Lehmer steps, all exact in doubles. The gateway's Lua computes the same
-    (:data:`ARM_LUA`), so a key's arm is known here, the same on every gateway and after restarts."""
+    mixed by ``rounds`` Lehmer steps (3 for the arm; 5 for the shadow sample, drawn from the request
+    id), all exact in doubles. The gateway's Lua computes the same (:data:`ARM_LUA`), so a key's arm
+    is known here, the same on every gateway and after restarts."""
     h = 0
     for byte in value.encode() if isinstance(value, str) else value:
         h = (h * 31 + byte) % 2147483647
-    for _ in range(3):
+    for _ in range(rounds):
         h = (h * 48271 + 11) % 2147483647
     return h % ARM_POINTS
 
@@ -360,31 +367,42 @@ LUA_FILTER = "envoy.filters.http.lua"
 # key header ("key"). The key's value (else Envoy's x-request-id, random per request) is hashed as
 # arm_point does; the request gets the release whose bound is the first above its point, and the
 # ``ensemble-release`` header naming it (the replicas pass it to the models). Outside an experiment
-# it returns the pinned release, or nil.
+# it returns the pinned release, or nil. A client's own ``ensemble-shadow`` header is always removed; a
+# sample of the serving arm's requests ("shadow": its share in ARM_POINTS, drawn from the request id)
+# gets one naming the candidates ("candidates").
 ARM_LUA = """
+local function point_of(value, rounds)
+  local h = 0
+  for i = 1, #value do h = (h * 31 + value:byte(i)) % 2147483647 end
+  for _ = 1, rounds do h = (h * 48271 + 11) % 2147483647 end
+  return h % 10000
+end
 local function arm_of(handle)
+  local headers = handle:headers()
+  headers:remove("SHADOW_HEADER")
   local meta = handle:metadata()
   local release = meta:get("release")
   local arms = meta:get("arms")
   if release == nil or arms == nil then return release end
-  local headers = handle:headers()
   local key = meta:get("key")
+  local id = headers:get("x-request-id") or ""
   local value = nil
   if key ~= nil and key ~= "" then value = headers:get(key) end
-  if value == nil then value = headers:get("x-request-id") or "" end
-  local h = 0
-  for i = 1, #value do h = (h * 31 + value:byte(i)) % 2147483647 end
-  for _ = 1, 3 do h = (h * 48271 + 11) % 2147483647 end
-  local point = h % 10000
+  if value == nil then value = id end
+  local point = point_of(value, 3)
   local chosen = release
   for candidate, upto in string.gmatch(arms, "(%d+):(%d+)") do
     if point < tonumber(upto) then chosen = candidate break end
   end
   headers:remove("RELEASE_HEADER")
   headers:add("RELEASE_HEADER", chosen)
+  local shadow = tonumber(meta:get("shadow") or "0")
+  if chosen == release and shadow > 0 and point_of(id, 5) < shadow then
+    headers:add("SHADOW_HEADER", meta:get("candidates"))
+  end
   return chosen
 end
-""".replace("RELEASE_HEADER", RELEASE_HEADER)
+""".replace("RELEASE_HEADER", RELEASE_HEADER).replace("SHADOW_HEADER", SHADOW_HEADER)
 
 # Adds ``model_version`` (field 2 of Triton's ModelInferRequest) to a gRPC request for the ranker
 # that names no version: the release comes from the route's metadata. The message's top-level
@@ -541,6 +559,9 @@ def _arm_metadata(gateway: Gateway, path: str | None) -> dict:
     if gateway.arms:
         meta["arms"] = ";".join(f"{r}:{upto}" for r, upto in arm_bounds(gateway.release, gateway.arms)[:-1])
         meta["key"] = gateway.arm_key or ""
+        if gateway.shadow:
+            meta["shadow"] = str(round(gateway.shadow * ARM_POINTS / 100))
+            meta["candidates"] = ",".join(str(r) for r, _ in gateway.arms)
         if path is not None:
             meta["path"] = path
     return {"metadata": {"filter_metadata": {LUA_FILTER: meta}}}
@@ -664,6 +685,8 @@ def _connection_manager(name: str, gateway: Gateway, grpc: bool) -> dict:
 def route_config(name: str, gateway: Gateway, grpc: bool) -> dict:
     """The routes of the listener ``name`` (``http`` or ``grpc``)."""
     host = {"name": name, "domains": ["*"], "routes": _grpc_routes(gateway) if grpc else _http_routes(gateway)}
+    if grpc and not _has_lua(gateway):  # no Lua filter to remove a client's own shadow header
+        host["request_headers_to_remove"] = [SHADOW_HEADER]
     if gateway.release is not None and not gateway.arms:  # during an experiment the Lua filter sets it per request
         host["request_headers_to_add"] = [{"header": {"key": RELEASE_HEADER, "value": str(gateway.release)},
                                            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
@@ -674,14 +697,16 @@ def _routes_file(directory: str | Path, name: str) -> Path:
     return Path(directory) / f"routes-{name}.json"
 
 
-def routes_version(release: int | None, arms: tuple[tuple[int, float], ...] = (), key: str | None = None) -> str:
-    """The ``version_info`` a routes file pinned to ``release`` (with an experiment's ``arms`` and
-    ``key``) carries (Envoy reports it once applied)."""
+def routes_version(release: int | None, arms: tuple[tuple[int, float], ...] = (), key: str | None = None,
+                   shadow: float = 0.0) -> str:
+    """The ``version_info`` a routes file pinned to ``release`` (with an experiment's ``arms``,
+    ``key`` and ``shadow``) carries (Envoy reports it once applied)."""
     if release is None:
         return "unpinned"
     if not arms:
         return f"release-{release}"
-    return f"experiment-{release}-" + "-".join(f"{r}x{p:g}" for r, p in arms) + (f"-by-{key}" if key else "")
+    return (f"experiment-{release}-" + "-".join(f"{r}x{p:g}" for r, p in arms) + (f"-by-{key}" if key else "")
+            + (f"-shadow-{shadow:g}" if shadow else ""))
 
 
 def write_routes(gateway: Gateway) -> list[Path]:
@@ -697,7 +722,7 @@ def write_routes(gateway: Gateway) -> list[Path]:
     for name, grpc in (("http", False), ("grpc", True)):
         target = _routes_file(directory, name)
         tmp = directory / f".{target.name}.tmp"
-        version = routes_version(gateway.release, gateway.arms, gateway.arm_key)
+        version = routes_version(gateway.release, gateway.arms, gateway.arm_key, gateway.shadow)
         tmp.write_text(json.dumps({"version_info": version, "resources": [
             {"@type": _TYPES + "config.route.v3.RouteConfiguration", **route_config(name, gateway, grpc)}]}))
         os.replace(tmp, target)

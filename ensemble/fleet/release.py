@@ -86,7 +86,8 @@ def record(gateway: Gateway, repository: str | Path, layout: str, release: int |
         "gateway": {"host": gateway.host, "http_port": gateway.http_port, "grpc_port": gateway.grpc_port,
                     "admin_port": gateway.admin_port, "release": gateway.release, "routes_dir": gateway.routes_dir,
                     "max_request_bytes": gateway.max_request_bytes, "max_requests": gateway.max_requests,
-                    "retries": gateway.retries, "arms": [list(a) for a in gateway.arms], "arm_key": gateway.arm_key},
+                    "retries": gateway.retries, "arms": [list(a) for a in gateway.arms], "arm_key": gateway.arm_key,
+                    "shadow": gateway.shadow},
         "replicas": [{"host": r.host, "http_port": r.http_port, "grpc_port": r.grpc_port} for r in gateway.replicas],
     }, indent=1) + "\n")
     os.replace(tmp, path)
@@ -119,7 +120,8 @@ def find(url: str) -> FleetRecord | None:
                       host=g["host"], http_port=g["http_port"], grpc_port=g["grpc_port"], admin_port=g["admin_port"],
                       max_request_bytes=g["max_request_bytes"], max_requests=g["max_requests"], retries=g["retries"],
                       release=g["release"], routes_dir=g["routes_dir"],
-                      arms=tuple((int(r), float(p)) for r, p in g.get("arms") or ()), arm_key=g.get("arm_key"))
+                      arms=tuple((int(r), float(p)) for r, p in g.get("arms") or ()), arm_key=g.get("arm_key"),
+                      shadow=float(g.get("shadow") or 0.0))
     return FleetRecord(gateway, data["repository"], data["layout"], int(data["pid"]), data.get("release"))
 
 
@@ -131,14 +133,15 @@ def applied_routes(admin_url: str) -> dict[str, str]:
 
 
 def _route(fleet: FleetRecord, pin: int | None, release: int | None = None, arms: tuple[tuple[int, float], ...] = (),
-           key: str | None = None) -> FleetRecord:
+           key: str | None = None, shadow: float = 0.0) -> FleetRecord:
     """Replace the gateway's routes with ones pinned to ``pin`` (None: no pin; with ``arms``, an
-    experiment's candidates beside it, chosen by ``key``), wait until it serves them, and record
-    the fleet as serving ``release`` (default: as before)."""
-    switched = replace(fleet, gateway=replace(fleet.gateway, release=pin, arms=arms, arm_key=key),
+    experiment's candidates beside it, chosen by ``key``, shadowing ``shadow`` percent of the
+    serving arm), wait until it serves them, and record the fleet as serving ``release`` (default:
+    as before)."""
+    switched = replace(fleet, gateway=replace(fleet.gateway, release=pin, arms=arms, arm_key=key, shadow=shadow),
                        release=fleet.release if release is None else release)
     write_routes(switched.gateway)
-    wanted = routes_version(pin, arms, key)
+    wanted = routes_version(pin, arms, key, shadow)
     deadline = time.monotonic() + APPLY_TIMEOUT
     while True:
         try:
@@ -163,6 +166,7 @@ def _update_record(fleet: FleetRecord) -> None:
     data["release"], data["gateway"]["release"] = fleet.release, fleet.gateway.release
     data["gateway"]["arms"] = [list(a) for a in fleet.gateway.arms]
     data["gateway"]["arm_key"] = fleet.gateway.arm_key
+    data["gateway"]["shadow"] = fleet.gateway.shadow
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)

@@ -78,6 +78,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
         return fail(TS_ERROR_INTERNAL, "model '%s' version %llu did not load: %s", name,
                     (unsigned long long)version, text);
     }
+    shadow_register(state);
     PyGILState_Release(gil);
     return TRITONBACKEND_ModelSetState(model, state);
 }
@@ -95,6 +96,8 @@ TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
     Py_XDECREF(state->chain);
     Py_XDECREF(state->admission);
     Py_XDECREF(state->metric_updates);
+    Py_XDECREF(state->shadow_updates);
+    Py_XDECREF(state->shadow_chain);
     Py_DECREF(state->model);
     PyGILState_Release(gil);
     for (int k = 0; k < 2; k++) {
@@ -110,6 +113,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
         TRITONSERVER_Error *gone = TRITONSERVER_MetricDelete(state->series[k].metric);
         if (gone) TRITONSERVER_ErrorDelete(gone);
     }
+    shadow_series_delete(state);
     for (int k = 0; k < state->n_outputs; k++) free(state->output_names[k]);
     for (int i = 0; i < state->n_inputs; i++) free(state->input_names[i]);
     free(state->input_names);

@@ -1,6 +1,6 @@
 /* What the native backend (backend.c) reads of a request's own bytes before it trusts them: the
- * request parameters (the "bulk" flag, the "ensemble-release" parameter a fleet's gateway forwards from
- * its header), where an input's buffer lives, and whether a request is plain (each input in its served
+ * request parameters (the "bulk" flag, the "ensemble-release" and "ensemble-shadow" parameters a fleet's
+ * gateway forwards from its headers), where an input's buffer lives, and whether a request is plain (each input in its served
  * type and width, its rows in one CPU buffer, its strings well formed). Pure functions of their
  * arguments, with no Triton call, so tests/fuzz compiles them into its fuzz targets as they are. */
 #ifndef ENSEMBLE_BACKEND_CHECKS_H
@@ -17,12 +17,33 @@
 
 #define PLAIN_MAX_ROWS (1 << 24) /* the most rows a plain request may have */
 
-/* One request parameter into the request's bulk flag and release name (valid while the request is). */
+/* One request parameter into the request's bulk flag, release name and shadow list (valid while the
+ * request is). */
 static inline void backend_parameter(const char *key, TS_ParameterType type, const void *value, int *bulk,
-                                     const char **release) {
+                                     const char **release, const char **shadow) {
     if (key == NULL || value == NULL) return;
     if (strcmp(key, "bulk") == 0 && type == TS_PARAMETER_BOOL) *bulk = *(const bool *)value ? 1 : 0;
     if (strcasecmp(key, "ensemble-release") == 0 && type == TS_PARAMETER_STRING) *release = (const char *)value;
+    if (strcasecmp(key, "ensemble-shadow") == 0 && type == TS_PARAMETER_STRING) *shadow = (const char *)value;
+}
+
+/* The next release named in a shadow list ("5" or "5,7": the releases that score a shadowed request
+ * too, as the gateway writes it), from *cursor: its number in *release (1 to 2^63 - 1) and true, the
+ * cursor moved past it; false at the end of the list. Anything but digits between the commas ends the
+ * list, as does a number that would not fit. */
+static inline bool backend_shadow_next(const char **cursor, uint64_t *release) {
+    const char *s = *cursor;
+    if (s == NULL || *s < '0' || *s > '9') return false;
+    uint64_t value = 0;
+    while (*s >= '0' && *s <= '9') {
+        if (value > UINT64_C(922337203685477579)) return false; /* value * 10 + 9 would pass 2^63 - 1 */
+        value = value * 10 + (uint64_t)(*s++ - '0');
+    }
+    if (*s != '\0' && *s != ',') return false;
+    if (value == 0) return false;
+    *cursor = *s == ',' ? s + 1 : s;
+    *release = value;
+    return true;
 }
 
 /* The release name for Python: a str, None when absent; bytes that are not UTF-8 with each bad byte

@@ -7,6 +7,8 @@
  *   backend_statistics.c   metric families and series; statistics reported off the answering thread
  *   backend_io.c           what they all use of Triton: the clock, errors, log lines, a request's
  *                          parameters and its answers
+ *   backend_shadow.c       shadow scoring during an experiment: the loaded versions' chains, the score
+ *                          differences and top-k overlaps as histograms
  *
  * Nothing here is exported: the library is built with -fvisibility=hidden and only the TRITONBACKEND_
  * entry points (triton_api.h) are visible to Triton. The C entry points the Python modules share with
@@ -46,6 +48,7 @@
 #define ENGINE_METRICS 8 /* series of the engine metrics one model version holds */
 #define MODEL_FAMILIES 4 /* families of the models' own counters (backend_statistics.c) */
 #define MODEL_SERIES 16  /* series of the model's own counters one model version holds */
+#define SHADOW_SERIES 32 /* series of shadow scoring one model version holds */
 
 typedef struct {
     PyObject *model;        /* ensemble.serving.embedded.Model */
@@ -84,6 +87,16 @@ typedef struct {
         char label[32];
         TRITONSERVER_Metric *metric;
     } series[MODEL_SERIES];
+    /* Shadow scoring (backend_shadow.c): the model's shadow_updates method, when it has one, and the
+     * series created so far (kind, candidate release), guarded by the shadow module's lock. */
+    PyObject *shadow_updates;
+    PyObject *shadow_chain; /* ensemble.serving.embedded.shadow_chain, when the model has a C path */
+    int n_shadow;
+    struct {
+        int kind;
+        uint64_t candidate;
+        TRITONSERVER_Metric *metric;
+    } shadow[SHADOW_SERIES];
 } ModelState;
 
 #define REPORT_QUEUE 1024
@@ -119,8 +132,9 @@ typedef struct {
     uint64_t size[PLAIN_INPUTS];
     int64_t rows;
     uint64_t timeout_us;
-    uint32_t wanted; /* bit k: output k asked for */
-    int bulk;        /* marked bulk by its client */
+    uint32_t wanted;    /* bit k: output k asked for */
+    int bulk;           /* marked bulk by its client */
+    const char *shadow; /* the releases that score it too (the "ensemble-shadow" parameter), or NULL */
 } PlainRequest;
 
 #define LANE_REQUESTS 64
@@ -133,7 +147,7 @@ TRITONSERVER_Error *add_output(TRITONBACKEND_Response *response, const char *nam
 TRITONSERVER_Error *fail(TS_ErrorCode code, const char *format, ...);
 void log_line(TS_LogLevel level, const char *message);
 uint64_t now_ns(void);
-int request_parameters(TRITONBACKEND_Request *request, const char **release);
+int request_parameters(TRITONBACKEND_Request *request, const char **release, const char **shadow);
 void send_error(TRITONBACKEND_Request *request, int code, const char *message);
 bool send_final(TRITONBACKEND_Response *response, TRITONSERVER_Error *problem);
 
@@ -165,5 +179,14 @@ void native_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_
                     const PlainRequest *plain, Lane *lane, uint64_t handed_ns, bool *answered, bool *succeeded,
                     bool *deferred, uint64_t *rows, char *text, size_t text_size);
 bool plain_request(const ModelState *state, TRITONBACKEND_Request *request, PlainRequest *out);
+
+/* backend_shadow.c: shadow scoring during an experiment */
+void shadow_register(ModelState *state);
+typedef struct ShadowWork ShadowWork;
+ShadowWork *shadow_take(ModelState *state, const PlainRequest *request, const float *scores, int64_t offset);
+void shadow_run(ModelState *state, ShadowWork *work);
+void shadow_drop(ShadowWork *work);
+void shadow_python(ModelState *state);
+void shadow_series_delete(ModelState *state);
 
 #endif

@@ -314,12 +314,17 @@ static PyObject *request_object(ModelState *state, TRITONBACKEND_Request *reques
         if (text == NULL) goto no_memory;
         PyTuple_SET_ITEM(outputs, i, text);
     }
-    const char *release = NULL;
-    int bulk = request_parameters(request, &release);
+    const char *release = NULL, *shadow = NULL;
+    int bulk = request_parameters(request, &release, &shadow);
     PyObject *release_object = backend_release_object(release);
     if (release_object == NULL) goto no_memory;
-    PyObject *result = Py_BuildValue("(NKONN)", inputs, (unsigned long long)timeout_us, bulk ? Py_True : Py_False,
-                                     outputs, release_object);
+    PyObject *shadow_object = backend_release_object(shadow);
+    if (shadow_object == NULL) {
+        Py_DECREF(release_object);
+        goto no_memory;
+    }
+    PyObject *result = Py_BuildValue("(NKONNN)", inputs, (unsigned long long)timeout_us, bulk ? Py_True : Py_False,
+                                     outputs, release_object, shadow_object);
     if (result != NULL) return result;
     python_error_text(problem, problem_size); /* Py_BuildValue took inputs and outputs */
     return NULL;
@@ -426,6 +431,7 @@ void python_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_
     }
     *compute_end = now_ns();
     model_metrics(state); /* with the interpreter's lock held: the model's threads take turns here */
+    shadow_python(state);
     /* The views into Triton's buffers end here: the requests are released after the call. */
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(views); i++) {
         PyObject *released = PyObject_CallMethod(PyList_GET_ITEM(views, i), "release", NULL);

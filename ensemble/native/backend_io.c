@@ -22,12 +22,14 @@ void log_line(TS_LogLevel level, const char *message) {
     if (err) TRITONSERVER_ErrorDelete(err);
 }
 
-/* The request's "bulk" flag and its "ensemble-release" parameter (the release a fleet's gateway routed
- * it to, forwarded from its header by tritonserver; NULL when absent), valid during the request. */
-int request_parameters(TRITONBACKEND_Request *request, const char **release) {
+/* The request's "bulk" flag, its "ensemble-release" parameter (the release a fleet's gateway routed
+ * it to, forwarded from its header by tritonserver; NULL when absent) and its "ensemble-shadow" one (the
+ * releases that score it too during an experiment; NULL when absent), valid during the request. */
+int request_parameters(TRITONBACKEND_Request *request, const char **release, const char **shadow) {
     uint32_t count = 0;
     int bulk = 0;
     *release = NULL;
+    *shadow = NULL;
     TRITONSERVER_Error *err = TRITONBACKEND_RequestParameterCount(request, &count);
     if (err) {
         TRITONSERVER_ErrorDelete(err);
@@ -42,7 +44,7 @@ int request_parameters(TRITONBACKEND_Request *request, const char **release) {
             TRITONSERVER_ErrorDelete(err);
             continue;
         }
-        backend_parameter(key, type, value, &bulk, release);
+        backend_parameter(key, type, value, &bulk, release, shadow);
     }
     return bulk;
 }

@@ -14,7 +14,7 @@
 /* Whether a request is plain; if so, what the call needs of it. */
 bool plain_request(const ModelState *state, TRITONBACKEND_Request *request, PlainRequest *out) {
     const char *release;
-    out->bulk = request_parameters(request, &release);
+    out->bulk = request_parameters(request, &release, &out->shadow);
     out->rows = -1;
     TRITONSERVER_Error *err = NULL;
     for (int i = 0; i < state->n_inputs; i++) {
@@ -423,8 +423,12 @@ void native_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_
         int64_t offset = 0;
         for (int32_t k = from; k < to; k++) {
             const int32_t r = kept[k < plan.n_first ? plan.first[k] : plan.bulk[k - plan.n_first]];
+            /* a shadowed request's inputs are copied before its answer goes, then its candidates score them */
+            ShadowWork *shadow = plain[r].shadow != NULL && !plain[r].bulk ? shadow_take(state, &plain[r], scores, offset)
+                                                                           : NULL;
             succeeded[r] = send_scores(state, requests[r], scores, total, offset, plain[r].rows, plain[r].wanted);
             answered[r] = true;
+            if (shadow != NULL) shadow_run(state, shadow);
             offset += plain[r].rows;
         }
         *rows += (uint64_t)total;

@@ -69,12 +69,22 @@ TRITONSERVER_Error *TRITONSERVER_LogMessage(TS_LogLevel level, const char *file,
 typedef struct TRITONSERVER_MetricFamily TRITONSERVER_MetricFamily;
 typedef struct TRITONSERVER_Metric TRITONSERVER_Metric;
 typedef struct TRITONSERVER_Parameter TRITONSERVER_Parameter;
-typedef enum { TS_METRIC_COUNTER, TS_METRIC_GAUGE } TS_MetricKind;
+typedef enum { TS_METRIC_COUNTER, TS_METRIC_GAUGE, TS_METRIC_HISTOGRAM } TS_MetricKind;
+typedef struct TRITONSERVER_MetricArgs TRITONSERVER_MetricArgs;
 TRITONSERVER_Error *TRITONSERVER_MetricFamilyNew(TRITONSERVER_MetricFamily **family, TS_MetricKind kind,
                                                  const char *name, const char *description);
 TRITONSERVER_Error *TRITONSERVER_MetricNew(TRITONSERVER_Metric **metric, TRITONSERVER_MetricFamily *family,
                                            const TRITONSERVER_Parameter **labels, uint64_t label_count);
 TRITONSERVER_Error *TRITONSERVER_MetricDelete(TRITONSERVER_Metric *metric);
+/* A histogram series: its bucket bounds set on the arguments it is created with, then observed */
+TRITONSERVER_Error *TRITONSERVER_MetricArgsNew(TRITONSERVER_MetricArgs **args);
+TRITONSERVER_Error *TRITONSERVER_MetricArgsSetHistogram(TRITONSERVER_MetricArgs *args, const double *buckets,
+                                                        uint64_t buckets_count);
+TRITONSERVER_Error *TRITONSERVER_MetricArgsDelete(TRITONSERVER_MetricArgs *args);
+TRITONSERVER_Error *TRITONSERVER_MetricNewWithArgs(TRITONSERVER_Metric **metric, TRITONSERVER_MetricFamily *family,
+                                                   const TRITONSERVER_Parameter **labels, uint64_t label_count,
+                                                   const TRITONSERVER_MetricArgs *args);
+TRITONSERVER_Error *TRITONSERVER_MetricObserve(TRITONSERVER_Metric *metric, double value);
 TRITONSERVER_Error *TRITONSERVER_MetricSet(TRITONSERVER_Metric *metric, double value);
 TRITONSERVER_Error *TRITONSERVER_MetricIncrement(TRITONSERVER_Metric *metric, double value);
 TRITONSERVER_Parameter *TRITONSERVER_ParameterNew(const char *name, TS_ParameterType type, const void *value);

@@ -38,6 +38,9 @@ RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
 # The release a fleet's gateway sends a request to (ensemble.fleet.gateway sets it); tritonserver passes
 # it to the models as a request parameter of this name.
 RELEASE_HEADER = "ensemble-release"
+# During an experiment with a shadow share the gateway names the candidates that score a sampled request
+# too (after its answer, which the serving release gives) in this header (ensemble/native/backend_shadow.c).
+SHADOW_HEADER = "ensemble-shadow"
 
 
 def restricted_options(key: str) -> list[str]:

@@ -44,7 +44,7 @@ def write(repository: str | Path, release: int, by: str, versions: list[int] | N
               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if experiment is not None:
         record["experiment"] = {"arms": [[r, p] for r, p in experiment.arms], "key": experiment.key,
-                                "started": experiment.started}
+                                "shadow": experiment.shadow, "started": experiment.started}
     tmp.write_text(json.dumps(record) + "\n")
     os.replace(tmp, target)
     return target
@@ -54,11 +54,13 @@ def write(repository: str | Path, release: int, by: str, versions: list[int] | N
 class Experiment:
     """An experiment beside the declared release: ``arms`` are the candidates, ``(release,
     percent of requests)`` each; ``key``: the request header whose value keeps a request's arm
-    (None: each request's arm is drawn at random); ``started``: when (UTC, ISO 8601)."""
+    (None: each request's arm is drawn at random); ``shadow``: percent of the serving release's
+    requests the candidates score too; ``started``: when (UTC, ISO 8601)."""
 
     arms: tuple[tuple[int, float], ...]
     key: str | None = None
     started: str = ""
+    shadow: float = 0.0
 
 
 def experiment(repository: str | Path) -> Experiment | None:
@@ -73,12 +75,13 @@ def experiment(repository: str | Path) -> Experiment | None:
         arms = tuple((int(r), float(p)) for r, p in found["arms"])
         key = found.get("key") or None
         started = str(found.get("started", ""))
+        shadow = float(found.get("shadow") or 0.0)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
     folder = Path(repository) / Model.RANKER.value
     if not arms or any(not (folder / str(r)).is_dir() for r, _ in arms):
         return None
-    return Experiment(arms, key, started)
+    return Experiment(arms, key, started, shadow)
 
 
 def read(repository: str | Path) -> int | None:

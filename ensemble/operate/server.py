@@ -23,7 +23,7 @@ from ensemble.repository.configs import LATENCY_OBJECTIVE_PARAMETER, config_file
 from ensemble import online
 from ensemble.operate import allocator, lifecycle, processes
 from ensemble.operate.allocator import Allocator
-from ensemble.operate.control import RELEASE_HEADER, Control, ControlError, restricted_options
+from ensemble.operate.control import RELEASE_HEADER, SHADOW_HEADER, Control, ControlError, restricted_options
 from ensemble.models.registry import Layout
 from ensemble import schema
 from ensemble.schema import Model
@@ -231,8 +231,10 @@ class TritonServer:
         if (Path(o.repository) / schema.RANK_MODEL / config_file(Layout(o.layout))).is_file():
             cmd.append(f"--load-model={schema.RANK_MODEL}")  # ranking requests (ensemble/serving/rank_model.py)
         cmd += door_options(binary, self.environment(binary))
-        # the release a fleet's gateway routes a request to reaches the models as a request parameter
-        cmd += [f"--http-header-forward-pattern=^{RELEASE_HEADER}$", f"--grpc-header-forward-pattern=^{RELEASE_HEADER}$"]
+        # the release a fleet's gateway routes a request to, and the candidates that shadow it, reach the
+        # models as request parameters
+        forwarded = f"^({RELEASE_HEADER}|{SHADOW_HEADER})$"
+        cmd += [f"--http-header-forward-pattern={forwarded}", f"--grpc-header-forward-pattern={forwarded}"]
         if o.admin_key:
             cmd += restricted_options(o.admin_key)
         if o.cpu_list:

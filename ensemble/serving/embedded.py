@@ -118,7 +118,7 @@ class RankerModel:
         self.pipeline.close()
 
     def execute(self, requests: Sequence[tuple], exec_start: float) -> Iterator[tuple[int, tuple]]:
-        """Answers for ``requests`` (each ``(inputs, timeout_us, bulk, requested_outputs, release)``, inputs in
+        """Answers for ``requests`` (each ``(inputs, timeout_us, bulk, requested_outputs, release, shadow)``, inputs in
         ``input_names`` order as ``(datatype, shape, buffer)`` or None), as (index, answer) with an
         answer ``("ok", ((name, float32 array), ...))`` or ``("error", code, message)``."""
         call = [calls.CallRequest(lambda given=r[0]: self._inputs(given), _admitted(r), tuple(r[3])) for r in requests]
@@ -195,6 +195,13 @@ def _admitted(request: tuple) -> admission.Request:
     return admission.Request(rows, request[1] * 1e-6, bool(request[2]))
 
 
+def shadow_chain(version: int):
+    """The chain in C of the loaded ranker version ``version`` (the backend scores a shadowed request
+    with it: ``backend_shadow.c``), or None when that version is not loaded here with one."""
+    found = next((m for m in reversed(_LOADED) if m.version == version), None)
+    return found.plain[2] if found is not None and found.plain is not None else None
+
+
 def _ranker_of(release: str | None) -> "RankerModel | None":
     """The loaded ranker version ``release`` names (None: the one loaded last)."""
     if release is None:
@@ -230,6 +237,7 @@ class RankModel:
         self.store = online.StoreSettings.from_environment(os.environ)
         self._lookups: dict[str, online.FeatureLookup] = {}
         self._reported: dict[str, dict[str, float]] = {}  # what metric_updates last reported, per dataset
+        self._shadowed: list[tuple[int, int, float]] = []  # what shadow_updates reports next
 
     def close(self) -> None:
         for lookup in self._lookups.values():
@@ -251,6 +259,41 @@ class RankModel:
             self._reported[lookup.dataset] = now
         return tuple(out)
 
+    def shadow_updates(self) -> tuple[tuple[int, int, float], ...]:
+        """What shadow scoring observed since the last call, as the backend's shadow series take it
+        (``backend_shadow.c``): (candidate release, kind, value), kind 0 a row's score difference, 1
+        a request's top-k overlap, 2-4 a shadowed request scored, missing or failed."""
+        out, self._shadowed = tuple(self._shadowed), []
+        return out
+
+    def _shadow(self, shadow: str | None, serving: "RankerModel", dense: np.ndarray, categorical: np.ndarray,
+                scores: np.ndarray, k: int | None) -> None:
+        """Score a ranking request's rows with each candidate its ``ensemble-shadow`` parameter names
+        (loaded here as other ranker versions) after the answer is computed: each row's score
+        difference and the overlap of the two top-k lists (k: the request's top_k, else 10)."""
+        for text in (shadow or "").split(",")[:_SHADOW_CANDIDATES]:
+            if not text.isdigit():
+                break
+            if int(text) == serving.version:
+                continue
+            candidate = _ranker_of(text)
+            if candidate is None:
+                self._shadowed.append((int(text), _SHADOW_MISSING, 1.0))
+                continue
+            try:
+                theirs = np.concatenate([candidate.pipeline.score(dense[s:s + self.chunk_rows],
+                                                                  categorical[s:s + self.chunk_rows])[
+                    schema.SCORE.name].reshape(-1) for s in range(0, len(dense), self.chunk_rows)])
+            except Exception:  # noqa: BLE001 - a candidate's failure never touches the answer
+                self._shadowed.append((int(text), _SHADOW_FAILED, 1.0))
+                continue
+            self._shadowed.extend((int(text), _SHADOW_DIFFERENCE, float(d)) for d in np.abs(theirs - scores))
+            top = min(k or _SHADOW_TOP_K, len(scores))
+            if top:
+                kept = len(set(ranking.top(scores, top).tolist()) & set(ranking.top(theirs, top).tolist()))
+                self._shadowed.append((int(text), _SHADOW_OVERLAP, kept / top))
+            self._shadowed.append((int(text), _SHADOW_SCORED, 1.0))
+
     def lookup(self, ranker: "RankerModel") -> online.FeatureLookup:
         """The store's lookup of the dataset the ranker version was trained on."""
         if self.store is None:
@@ -266,6 +309,7 @@ class RankModel:
         """Answers as :meth:`RankerModel.execute`: ``("ok", (("scores", float32), ("order", int32)))``."""
         self.rows = 0
         for i, request in enumerate(requests):
+            shadow = None  # a shadowed request: its candidates score it once its answer has gone
             try:
                 given = dict(zip(self.input_names, request[0]))
                 by_ids = given.get(schema.ITEM_IDS.name) is not None or given.get(schema.USER_ID.name) is not None
@@ -295,6 +339,9 @@ class RankModel:
                         arrays.get(schema.CANDIDATE_DENSE.name), arrays.get(schema.CANDIDATE_CATEGORICAL.name),
                         (widths.context_dense, widths.context_categorical))
                     scores = self._score(ranker, dense, categorical, exec_start, deadline)
+                    if len(request) > 5 and request[5] is not None:  # copies: the inputs may be views of
+                        # Triton's memory, which its front end may reuse once the answer has gone
+                        shadow = (request[5], ranker, np.array(dense), np.array(categorical), scores, k)
                 self.rows += len(scores)
                 order = ranking.top(scores, k)
                 if dropped is not None and len(dropped):  # back to the request's item indices; dropped: NaN
@@ -314,6 +361,8 @@ class RankModel:
                 yield i, ("error", calls.INVALID_ARG, str(exc))
             except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer
                 yield i, ("error", calls.INTERNAL, f"{type(exc).__name__}: {exc}")
+            if shadow is not None:
+                self._shadow(*shadow)
 
     def _by_ids(self, ranker: "RankerModel", arrays: dict, start: float, deadline: tuple[float, str]):
         """The request's tensors with the features of its ids read from the store: (arrays, the kept
@@ -381,6 +430,13 @@ class RankModel:
 # FeatureLookup.counters() names -> (the backend's metric family, its outcome label).
 _STORE_FAMILIES = {**{reason: (0, reason) for reason in online.REASONS if reason != "store_unavailable"},
                    "store_unavailable": (1, ""), "round_trips": (2, ""), "round_trip_seconds": (3, "")}
+
+
+# Shadow scoring (backend_shadow.c): the kinds of what shadow_updates reports, at most this many
+# candidates per request, and the top k compared when the request names none.
+_SHADOW_DIFFERENCE, _SHADOW_OVERLAP, _SHADOW_SCORED, _SHADOW_MISSING, _SHADOW_FAILED = range(5)
+_SHADOW_CANDIDATES = 4
+_SHADOW_TOP_K = 10
 
 
 class _Late(Exception):

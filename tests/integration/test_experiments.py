@@ -35,6 +35,7 @@ class ExperimentFleet:
     repository: Path
     http: str
     grpc: str
+    metrics: int  # replica i serves its metrics on this port + i
     releases: tuple[int, int, int]
     output: list[str]
 
@@ -57,7 +58,7 @@ def fleet(trained, tmp_path_factory):
                                      "--log-file", str(root / "logs" / "serve.log")], env, timeout=STARTUP_SECONDS)
     previous = os.environ.get(fleet_release.RUN_DIR_ENV)
     os.environ[fleet_release.RUN_DIR_ENV] = str(run)  # the experiment commands below run in this process
-    yield ExperimentFleet(repository, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", (first, second, third), output)
+    yield ExperimentFleet(repository, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", metrics, (first, second, third), output)
     if previous is None:
         os.environ.pop(fleet_release.RUN_DIR_ENV, None)
     else:
@@ -193,3 +194,58 @@ def test_promote_under_load_switches_every_replica_to_the_candidate(fleet):
     assert declared.read(fleet.repository) == second and declared.experiment(fleet.repository) is None
     assert set(_keyed_versions(fleet, "grpc", [None] * 20)) == {second}
     assert cli.main(["experiment", "abort", "--url", fleet.http]) == 1  # nothing runs any more
+
+
+def _metric(fleet: ExperimentFleet, name: str, **labels: str) -> float:
+    """``name`` summed over the replicas' metrics endpoints and every series carrying ``labels``."""
+    import urllib.request
+
+    total = 0.0
+    for i in range(2):
+        with urllib.request.urlopen(f"http://127.0.0.1:{fleet.metrics + i}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        for line in text.splitlines():
+            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_shadow_scoring_records_the_candidates_score_differences(fleet):
+    """Every request the serving release answers is shadowed (--shadow 100): the candidate scores it
+    too after the answer, and the replicas' histograms count one difference per row, whose sum is
+    the offline difference of the two releases on those rows (0 here: both releases were exported
+    from the same trained models, so their scores are equal); ranking requests report a top-k
+    overlap of 1. The answers are the serving release's."""
+    serving, candidate = fleet.record().release, fleet.releases[2]
+    labels = {"model": schema.Model.RANKER.value, "version": str(serving), "candidate": str(candidate)}
+    before = _metric(fleet, "ensemble_shadow_score_difference_count", **labels)
+    assert cli.main(["experiment", "start", "--url", fleet.http, "--candidate", str(candidate), "--share", "10",
+                     "--shadow", "100"]) == 0
+    versions = _keyed_versions(fleet, "http", [None] * 150) + _keyed_versions(fleet, "grpc", [None] * 150)
+    answered = versions.count(serving)
+    assert 0 < answered < len(versions) and set(versions) == {serving, candidate}
+
+    from clients.triton import RankerClient, Retry
+
+    dense, cats = fresh_rows(40, seed=46)
+    ranker = RankerClient(fleet.http, "http", retry=Retry(attempts=1), timeout=30.0)
+    for _ in range(6):
+        order = ranker.rank(None, (dense, cats), k=10).order
+        assert len(order) == 10 and len(set(order.tolist())) == 10
+    deadline = time.monotonic() + 30  # the shadow work runs after each answer
+    while time.monotonic() < deadline and \
+            _metric(fleet, "ensemble_shadow_score_difference_count", **labels) - before < answered:
+        time.sleep(0.2)
+    shadowed = _metric(fleet, "ensemble_shadow_score_difference_count", **labels) - before
+    outcomes = {o: _metric(fleet, "ensemble_shadow_requests_total", outcome=o, **labels)
+                for o in ("scored", "missing", "failed")}
+    print(f"\n{answered} of {len(versions)} requests answered by the serving release; {shadowed:.0f} rows shadowed; "
+          f"shadowed requests by outcome {outcomes}")
+    assert shadowed == answered
+    assert _metric(fleet, "ensemble_shadow_score_difference_sum", **labels) <= 1e-6 * shadowed
+    assert _metric(fleet, "ensemble_shadow_requests_total", outcome="scored", **labels) >= answered
+    assert _metric(fleet, "ensemble_shadow_requests_total", outcome="missing", **labels) == 0
+    rank = {"model": schema.RANK_MODEL, "candidate": str(candidate)}
+    overlaps = _metric(fleet, "ensemble_shadow_top_k_overlap_count", **rank)
+    assert overlaps >= 1 and _metric(fleet, "ensemble_shadow_top_k_overlap_sum", **rank) == overlaps
+    assert cli.main(["experiment", "abort", "--url", fleet.http]) == 0

@@ -248,7 +248,7 @@ def test_the_bulk_lane_holds_a_bounded_number_of_requests(tight_server, pipeline
 
 
 def test_bulk_requests_join_the_lane_while_it_holds_requests(tight_server, pipeline):
-    """One interactive request, then eight gRPC clients sending 4,096-row bulk requests back to back
+    """One interactive request, then 32 gRPC clients sending 4,096-row bulk requests back to back
     for 2.5 s: the first go to the lane (beside interactive traffic), and every later one joins the lane
     while it still holds requests, long after the last interactive request (1 s), so bulk requests
     are scored in arrival order and never on the model thread beside the lane. The native lane
@@ -264,9 +264,10 @@ def test_bulk_requests_join_the_lane_while_it_holds_requests(tight_server, pipel
     end = time.monotonic() + 2.5
 
     def bulk() -> None:
-        # one request serialized once and sent again and again: the clients' encoding (one interpreter
-        # for eight threads) must not leave the lane empty between requests, which would be a quiet
-        # server whose bulk requests are rightly scored in the call
+        # one request serialized once and sent again and again, by 32 clients (the lane holds up to 64):
+        # the clients' own work (one interpreter for every thread, on a machine shared with others) must
+        # not leave the lane empty between requests, which would be a quiet server whose bulk requests
+        # are rightly scored in the call
         client = RankerClient(tight_server.grpc_url, "grpc", retry=Retry(attempts=1), priority=Priority.BATCH,
                               timeout=600.0)
         call = client._grpc_ranker_call(dense, cats, False)
@@ -278,7 +279,7 @@ def test_bulk_requests_join_the_lane_while_it_holds_requests(tight_server, pipel
                 outcomes.append(str(exc))
         client.close()
 
-    senders = [threading.Thread(target=bulk, daemon=True) for _ in range(8)]
+    senders = [threading.Thread(target=bulk, daemon=True) for _ in range(32)]
     for t in senders:
         t.start()
     for t in senders:

@@ -1,7 +1,8 @@
 /* The request parameters the native backend reads (backend_checks.h): the "bulk" flag and the
- * "ensemble-release" parameter, which tritonserver forwards from a client's HTTP header or gRPC
- * metadata, so its value is any bytes. The release reaches Python as a str equal to those bytes, or,
- * when they are not UTF-8, a str with U+FFFD in place of each bad byte; None only when absent.
+ * "ensemble-release" and "ensemble-shadow" parameters, which tritonserver forwards from a client's HTTP
+ * header or gRPC metadata, so their values are any bytes. The release reaches Python as a str equal to
+ * those bytes, or, when they are not UTF-8, a str with U+FFFD in place of each bad byte; None only when
+ * absent. The shadow list yields only releases of 1 to 2^63 - 1, each written in digits in it, and stops.
  *
  * Input: one byte of parameter type, then the key up to the first NUL, then the value. */
 #include "fuzz_python.h"
@@ -27,8 +28,22 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
     const void *parameter = type == TS_PARAMETER_BOOL ? (const void *)&flag : (const void *)value;
 
     int bulk = 0;
-    const char *release = NULL;
-    backend_parameter(key, type, parameter, &bulk, &release);
+    const char *release = NULL, *shadow = NULL;
+    backend_parameter(key, type, parameter, &bulk, &release, &shadow);
+    const bool shadowed = strcasecmp(key, "ensemble-shadow") == 0 && type == TS_PARAMETER_STRING;
+    FUZZ_CHECK(shadowed ? shadow == value : shadow == NULL, "shadow %p", (const void *)shadow);
+    const char *cursor = value;
+    uint64_t candidate;
+    int listed = 0;
+    while (backend_shadow_next(&cursor, &candidate)) {
+        FUZZ_CHECK(candidate >= 1 && candidate < (UINT64_C(1) << 63), "shadow release %llu out of range",
+                   (unsigned long long)candidate);
+        FUZZ_CHECK(cursor > value && cursor <= value + value_size, "shadow cursor out of the value");
+        char written[24];
+        snprintf(written, sizeof written, "%llu", (unsigned long long)candidate);
+        FUZZ_CHECK(strstr(value, written) != NULL, "shadow release %s not written in the list", written);
+        FUZZ_CHECK(++listed <= (int)value_size, "more shadow releases than bytes");
+    }
     FUZZ_CHECK(bulk == (strcmp(key, "bulk") == 0 && type == TS_PARAMETER_BOOL && flag), "bulk %d", bulk);
     const bool named = strcasecmp(key, "ensemble-release") == 0 && type == TS_PARAMETER_STRING;
     FUZZ_CHECK(named ? release == value : release == NULL, "release %p", (const void *)release);
