@@ -685,7 +685,7 @@ def _connection_manager(name: str, gateway: Gateway, grpc: bool) -> dict:
 def route_config(name: str, gateway: Gateway, grpc: bool) -> dict:
     """The routes of the listener ``name`` (``http`` or ``grpc``)."""
     host = {"name": name, "domains": ["*"], "routes": _grpc_routes(gateway) if grpc else _http_routes(gateway)}
-    if grpc and not _has_lua(gateway):  # no Lua filter to remove a client's own shadow header
+    if not (gateway.arms and gateway.shadow):  # a client's own shadow header goes (else the Lua filters remove it)
         host["request_headers_to_remove"] = [SHADOW_HEADER]
     if gateway.release is not None and not gateway.arms:  # during an experiment the Lua filter sets it per request
         host["request_headers_to_add"] = [{"header": {"key": RELEASE_HEADER, "value": str(gateway.release)},

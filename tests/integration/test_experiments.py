@@ -249,3 +249,17 @@ def test_shadow_scoring_records_the_candidates_score_differences(fleet):
     overlaps = _metric(fleet, "ensemble_shadow_top_k_overlap_count", **rank)
     assert overlaps >= 1 and _metric(fleet, "ensemble_shadow_top_k_overlap_sum", **rank) == overlaps
     assert cli.main(["experiment", "abort", "--url", fleet.http]) == 0
+
+    # a client cannot ask for shadow scoring: the gateway removes the header (both protocols)
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    counted = sum(_metric(fleet, "ensemble_shadow_requests_total", outcome=o) for o in ("scored", "missing", "failed"))
+    for module, address in ((httpclient, fleet.http), (grpcclient, fleet.grpc)):
+        client = module.InferenceServerClient(address)
+        for _ in range(20):
+            client.infer(schema.Model.RANKER.value, one_row_inputs(module, 5), headers={"ensemble-shadow": str(candidate)})
+        client.close()
+    time.sleep(1.0)
+    assert sum(_metric(fleet, "ensemble_shadow_requests_total", outcome=o)
+               for o in ("scored", "missing", "failed")) == counted

@@ -62,6 +62,18 @@ def test_the_routes_of_an_experiment_carry_the_arms_for_the_lua_filters(tmp_path
     assert infer["metadata"]["filter_metadata"]["envoy.filters.http.lua"]["arms"] == "2:1000;3:1500"
     pinned = Gateway((Replica(9100, 9101),), release=1)  # a pin alone: the header from the routes, no arms
     assert route_config("http", pinned, grpc=False)["virtual_hosts"][0]["request_headers_to_add"]
+    # a client's own ensemble-shadow header never reaches a replica: removed by the routes, or during an
+    # experiment with a shadow share by the Lua filters, which then set their own
+    for g in (pinned, gateway, Gateway((Replica(9100, 9101),))):
+        for grpc in (False, True):
+            assert route_config("grpc" if grpc else "http", g, grpc)["virtual_hosts"][0][
+                "request_headers_to_remove"] == ["ensemble-shadow"]
+    shadowed = Gateway((Replica(9100, 9101),), release=1, arms=((2, 10.0),), shadow=10.0)
+    assert "request_headers_to_remove" not in route_config("http", shadowed, grpc=False)["virtual_hosts"][0]
+    meta = route_config("grpc", shadowed, grpc=True)["virtual_hosts"][0]["routes"]
+    infer = next(r for r in meta if r["match"].get("path", "").endswith("/ModelInfer"))
+    assert infer["metadata"]["filter_metadata"]["envoy.filters.http.lua"]["shadow"] == "1000"
+    assert infer["metadata"]["filter_metadata"]["envoy.filters.http.lua"]["candidates"] == "2"
 
 
 def test_the_declared_experiment_outlives_a_restart_and_ends_with_a_deploy(tmp_path):
