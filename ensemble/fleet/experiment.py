@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
+from ensemble import schema
 from ensemble.fleet.gateway import GatewayError, check_arms
 from ensemble.fleet.release import RETIRE_AFTER, FleetRecord, _declare, _each, _lock, _route
 from ensemble.operate import declared
@@ -64,6 +66,8 @@ def start(fleet: FleetRecord, arms: list[tuple[int, float]], key: str | None = N
         check_arms(serving, tuple(arms), key, shadow)
     except GatewayError as exc:
         raise DeployError(str(exc)) from None
+    if shadow:
+        _check_shadow(fleet, serving)
     with _lock(fleet):
         running = declared.experiment(fleet.repository)
         if running is not None:
@@ -113,6 +117,27 @@ def start(fleet: FleetRecord, arms: list[tuple[int, float]], key: str | None = N
             + f", release {serving} the rest; arms chosen by " + (f"the '{key}' header" if key else "request")
             + (f"; {shadow:g}% of release {serving}'s requests shadowed" if shadow else ""))
         return experiment
+
+
+SHADOW_MARK = b"ensemble_shadow_score_difference"  # in a native backend built with shadow scoring
+
+
+def _check_shadow(fleet: FleetRecord, serving: int) -> None:
+    """Shadow scoring is the native backend's: refused, naming why, on another layout or when the
+    serving release's own copy of the backend was built before it (its requests would go unshadowed)."""
+    from ensemble.models.registry import Layout
+    from ensemble.native.backend import FILE_NAME
+
+    if fleet.layout != Layout.NATIVE.value:
+        raise DeployError(f"shadow scoring needs the native layout; this fleet runs {fleet.layout}")
+    library = Path(fleet.repository) / schema.Model.RANKER.value / str(serving) / FILE_NAME
+    try:
+        built_with = SHADOW_MARK in library.read_bytes()
+    except OSError:
+        built_with = False
+    if not built_with:
+        raise DeployError(f"release {serving}'s backend ({library}) was built before shadow scoring: export the "
+                          "serving release again, or start without --shadow")
 
 
 def _end(fleet: FleetRecord, winner: int, by: str, log) -> int:
