@@ -129,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=15.0, help="per phase")
     parser.add_argument("--rows", type=int, default=2000)
+    parser.add_argument("--server-cpu", type=int, default=None, help="pin every tritonserver thread to this CPU")
+    parser.add_argument("--client-cpu", type=int, default=None, help="pin this process (the clients) to this CPU")
     parser.add_argument("--out", default="docs/results")
     args = parser.parse_args(argv)
 
@@ -182,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
         fleet = fleet_release.find(gateway)
         arms = fleet.gateway.arms
         pids = _tritonservers([r.http_port for r in fleet.gateway.replicas])
+        if args.server_cpu is not None:
+            for pid in pids:
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    os.sched_setaffinity(int(task.name), {args.server_cpu})
+        if args.client_cpu is not None:
+            os.sched_setaffinity(0, {args.client_cpu})
         metrics_ports = [metrics_port + i for i in range(args.replicas)]
         for round_ in range(args.rounds):
             for shadow in (args.shadow, 0.0) if round_ % 2 == 0 else (0.0, args.shadow):
@@ -229,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                             "share_at_or_under": {str(b): s for b, s in served_share.items()}},
               "offline": {"rows": len(offline), "mean": float(offline.mean()),
                           "share_at_or_under": {str(b): s for b, s in offline_share.items()}},
-              "replicas": args.replicas, "clients": args.clients, "pause": args.pause}
+              "replicas": args.replicas, "clients": args.clients, "pause": args.pause,
+              "server_cpu": args.server_cpu, "client_cpu": args.client_cpu}
     print("| round | CPU ms per request, shadow off | shadow on | ratio |\n| --- | --- | --- | --- |")
     for round_, ratio in enumerate(ratios, 1):
         on = next(p for p in phases if p["round"] == round_ and p["shadow"])
