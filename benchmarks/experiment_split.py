@@ -21,22 +21,17 @@ demo``)::
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict
-from pathlib import Path
 
 from benchmarks import write_results
+from benchmarks.fleet_setup import private_repository, serve_fleet
 from benchmarks.gateway_overhead import one_row_inputs
 from ensemble import schema
 from ensemble.machine import summary
-from ensemble.operate.server import free_port
 
 KEY = "x-user"
 
@@ -71,40 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from ensemble import cli
-    from ensemble.fleet import release as fleet_release
     from ensemble.fleet.gateway import arm_of
     from ensemble.operate import declared
-    from ensemble.operate.deploy import available_releases
-    from ensemble.repository.export import TrainedArtifacts, export_repository
 
-    scratch = Path(tempfile.mkdtemp(prefix="experiment-split-"))
-    repository = scratch / "repository"
-    shutil.copytree(args.repository, repository)
-    declared.path(repository).unlink(missing_ok=True)
-    serving = available_releases(repository)[-1]
-    declared.write(repository, serving, "benchmarks.experiment_split")
-    export_repository(TrainedArtifacts.under(Path(args.workdir)), repository, keep=3)
-    candidate = available_releases(repository)[-1]
-    http_port, grpc_port = free_port(), free_port()
-    env = {**os.environ, fleet_release.RUN_DIR_ENV: str(scratch / "run")}
-    ensemble = str(Path(sys.executable).parent / "ensemble")
-    serve = subprocess.Popen([ensemble, "serve", "--repository", str(repository), "--replicas", str(args.replicas),
-                              "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-                              "--metrics-port", str(free_port()), "--log-file", str(scratch / "logs" / "triton.log")],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-    log: list[str] = []
-    for line in serve.stdout:
-        log.append(line.rstrip())
-        if line.startswith("ready:") or serve.poll() is not None:
-            break
-    threading.Thread(target=lambda: [log.append(line.rstrip()) for line in serve.stdout], daemon=True).start()
-    os.environ[fleet_release.RUN_DIR_ENV] = env[fleet_release.RUN_DIR_ENV]
-    gateway = f"127.0.0.1:{http_port}"
+    scratch, repository, (candidate,) = private_repository(args.repository, [args.workdir], "experiment-split-")
+    serving = declared.read(repository)
+    served = serve_fleet(repository, args.replicas, scratch)
+    gateway, grpc_port = served.gateway, served.grpc_port
     try:
-        if fleet_release.find(gateway) is None or cli.main(["experiment", "start", "--url", gateway, "--candidate",
-                                                            str(candidate), "--share", f"{args.share:g}",
-                                                            "--key", KEY]) != 0:
-            print("\n".join(log[-30:]), file=sys.stderr)
+        if served.record() is None or cli.main(["experiment", "start", "--url", gateway, "--candidate",
+                                                str(candidate), "--share", f"{args.share:g}", "--key", KEY]) != 0:
+            print("\n".join(served.log[-30:]), file=sys.stderr)
             return 1
         rng = random.Random(args.seed)
         users = [f"user-{rng.getrandbits(48):012x}" for _ in range(args.keys)]
@@ -123,11 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.monotonic() - started
         cli.main(["experiment", "abort", "--url", gateway])
     finally:
-        serve.terminate()
-        try:
-            serve.wait(120)
-        except subprocess.TimeoutExpired:
-            serve.kill()
+        served.stop()
     arms = ((candidate, args.share),)
     answered = [v for versions in seen.values() for v in versions]
     shares = {r: 100.0 * answered.count(r) / max(len(answered), 1) for r in (serving, candidate)}

@@ -31,16 +31,15 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 
+from benchmarks.fleet_setup import private_repository, serve_fleet
 from benchmarks.gateway_overhead import one_row_inputs
 from ensemble import schema
 from ensemble.machine import summary
-from ensemble.operate.server import free_port
 
 RECOVERY_TARGET_S = 10.0
 SHARE_TOLERANCE = 0.15
@@ -162,36 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="docs/results")
     args = parser.parse_args(argv)
 
-    from ensemble.fleet import release as fleet_release
-    from ensemble.repository.export import TrainedArtifacts, export_repository
     from ensemble.operate import declared
-    from ensemble.operate.deploy import available_releases
 
-    scratch = Path(tempfile.mkdtemp(prefix="fleet-release-"))
-    repository = scratch / "repository"
-    shutil.copytree(args.repository, repository)
-    declared.path(repository).unlink(missing_ok=True)
-    serving = available_releases(repository)[-1]
-    declared.write(repository, serving, "benchmarks.fleet_release")
-    export_repository(TrainedArtifacts.under(Path(args.workdir)), repository, keep=3)
-    new = available_releases(repository)[-1]
-    http_port, grpc_port = free_port(), free_port()
-    env = {**os.environ, fleet_release.RUN_DIR_ENV: str(scratch / "run")}
+    scratch, repository, (new,) = private_repository(args.repository, [args.workdir], "fleet-release-")
+    serving = declared.read(repository)
+    served = serve_fleet(repository, args.replicas, scratch)
+    serve, http_port, grpc_port, env = served.process, served.http_port, served.grpc_port, served.env
     ensemble = str(Path(sys.executable).parent / "ensemble")
-    serve = subprocess.Popen([ensemble, "serve", "--repository", str(repository), "--replicas", str(args.replicas),
-                              "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-                              "--metrics-port", str(free_port()), "--log-file", str(scratch / "logs" / "triton.log")],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-    log: list[str] = []
-    for line in serve.stdout:
-        log.append(line.rstrip())
-        if line.startswith("ready:") or serve.poll() is not None:
-            break
-    threading.Thread(target=lambda: [log.append(line.rstrip()) for line in serve.stdout], daemon=True).start()
-    os.environ[fleet_release.RUN_DIR_ENV] = env[fleet_release.RUN_DIR_ENV]
-    fleet = fleet_release.find(f"127.0.0.1:{http_port}")
+    fleet = served.record()
     if fleet is None:
-        print("\n".join(log[-30:]), file=sys.stderr)
+        print("\n".join(served.log[-30:]), file=sys.stderr)
         serve.kill()
         return 1
     controls = fleet.replicas()

@@ -27,11 +27,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -40,9 +37,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import write_results
+from benchmarks.fleet_setup import private_repository, serve_fleet
 from ensemble import schema
 from ensemble.machine import summary
-from ensemble.operate.server import free_port
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -137,51 +134,26 @@ def main(argv: list[str] | None = None) -> int:
     from ensemble import cli
     from ensemble.data import criteo
     from ensemble.features import transforms
-    from ensemble.fleet import release as fleet_release
     from ensemble.fleet.release import _route
-    from ensemble.operate import declared
-    from ensemble.operate.deploy import available_releases
-    from ensemble.repository.export import TrainedArtifacts, export_repository
     from ensemble.scoring.pipeline import Pipeline
 
-    scratch = Path(tempfile.mkdtemp(prefix="shadow-cost-"))
-    repository = scratch / "repository"
-    shutil.copytree(args.repository, repository)
-    declared.path(repository).unlink(missing_ok=True)
-    export_repository(TrainedArtifacts.under(Path(args.workdir)), repository, keep=3)
-    serving = available_releases(repository)[-1]
-    declared.write(repository, serving, "benchmarks.shadow_cost")
-    export_repository(TrainedArtifacts.under(Path(args.candidate_workdir)), repository, keep=3)
-    candidate = available_releases(repository)[-1]
+    scratch, repository, (serving, candidate) = private_repository(
+        args.repository, [args.workdir, args.candidate_workdir], "shadow-cost-", serve_newest=False)
 
     frame = criteo.synthesize(criteo.SynthConfig(rows=args.rows, scale=0.01, seed=31)).frame
     rows = (transforms.dense_array(frame), transforms.encode_categorical(frame))
     offline = np.abs(Pipeline.from_repository(repository, threads=1, release=candidate).score(*rows)["score"].ravel()
                      - Pipeline.from_repository(repository, threads=1, release=serving).score(*rows)["score"].ravel())
 
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    env = {**os.environ, fleet_release.RUN_DIR_ENV: str(scratch / "run")}
-    ensemble = str(Path(sys.executable).parent / "ensemble")
-    serve = subprocess.Popen([ensemble, "serve", "--repository", str(repository), "--replicas", str(args.replicas),
-                              "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-                              "--metrics-port", str(metrics_port), "--log-file", str(scratch / "logs" / "triton.log")],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-    log: list[str] = []
-    for line in serve.stdout:
-        log.append(line.rstrip())
-        if line.startswith("ready:") or serve.poll() is not None:
-            break
-    threading.Thread(target=lambda: [log.append(line.rstrip()) for line in serve.stdout], daemon=True).start()
-    os.environ[fleet_release.RUN_DIR_ENV] = env[fleet_release.RUN_DIR_ENV]
-    gateway = f"127.0.0.1:{http_port}"
+    served = serve_fleet(repository, args.replicas, scratch)
+    gateway, grpc_port, metrics_port = served.gateway, served.grpc_port, served.metrics_port
     phases, errors = [], []
     try:
-        fleet = fleet_release.find(gateway)
-        if fleet is None or cli.main(["experiment", "start", "--url", gateway, "--candidate", str(candidate),
-                                      "--share", f"{args.share:g}", "--shadow", f"{args.shadow:g}"]) != 0:
-            print("\n".join(log[-30:]), file=sys.stderr)
+        if served.record() is None or cli.main(["experiment", "start", "--url", gateway, "--candidate", str(candidate),
+                                                "--share", f"{args.share:g}", "--shadow", f"{args.shadow:g}"]) != 0:
+            print("\n".join(served.log[-30:]), file=sys.stderr)
             return 1
-        fleet = fleet_release.find(gateway)
+        fleet = served.record()
         arms = fleet.gateway.arms
         pids = _tritonservers([r.http_port for r in fleet.gateway.replicas])
         if args.server_cpu is not None:
@@ -218,11 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         count, total, buckets = _histogram(metrics_ports, candidate)
         cli.main(["experiment", "abort", "--url", gateway])
     finally:
-        serve.terminate()
-        try:
-            serve.wait(120)
-        except subprocess.TimeoutExpired:
-            serve.kill()
+        served.stop()
     ratios = []
     for round_ in range(1, args.rounds + 1):
         on = next(p for p in phases if p["round"] == round_ and p["shadow"])

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -297,3 +299,72 @@ def two_releases(trained, root: Path, keep: int = 2) -> tuple[Path, int, int]:
     declared.write(repository, first, "test")
     second = int(export_repository(TrainedArtifacts.under(trained.workdir), repository, keep=keep)[schema.Model.RANKER].name)
     return repository, first, second
+
+
+@dataclass
+class ReleaseFleet:
+    """``ensemble serve --replicas 2`` on a private repository of two releases, the older declared
+    (:func:`release_fleet`); ``metrics``: replica i serves its metrics on this port + i."""
+
+    process: object
+    repository: Path
+    http: str
+    grpc: str
+    metrics: int
+    first: int
+    new: int
+    output: list[str]
+
+    def record(self):
+        from ensemble.fleet import release as fleet_release
+
+        found = fleet_release.find(self.http)
+        assert found is not None, "the fleet's record is missing:\n" + "\n".join(self.output[-20:])
+        return found
+
+
+@contextlib.contextmanager
+def release_fleet(trained, root: Path, keep: int = 3, timeout: float = 420.0):
+    """A :class:`ReleaseFleet` under ``root``, with this process's run directory set to the fleet's
+    (so deploys and experiments run here find it) until it stops."""
+    from ensemble.fleet import release as fleet_release
+
+    repository, first, new = two_releases(trained, root, keep=keep)
+    run = root / "run"
+    env = {**os.environ, fleet_release.RUN_DIR_ENV: str(run)}
+    http, grpc, metrics = fleet_ports(2)
+    process, output = start_serving(["--repository", str(repository), "--replicas", "2", "--http-port", str(http),
+                                     "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                                     "--log-file", str(root / "logs" / "serve.log")], env, timeout=timeout)
+    previous = os.environ.get(fleet_release.RUN_DIR_ENV)
+    os.environ[fleet_release.RUN_DIR_ENV] = str(run)
+    try:
+        yield ReleaseFleet(process, repository, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", metrics, first, new, output)
+    finally:
+        if previous is None:
+            os.environ.pop(fleet_release.RUN_DIR_ENV, None)
+        else:
+            os.environ[fleet_release.RUN_DIR_ENV] = previous
+        stop_serving(process)
+
+
+def run_clients(fleet: ReleaseFleet, action) -> tuple[list, float]:
+    """Run ``action()`` while one HTTP and one gRPC client (no retries) send 1-row requests through
+    ``fleet``'s gateway; returns the clients (``benchmarks.fleet_release.Client``: each answer's time
+    and release) and when the action returned."""
+    from benchmarks.fleet_release import Client
+
+    stop = threading.Event()
+    clients = [Client(0, "http", fleet.http, 0.002, stop), Client(1, "grpc", fleet.grpc, 0.002, stop)]
+    for client in clients:
+        client.start()
+    time.sleep(0.5)
+    try:
+        action()
+        returned = time.monotonic()
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for client in clients:
+            client.join(timeout=30)
+    return clients, returned

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 
 from ensemble import schema
 from ensemble.fleet.gateway import GatewayError, check_arms
-from ensemble.fleet.release import RETIRE_AFTER, FleetRecord, _declare, _each, _lock, _route
+from ensemble.fleet.release import (RETIRE_AFTER, FleetRecord, _declare, _each, _lock, _route, load_and_check,
+                                    parity_checks)
 from ensemble.operate import declared
-from ensemble.operate.control import Control, ControlError
-from ensemble.operate.deploy import PARITY_ATOL, DeployError, check_release, fresh_rows
+from ensemble.operate.deploy import DeployError, check_release
 
 
 def _serving(fleet: FleetRecord) -> int:
@@ -79,23 +79,8 @@ def start(fleet: FleetRecord, arms: list[tuple[int, float]], key: str | None = N
         fleet = _route(fleet, serving)
         _declare(fleet.repository, serving, "experiment", every, log)
         log(f"loading candidate(s) {sorted(pipelines)} beside release {serving} on {len(controls)} replica(s)")
-        checks = {}
-        for release, pipeline in pipelines.items():
-            dense, cats = fresh_rows(pipeline.widths, seed=7)
-            checks[release] = (dense, cats, pipeline.score(dense, cats))
-
-        def load_and_check(i: int, control: Control) -> None:
-            control.load_release(every)
-            ready = control.ready_versions()
-            if ready != every:
-                raise ControlError(f"reports versions {ready} ready after loading {every}")
-            for release, (dense, cats, local) in checks.items():
-                served = control.infer(dense, cats, version=release)
-                diff = max(float(abs(served[k] - local[k].ravel()).max()) for k in served)
-                if diff > PARITY_ATOL:
-                    raise ControlError(f"release {release}'s served scores differ from in-process by {diff:.2e}")
-
-        problems = _each(controls, load_and_check)
+        checks = parity_checks(pipelines)
+        problems = _each(controls, lambda i, control: load_and_check(control, every, checks))
         if problems:
             back = _each(controls, lambda i, c: c.load_release(serving))
             _declare(fleet.repository, serving, "experiment", None, log)

@@ -185,6 +185,29 @@ def _each(controls: list[Control], work: Callable[[int, Control], None]) -> list
         return [p for p in pool.map(run, range(len(controls))) if p]
 
 
+def parity_checks(pipelines: dict) -> dict:
+    """Per release, fresh rows and the scores ``pipelines[release]`` gives them in this process."""
+    checks = {}
+    for release, pipeline in pipelines.items():
+        dense, cats = fresh_rows(pipeline.widths, seed=7)
+        checks[release] = (dense, cats, pipeline.score(dense, cats))
+    return checks
+
+
+def load_and_check(control: Control, versions: list[int], checks: dict) -> None:
+    """Have a replica hold ``versions``, report them ready and score each release of ``checks`` as
+    this process does (within PARITY_ATOL); raises ControlError naming what it did not."""
+    control.load_release(versions)
+    ready = control.ready_versions()
+    if ready != versions:
+        raise ControlError(f"reports versions {ready} ready after loading {versions}")
+    for release, (dense, cats, local) in checks.items():
+        served = control.infer(dense, cats, version=release)
+        diff = max(float(abs(served[k] - local[k].ravel()).max()) for k in served)
+        if diff > PARITY_ATOL:
+            raise ControlError(f"release {release}'s served scores differ from in-process by {diff:.2e}")
+
+
 def _declare(repository: str, release: int, by: str, versions: list[int] | None, log) -> None:
     try:
         declared.write(repository, release, by, versions)
@@ -219,20 +242,8 @@ def switch(fleet: FleetRecord, release: int, holdout: str | Path | None = None, 
         fleet = _route(fleet, serving)
         _declare(fleet.repository, serving, by, both, log)
         log(f"loading release {release} beside {serving} on {len(controls)} replicas")
-        dense, cats = fresh_rows(pipeline.widths, seed=7)
-        local = pipeline.score(dense, cats)
-
-        def load_and_check(i: int, control: Control) -> None:
-            control.load_release(both)
-            ready = control.ready_versions()
-            if ready != both:
-                raise ControlError(f"reports versions {ready} ready after loading {both}")
-            served = control.infer(dense, cats, version=release)
-            diff = max(float(abs(served[k] - local[k].ravel()).max()) for k in served)
-            if diff > PARITY_ATOL:
-                raise ControlError(f"release {release}'s served scores differ from in-process by {diff:.2e}")
-
-        problems = _each(controls, load_and_check)
+        checks = parity_checks({release: pipeline})
+        problems = _each(controls, lambda i, control: load_and_check(control, both, checks))
         if problems:
             back = _each(controls, lambda i, c: c.load_release(serving))
             _declare(fleet.repository, serving, by, None, log)

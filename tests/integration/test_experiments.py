@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from benchmarks.fleet_release import Client, _tritonserver_pid, one_row_inputs
+from benchmarks.fleet_release import _tritonserver_pid, one_row_inputs
 from ensemble import cli, schema
-from ensemble.fleet import release as fleet_release
 from ensemble.fleet.gateway import arm_of
 from ensemble.operate import declared
 from ensemble.repository.export import TrainedArtifacts, export_repository
-from tests.helpers import fleet_ports, fresh_rows, start_serving, stop_serving, two_releases
+from tests.helpers import ReleaseFleet, fresh_rows, release_fleet, run_clients
 
 STARTUP_SECONDS = 420
 KEY = "x-user"
@@ -32,38 +29,19 @@ KEY = "x-user"
 
 @dataclass
 class ExperimentFleet:
-    repository: Path
-    http: str
-    grpc: str
-    metrics: int  # replica i serves its metrics on this port + i
+    served: ReleaseFleet
     releases: tuple[int, int, int]
-    output: list[str]
 
-    def record(self) -> fleet_release.FleetRecord:
-        found = fleet_release.find(self.http)
-        assert found is not None, "the fleet's record is missing:\n" + "\n".join(self.output[-20:])
-        return found
+    def __getattr__(self, name):  # the fleet's own: http, grpc, metrics, repository, record()
+        return getattr(self.served, name)
 
 
 @pytest.fixture(scope="module")
 def fleet(trained, tmp_path_factory):
-    root = tmp_path_factory.mktemp("experiments")
-    repository, first, second = two_releases(trained, root, keep=3)
-    third = int(export_repository(TrainedArtifacts.under(trained.workdir), repository, keep=3)[schema.Model.RANKER].name)
-    run = root / "run"
-    env = {**os.environ, fleet_release.RUN_DIR_ENV: str(run)}
-    http, grpc, metrics = fleet_ports(2)
-    process, output = start_serving(["--repository", str(repository), "--replicas", "2", "--http-port", str(http),
-                                     "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-                                     "--log-file", str(root / "logs" / "serve.log")], env, timeout=STARTUP_SECONDS)
-    previous = os.environ.get(fleet_release.RUN_DIR_ENV)
-    os.environ[fleet_release.RUN_DIR_ENV] = str(run)  # the experiment commands below run in this process
-    yield ExperimentFleet(repository, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", metrics, (first, second, third), output)
-    if previous is None:
-        os.environ.pop(fleet_release.RUN_DIR_ENV, None)
-    else:
-        os.environ[fleet_release.RUN_DIR_ENV] = previous
-    stop_serving(process)
+    with release_fleet(trained, tmp_path_factory.mktemp("experiments"), timeout=STARTUP_SECONDS) as served:
+        third = int(export_repository(TrainedArtifacts.under(trained.workdir), served.repository,
+                                      keep=3)[schema.Model.RANKER].name)
+        yield ExperimentFleet(served, (served.first, served.new, third))
 
 
 def _keyed_versions(fleet: ExperimentFleet, protocol: str, keys: list[str | None]) -> list[int]:
@@ -84,25 +62,6 @@ def _keyed_versions(fleet: ExperimentFleet, protocol: str, keys: list[str | None
     finally:
         client.close()
     return versions
-
-
-def _run_clients(fleet: ExperimentFleet, action) -> tuple[list[Client], float]:
-    """Run ``action()`` while one HTTP and one gRPC client (no retries) send 1-row requests; returns
-    the clients and when the action returned."""
-    stop = threading.Event()
-    clients = [Client(0, "http", fleet.http, 0.002, stop), Client(1, "grpc", fleet.grpc, 0.002, stop)]
-    for client in clients:
-        client.start()
-    time.sleep(0.5)
-    try:
-        action()
-        returned = time.monotonic()
-        time.sleep(0.5)
-    finally:
-        stop.set()
-        for client in clients:
-            client.join(timeout=30)
-    return clients, returned
 
 
 def _wait_versions(control, versions: list[int], timeout: float = 180.0) -> list[int]:
@@ -163,7 +122,7 @@ def test_keyed_arms_are_sticky_across_protocols_and_restarts_then_abort_under_lo
         assert _keyed_versions(fleet, "grpc", keys) == expected
         assert cli.main(["experiment", "abort", "--url", fleet.http]) == 0, "abort failed"
 
-    clients, aborted = _run_clients(fleet, kill_then_abort)
+    clients, aborted = run_clients(fleet.served, kill_then_abort)
     for client in clients:
         assert not client.errors, client.errors[:3]
         after = [v for t, v in client.answers if t > aborted]
@@ -182,7 +141,7 @@ def test_promote_under_load_switches_every_replica_to_the_candidate(fleet):
     assert set(seen) == {first, second}
     assert cli.main(["experiment", "start", "--url", fleet.http, "--candidate", str(second), "--share", "5"]) == 1
 
-    clients, promoted = _run_clients(fleet, lambda: cli.main(["experiment", "promote", "--url", fleet.http]) == 0
+    clients, promoted = run_clients(fleet.served, lambda: cli.main(["experiment", "promote", "--url", fleet.http]) == 0
                                      or pytest.fail("promote failed"))
     for client in clients:
         assert not client.errors, client.errors[:3]

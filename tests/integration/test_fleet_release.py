@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import threading
 import time
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 
 import pytest
 
@@ -26,62 +23,15 @@ from ensemble.fleet.gateway import Replica, routes_version
 from ensemble.operate import declared
 from ensemble.operate.deploy import DeployError
 from ensemble.operate.server import free_port
-from tests.helpers import fleet_ports, fresh_rows, start_serving, stop_serving, two_releases
+from tests.helpers import ReleaseFleet, fresh_rows, release_fleet, run_clients
 
 STARTUP_SECONDS = 420
 
 
-@dataclass
-class ReleaseFleet:
-    process: subprocess.Popen
-    repository: Path
-    http: str
-    grpc: str
-    first: int
-    new: int
-    output: list[str]
-
-    def record(self) -> fleet_release.FleetRecord:
-        found = fleet_release.find(self.http)
-        assert found is not None, "the fleet's record is missing:\n" + "\n".join(self.output[-20:])
-        return found
-
-
 @pytest.fixture(scope="module")
 def fleet(trained, tmp_path_factory):
-    root = tmp_path_factory.mktemp("fleet-release")
-    repository, first, new = two_releases(trained, root, keep=3)
-    run = root / "run"
-    env = {**os.environ, fleet_release.RUN_DIR_ENV: str(run)}
-    http, grpc, metrics = fleet_ports(2)
-    process, output = start_serving(["--repository", str(repository), "--replicas", "2", "--http-port", str(http),
-                                     "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-                                     "--log-file", str(root / "logs" / "serve.log")], env, timeout=STARTUP_SECONDS)
-    previous = os.environ.get(fleet_release.RUN_DIR_ENV)
-    os.environ[fleet_release.RUN_DIR_ENV] = str(run)  # the deploys below run in this process
-    yield ReleaseFleet(process, repository, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", first, new, output)
-    if previous is None:
-        os.environ.pop(fleet_release.RUN_DIR_ENV, None)
-    else:
-        os.environ[fleet_release.RUN_DIR_ENV] = previous
-    stop_serving(process)
-
-
-def _run_clients(fleet: ReleaseFleet, action) -> list[Client]:
-    """Run ``action()`` while one HTTP and one gRPC client (no retries) send 1-row requests."""
-    stop = threading.Event()
-    clients = [Client(0, "http", fleet.http, 0.002, stop), Client(1, "grpc", fleet.grpc, 0.002, stop)]
-    for client in clients:
-        client.start()
-    time.sleep(0.5)
-    try:
-        action()
-        time.sleep(0.5)
-    finally:
-        stop.set()
-        for client in clients:
-            client.join(timeout=30)
-    return clients
+    with release_fleet(trained, tmp_path_factory.mktemp("fleet-release"), timeout=STARTUP_SECONDS) as served:
+        yield served
 
 
 def _versions_seen(clients: list[Client]) -> list[list[int | None]]:
@@ -104,7 +54,7 @@ def test_deploy_and_rollback_through_the_gateway_switch_every_replica_at_once(fl
     assert all(c.ready_versions() == [fleet.first] for c in record.replicas())
     assert _ranks_through_gateway(fleet, "http") and _ranks_through_gateway(fleet, "grpc")
 
-    clients = _run_clients(fleet, lambda: cli.main(["deploy", "--url", fleet.http]) == 0 or pytest.fail("deploy failed"))
+    clients, _ = run_clients(fleet, lambda: cli.main(["deploy", "--url", fleet.http]) == 0 or pytest.fail("deploy failed"))
     record = fleet.record()
     assert record.release == fleet.new and record.gateway.release is None
     assert all(c.ready_versions() == [fleet.new] for c in record.replicas())  # the old release retired
@@ -116,7 +66,7 @@ def test_deploy_and_rollback_through_the_gateway_switch_every_replica_at_once(fl
         assert client.answers[-1][1] == fleet.new
     assert _ranks_through_gateway(fleet, "http") and _ranks_through_gateway(fleet, "grpc")
 
-    clients = _run_clients(fleet, lambda: cli.main(["rollback", "--url", fleet.http]) == 0 or pytest.fail("rollback"))
+    clients, _ = run_clients(fleet, lambda: cli.main(["rollback", "--url", fleet.http]) == 0 or pytest.fail("rollback"))
     record = fleet.record()
     assert record.release == fleet.first
     assert all(c.ready_versions() == [fleet.first] for c in record.replicas())
