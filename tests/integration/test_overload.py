@@ -248,29 +248,24 @@ def test_the_bulk_lane_holds_a_bounded_number_of_requests(tight_server, pipeline
 
 
 def test_bulk_requests_join_the_lane_while_it_holds_requests(tight_server, pipeline):
-    """One interactive request, then 32 gRPC clients sending 4,096-row bulk requests back to back
+    """One interactive request, then 60 gRPC clients sending 4,096-row bulk requests back to back
     for 2.5 s: the first go to the lane (beside interactive traffic), and every later one joins the lane
     while it still holds requests, long after the last interactive request (1 s), so bulk requests
     are scored in arrival order and never on the model thread beside the lane. The native lane
     counts what it scored; the fused lane has no metrics."""
+    import gc
+
     if tight_server.options.layout is not Layout.NATIVE:
         pytest.skip("the lane's outcomes are counted by the native backend's metrics only")
     dense, cats = fresh_rows(ROWS, seed=71)
     dense, cats = dense[:ROWS], cats[:ROWS]
     expected = pipeline.score(dense, cats)["score"].ravel()
     before = _lane_counts(tight_server).get("scored", 0.0)
-    RankerClient(tight_server.http_url, retry=Retry(attempts=1)).score(dense[:1], cats[:1])
     outcomes: list[str] = []
-    end = time.monotonic() + 2.5
+    go = threading.Barrier(61)
 
-    def bulk() -> None:
-        # one request serialized once and sent again and again, by 32 clients (the lane holds up to 64):
-        # the clients' own work (one interpreter for every thread, on a machine shared with others) must
-        # not leave the lane empty between requests, which would be a quiet server whose bulk requests
-        # are rightly scored in the call
-        client = RankerClient(tight_server.grpc_url, "grpc", retry=Retry(attempts=1), priority=Priority.BATCH,
-                              timeout=600.0)
-        call = client._grpc_ranker_call(dense, cats, False)
+    def bulk(client, call) -> None:
+        go.wait()
         while time.monotonic() < end:
             try:
                 scores = grpc_outputs(client._grpc_infer(call), (schema.SCORE,))[schema.SCORE.name]
@@ -279,11 +274,26 @@ def test_bulk_requests_join_the_lane_while_it_holds_requests(tight_server, pipel
                 outcomes.append(str(exc))
         client.close()
 
-    senders = [threading.Thread(target=bulk, daemon=True) for _ in range(32)]
-    for t in senders:
-        t.start()
-    for t in senders:
-        t.join(300)
+    # Each client's request is serialized once, before the start, and 60 of them keep up to 60 in the
+    # server (the lane holds 64): the lane must not empty between requests, which would make a quiet
+    # server whose bulk requests are rightly scored in the call. The collector is off while they run:
+    # a full collection in this large process can stall every client at once.
+    senders = []
+    for _ in range(60):
+        client = RankerClient(tight_server.grpc_url, "grpc", retry=Retry(attempts=1), priority=Priority.BATCH,
+                              timeout=600.0)
+        senders.append(threading.Thread(target=bulk, args=(client, client._grpc_ranker_call(dense, cats, False)),
+                                        daemon=True))
+        senders[-1].start()
+    RankerClient(tight_server.http_url, retry=Retry(attempts=1)).score(dense[:1], cats[:1])
+    end = time.monotonic() + 2.5
+    gc.disable()
+    try:
+        go.wait()
+        for t in senders:
+            t.join(300)
+    finally:
+        gc.enable()
     scored = _lane_counts(tight_server).get("scored", 0.0) - before
     print(f"\n{len(outcomes)} bulk requests in 2.5 s after one interactive request: the lane scored {scored:.0f}")
     assert outcomes and set(outcomes) == {"right"}, outcomes[:3]
