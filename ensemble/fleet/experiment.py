@@ -203,8 +203,6 @@ def status(fleet: FleetRecord) -> tuple[declared.Experiment | None, list[ArmStat
 
 
 def _version_stats(url: str, release: int) -> dict:
-    from ensemble import schema
-
     with urllib.request.urlopen(f"http://{url}/v2/models/{schema.Model.RANKER.value}/versions/{release}/stats",
                                 timeout=5) as reply:
         found = json.loads(reply.read()).get("model_stats", [])
