@@ -35,14 +35,16 @@ from benchmarks import percentile
 TARGET_ADDED_P50_MS = 0.3
 
 
-def one_row_inputs(module, seed: int = 5) -> list:
-    """One seeded row (values the demo model may or may not have seen: the cost is the same)."""
+def one_row_inputs(module, seed: int = 5, binary: bool = True) -> list:
+    """One seeded row (values the demo model may or may not have seen: the cost is the same); an HTTP
+    client's tensors in the JSON body when not ``binary``."""
     rng = np.random.default_rng(seed)
+    json_body = {} if binary else {"binary_data": False}
     dense = module.InferInput(schema.DENSE.name, [1, schema.N_DENSE], "FP32")
-    dense.set_data_from_numpy(rng.integers(0, 100, (1, schema.N_DENSE)).astype(np.float32))
+    dense.set_data_from_numpy(rng.integers(0, 100, (1, schema.N_DENSE)).astype(np.float32), **json_body)
     categorical = module.InferInput(schema.CATEGORICAL.name, [1, schema.N_CATEGORICAL], "BYTES")
     categorical.set_data_from_numpy(np.array([[f"{v:08x}".encode() for v in rng.integers(0, 2**32, schema.N_CATEGORICAL)]],
-                                             dtype=object))
+                                             dtype=object), **json_body)
     return [dense, categorical]
 
 

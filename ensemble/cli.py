@@ -512,7 +512,7 @@ def cmd_experiment(args) -> int:
                 print(f"no experiment: release {fleet.release} serves every request")
                 return 0
             print(f"experiment since {running.started}, arms chosen by "
-                  + (f"the '{running.key}' header" if running.key else "request")
+                  + (f"the '{running.key}' header or parameter" if running.key else "request")
                   + (f", {running.shadow:g}% of the serving release's requests shadowed" if running.shadow else ""))
             print("| release | share | answered | refused or failed | mean ms |\n| --- | --- | --- | --- | --- |")
             for arm in arms:
@@ -776,8 +776,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--share", type=float, action="append",
                    help="start: percent of requests for the candidate of the same position (repeatable)")
     p.add_argument("--key", default=None,
-                   help="start: the request header whose value keeps a request's arm (such as a user id); "
-                        "default: each request's arm drawn at random")
+                   help="start: the request header, or else the request parameter, whose value keeps a "
+                        "request's arm (such as a user id); default: each request's arm drawn at random")
     p.add_argument("--holdout", default=None, help="start: labelled Criteo TSV for the candidates' AUC check")
     p.add_argument("--shadow", type=float, default=0.0,
                    help="start: percent of the serving release's requests that every candidate scores too, after "

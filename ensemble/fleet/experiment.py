@@ -4,9 +4,10 @@ An experiment runs on a gateway's replicas (a fleet of ``ensemble serve --replic
 server exposed through its door, ``--host``): the serving release S keeps the requests no candidate
 takes, and each candidate C takes its share P of the inference requests (A/B/N: several candidates,
 each with its share). The gateway chooses a request's arm (:func:`ensemble.fleet.gateway.arm_of`):
-with a key (``--key NAME``: the request header NAME, such as a user id) the arm is a hash of its
-value, the same on every gateway, replica and restart; without one (or for a request without the
-header) it is a hash of Envoy's random request id. Each answer's ``model_version`` names the release
+with a key (``--key NAME``: the request header NAME or, in a request without that header, the
+request parameter NAME, such as a user id) the arm is a hash of its value, the same on every
+gateway, replica and restart; without one (or for a request with neither) it is a hash of Envoy's
+random request id. Each answer's ``model_version`` names the release
 that scored it, and Triton's per-version statistics and metrics are the arms' requests, latency and
 refusals.
 
@@ -99,7 +100,7 @@ def start(fleet: FleetRecord, arms: list[tuple[int, float]], key: str | None = N
             raise DeployError(f"the gateway did not take the experiment's routes ({exc}); release {serving} serves "
                               "every request") from exc
         log("experiment under way: " + ", ".join(f"release {r} takes {p:g}%" for r, p in arms)
-            + f", release {serving} the rest; arms chosen by " + (f"the '{key}' header" if key else "request")
+            + f", release {serving} the rest; arms chosen by " + (f"the '{key}' header or parameter" if key else "request")
             + (f"; {shadow:g}% of release {serving}'s requests shadowed" if shadow else ""))
         return experiment
 

@@ -125,8 +125,9 @@ class Gateway:
             metrics port (one replica with a ``metrics_port``; None: no metrics listener).
         arms: an experiment's candidates, ``(release, percent)`` each: that share of the inference
             requests goes to the candidate, the rest to ``release`` (:func:`arm_of` chooses).
-        arm_key: the request header whose value chooses a request's arm (the same value, the same
-            arm); None, or a request without it: a hash of the request's id (random per request).
+        arm_key: the request header, or else the request parameter, whose value chooses a request's
+            arm (the same value, the same arm); None, or a request with neither: a hash of the
+            request's id (random per request).
         shadow: percent of the serving release's requests (during an experiment) that the candidates
             score too, after the answer: the gateway names them in the ``ensemble-shadow`` header, and
             removes that header from every request a client sends.
@@ -222,7 +223,7 @@ def check_arms(release: int | None, arms: tuple[tuple[int, float], ...], key: st
     if any(round(p * ARM_POINTS / 100) < 1 for p in shares):
         raise GatewayError(f"a share must be at least {100 / ARM_POINTS:g} percent: {shares}")
     if key is not None and not HEADER_NAME.match(key):
-        raise GatewayError(f"the arm key must be a lower-case request header name, got {key!r}")
+        raise GatewayError(f"the arm key must be a lower-case request header or parameter name, got {key!r}")
 
 
 def arm_bounds(release: int, arms: tuple[tuple[int, float], ...]) -> list[tuple[int, int]]:
@@ -364,20 +365,30 @@ LUA_FILTER = "envoy.filters.http.lua"
 
 # The arm of a request, during an experiment: the route's metadata names the serving release
 # ("release"), the candidates with their upper bounds in ARM_POINTS ("arms": "4:1000;5:1500") and the
-# key header ("key"). The key's value (else Envoy's x-request-id, random per request) is hashed as
-# arm_point does; the request gets the release whose bound is the first above its point, and the
-# ``ensemble-release`` header naming it (the replicas pass it to the models). Outside an experiment
-# it returns the pinned release, or nil. A client's own ``ensemble-shadow`` header is always removed; a
-# sample of the serving arm's requests ("shadow": its share in ARM_POINTS, drawn from the request id)
-# gets one naming the candidates ("candidates").
-ARM_LUA = """
+# key ("key"). The key's value is the request header of that name or, when the request has no such
+# header, the request parameter of that name (key_wanted says when the body must be read for it, and
+# the filters pass what they found); a request with neither hashes Envoy's x-request-id (random per
+# request). The value is hashed as arm_point does; the request gets the release whose bound is the
+# first above its point, and the ``ensemble-release`` header naming it (the replicas pass it to the
+# models). Outside an experiment arm_of returns the pinned release, or nil. A client's own
+# ``ensemble-shadow`` header is always removed; a sample of the serving arm's requests ("shadow": its
+# share in ARM_POINTS, drawn from the request id) gets one naming the candidates ("candidates").
+ARM_LUA = r"""
+local KEY_PROBLEM = "the arm key parameter '%s' must be a string or an integer from 0 to 2^53 - 1"
 local function point_of(value, rounds)
   local h = 0
   for i = 1, #value do h = (h * 31 + value:byte(i)) % 2147483647 end
   for _ = 1, rounds do h = (h * 48271 + 11) % 2147483647 end
   return h % 10000
 end
-local function arm_of(handle)
+local function key_wanted(handle)
+  local meta = handle:metadata()
+  local key = meta:get("key")
+  if meta:get("arms") == nil or key == nil or key == "" then return nil end
+  if handle:headers():get(key) ~= nil then return nil end
+  return key
+end
+local function arm_of(handle, value)
   local headers = handle:headers()
   headers:remove("SHADOW_HEADER")
   local meta = handle:metadata()
@@ -386,8 +397,7 @@ local function arm_of(handle)
   if release == nil or arms == nil then return release end
   local key = meta:get("key")
   local id = headers:get("x-request-id") or ""
-  local value = nil
-  if key ~= nil and key ~= "" then value = headers:get(key) end
+  if value == nil and key ~= nil and key ~= "" then value = headers:get(key) end
   if value == nil then value = id end
   local point = point_of(value, 3)
   local chosen = release
@@ -405,9 +415,12 @@ end
 """.replace("RELEASE_HEADER", RELEASE_HEADER).replace("SHADOW_HEADER", SHADOW_HEADER)
 
 # Adds ``model_version`` (field 2 of Triton's ModelInferRequest) to a gRPC request for the ranker
-# that names no version: the release comes from the route's metadata. The message's top-level
-# fields are read only up to the first one past 2 (protobuf writers emit fields in number order);
-# a compressed message is refused before this filter and anything it cannot read passes unchanged.
+# that names no version: the release comes from the route's metadata (the request's arm, during an
+# experiment). The message's top-level fields are read only up to the first one past 2 (protobuf
+# writers emit fields in number order), or past 4 (``parameters``, a map of InferParameter) when the
+# arm key is to be read from a parameter: a string parameter's bytes, or an unsigned integer's
+# decimal digits, are its value; a parameter of another kind is refused (INVALID_ARGUMENT). A
+# compressed message is refused before this filter and anything it cannot read passes unchanged.
 PIN_VERSION_LUA = """
 local RANKER = "%(ranker)s"
 local function varint(s, pos)
@@ -430,28 +443,68 @@ local function encode(n)
   out[#out + 1] = string.char(n)
   return table.concat(out)
 end
-function envoy_on_request(handle)
-  local release = arm_of(handle)
-  if release == nil then return end
-  local body = handle:body()
-  if body == nil then return end
-  local size = body:length()
-  if size < 5 then return end
-  local frame = body:getBytes(0, size)
-  local flag, b1, b2, b3, b4 = frame:byte(1, 5)
-  if flag ~= 0 or ((b1 * 256 + b2) * 256 + b3) * 256 + b4 ~= size - 5 then return end
-  local pos, name = 6, nil
-  while pos <= size do
+-- one entry of the parameters map ({1: name, 2: InferParameter}): its value if its name is `name`
+-- (nil otherwise), or nil and true when that parameter's kind cannot be a key
+local function parameter(entry, name)
+  local pos, key, value = 1, nil, nil
+  while pos <= #entry do
     local tag, n
-    tag, pos = varint(frame, pos)
-    if tag == nil or tag %% 8 ~= 2 or tag >= 24 then break end
-    n, pos = varint(frame, pos)
-    if n == nil then return end
-    if tag == 10 then name = frame:sub(pos, pos + n - 1) end
-    if tag == 18 and n > 0 then return end
+    tag, pos = varint(entry, pos)
+    if tag ~= 10 and tag ~= 18 then return nil end
+    n, pos = varint(entry, pos)
+    if n == nil then return nil end
+    if tag == 10 then key = entry:sub(pos, pos + n - 1) else value = entry:sub(pos, pos + n - 1) end
     pos = pos + n
   end
-  if name ~= RANKER then return end
+  if key ~= name then return nil end
+  local tag, at = varint(value or "", 1)
+  if tag == 26 then
+    local n
+    n, at = varint(value, at)
+    if n ~= nil then return value:sub(at, at + n - 1) end
+  elseif tag == 16 or tag == 40 then
+    local n = varint(value, at)
+    if n ~= nil and n < 9007199254740992 then return string.format("%%.0f", n) end
+  end
+  return nil, true
+end
+function envoy_on_request(handle)
+  local wanted = key_wanted(handle)
+  local release = nil
+  if wanted == nil then
+    release = arm_of(handle, nil)
+    if release == nil then return end
+  end
+  local body = handle:body()
+  local size = body and body:length() or 0
+  local frame = size >= 5 and body:getBytes(0, size) or ""
+  local named, name, value, bad = false, nil, nil, false
+  if size >= 5 then
+    local flag, b1, b2, b3, b4 = frame:byte(1, 5)
+    if flag == 0 and ((b1 * 256 + b2) * 256 + b3) * 256 + b4 == size - 5 then
+      local pos, last = 6, wanted == nil and 24 or 40
+      while pos <= size do
+        local tag, n
+        tag, pos = varint(frame, pos)
+        if tag == nil or tag %% 8 ~= 2 or tag >= last then break end
+        n, pos = varint(frame, pos)
+        if n == nil then name = nil break end
+        if tag == 10 then name = frame:sub(pos, pos + n - 1) end
+        if tag == 18 and n > 0 then named = true end
+        if tag == 34 and value == nil and not bad then value, bad = parameter(frame:sub(pos, pos + n - 1), wanted) end
+        pos = pos + n
+      end
+    end
+  end
+  if wanted ~= nil then
+    if bad then
+      handle:respond({[":status"] = "200", ["content-type"] = "application/grpc", ["grpc-status"] = "3",
+                      ["grpc-message"] = "refused at the gateway: " .. string.format(KEY_PROBLEM, wanted)}, "")
+      return
+    end
+    release = arm_of(handle, value)
+  end
+  if name ~= RANKER or named or release == nil then return end
   local message = frame:sub(6) .. string.char(18) .. encode(#release) .. release
   local m = #message
   body:setBytes(string.char(0, math.floor(m / 16777216) %% 256, math.floor(m / 65536) %% 256,
@@ -474,11 +527,13 @@ MAX_JSON_DEPTH = 64
 # is refused with 400 before Triton parses it; a first pass counts opening brackets (a C search, no
 # per-byte Lua), and only a body with more than the limit is walked bracket by bracket, strings
 # skipped. On the way out: Triton 2.51 answers JSON it cannot parse, or a field it cannot read (a
-# negative shape or timeout), with 500; those are the client's errors, answered 400 (only a 500's
-# body is read).
+# negative shape or timeout, or "parameters" that is no object), with 500; those are the client's
+# errors, answered 400 (only a 500's body is read). When the arm key is to be read from a parameter (key_wanted), the same JSON's
+# top-level ``parameters`` object gives it: a string's text (JSON escapes decoded, so the value is the
+# bytes gRPC would carry) or an unsigned integer's digits; a parameter of another kind is refused (400).
 CLIENT_ERROR_LUA = r"""
 local MAX_DEPTH = %(depth)d
-local MARKS = {"failed to parse the request JSON", "Unable to parse '"}
+local MARKS = {"failed to parse the request JSON", "Unable to parse '", "attempt to get members for non-object"}
 local function too_deep(s)
   local pos, opens = 1, 0
   while true do
@@ -513,23 +568,156 @@ local function too_deep(s)
     end
   end
 end
-function envoy_on_request(handle)
-  -- header values first: a header object is no longer valid once body() has waited for the body
-  local release = arm_of(handle)
+local ESCAPES = {['"'] = '"', ['\\'] = '\\', ['/'] = '/', b = '\b', f = '\f', n = '\n', r = '\r', t = '\t'}
+local function utf8_char(c)
+  if c < 128 then return string.char(c) end
+  if c < 2048 then return string.char(192 + math.floor(c / 64), 128 + c %% 64) end
+  if c < 65536 then return string.char(224 + math.floor(c / 4096), 128 + math.floor(c / 64) %% 64, 128 + c %% 64) end
+  return string.char(240 + math.floor(c / 262144), 128 + math.floor(c / 4096) %% 64, 128 + math.floor(c / 64) %% 64,
+                     128 + c %% 64)
+end
+-- the JSON string that opens at pos: its text, escapes decoded, and the position after it (nil: unreadable)
+local function json_string(s, pos)
+  local parts, i = {}, pos + 1
+  while true do
+    local j = string.find(s, '["\\]', i)
+    if j == nil then return nil end
+    parts[#parts + 1] = string.sub(s, i, j - 1)
+    if string.byte(s, j) == 34 then return table.concat(parts), j + 1 end
+    local e = string.sub(s, j + 1, j + 1)
+    if e == "u" then
+      local c = string.match(s, "^%%x%%x%%x%%x", j + 2)
+      if c == nil then return nil end
+      c, i = tonumber(c, 16), j + 6
+      local low = string.match(s, "^\\u(%%x%%x%%x%%x)", i)
+      low = low and tonumber(low, 16)
+      if c >= 55296 and c < 56320 and low and low >= 56320 and low < 57344 then
+        c, i = 65536 + (c - 55296) * 1024 + (low - 56320), i + 6
+      end
+      parts[#parts + 1] = utf8_char(c)
+    else
+      if ESCAPES[e] == nil then return nil end
+      parts[#parts + 1], i = ESCAPES[e], j + 2
+    end
+  end
+end
+-- the end of the JSON string that opens at pos (the closing quote's position; nil: unterminated)
+local function string_end(s, pos)
+  local close = pos + 1
+  while true do
+    close = string.find(s, '["\\]', close)
+    if close == nil then return nil end
+    if string.byte(s, close) ~= 92 then return close end
+    close = close + 2
+  end
+end
+-- the member `name` of the JSON object that opens at `open`: its value (nil: absent), true when it is
+-- of a kind that cannot be a key, and the position after the object (nil: unreadable). Strings are
+-- skipped by a C search each; only a member name's text is decoded, and only when it holds an escape.
+local function json_member(s, open, name)
+  local depth, pos, value, bad = 0, open, nil, false
+  while true do
+    pos = string.find(s, '[%%[%%]{}"]', pos)
+    if pos == nil then return nil end
+    local c = string.byte(s, pos)
+    if c == 34 then
+      local close = string_end(s, pos)
+      if close == nil then return nil end
+      local _, colon = string.find(s, "^%%s*:%%s*", close + 1)
+      if colon ~= nil and depth == 1 and value == nil and not bad then
+        local text = string.sub(s, pos + 1, close - 1)
+        if string.find(text, "\\", 1, true) then text = json_string(s, pos) end
+        if text == name then
+          if string.byte(s, colon + 1) == 34 then
+            value = json_string(s, colon + 1)
+          else
+            local digits = string.match(s, "^(%%d+)%%s*[,}]", colon + 1)
+            if digits ~= nil and tonumber(digits) < 9007199254740992 then
+              value = string.format("%%.0f", tonumber(digits))
+            else
+              bad = true
+            end
+          end
+        end
+      end
+      pos = close + 1
+    else
+      depth = (c == 91 or c == 123) and depth + 1 or depth - 1
+      pos = pos + 1
+      if depth == 0 then return value, bad, pos end
+    end
+  end
+end
+-- the top-level parameter `name` of a v2 request's JSON: its value, or nil (absent, or unreadable:
+-- Triton answers that), or nil and true (a kind that cannot be a key). tritonclient writes
+-- "parameters" last, so the last "parameters" is tried first: an object there that only the
+-- request's closing brace follows is the top-level one, read alone. Otherwise the request is walked
+-- from its start to its top-level "parameters".
+local function json_parameter(s, name)
+  local last, at = nil, 1
+  while true do
+    local i = string.find(s, '"parameters"', at, true)
+    if i == nil then break end
+    last, at = i, i + 12
+  end
+  if last == nil then return nil end
+  local _, brace = string.find(s, "^%%s*:%%s*{", last + 12)
+  if brace ~= nil then
+    local value, bad, after = json_member(s, brace, name)
+    if after ~= nil and string.find(s, "^%%s*}%%s*$", after) then return value, bad end
+  end
+  local depth, pos = 0, 1
+  while true do
+    pos = string.find(s, '[%%[%%]{}"]', pos)
+    if pos == nil then return nil end
+    local c = string.byte(s, pos)
+    if c == 34 then
+      local close = string_end(s, pos)
+      if close == nil then return nil end
+      local _, open = string.find(s, "^%%s*:%%s*{", close + 1)
+      if depth == 1 and open ~= nil and json_string(s, pos) == "parameters" then
+        local value, bad = json_member(s, open, name)
+        return value, bad
+      end
+      pos = close + 1
+    else
+      depth = (c == 91 or c == 123) and depth + 1 or depth - 1
+      pos = pos + 1
+    end
+  end
+end
+local function route(handle, value)
+  local release = arm_of(handle, value)
   if release ~= nil and handle:metadata():get("path") ~= nil then
     handle:headers():replace(":path", handle:metadata():get("path") .. release .. "/infer")
   end
-  if handle:headers():get(":method") ~= "POST" then return end
+end
+function envoy_on_request(handle)
+  -- header values first: a header object is no longer valid once body() has waited for the body
+  -- (headers fetched again after it can still be changed: they have not gone on yet)
+  local wanted = key_wanted(handle)
+  if wanted == nil then route(handle, nil) end
+  local post = handle:headers():get(":method") == "POST"
   local head = tonumber(handle:headers():get("inference-header-content-length") or "")
-  local body = handle:body()
-  if body == nil then return end
-  local size = body:length()
+  local body = post and handle:body() or nil
+  local size = body and body:length() or 0
   local json = size
   if head ~= nil and head > 0 and head < size then json = head end
-  if json > 0 and too_deep(body:getBytes(0, json)) then
+  local text = json > 0 and body:getBytes(0, json) or ""
+  if json > 0 and too_deep(text) then
     handle:respond({[":status"] = "400", ["content-type"] = "text/plain"},
                    "refused at the gateway: JSON nested deeper than " .. MAX_DEPTH .. " levels\n")
+    return
   end
+  if wanted == nil then return end
+  local value, bad = nil, false
+  if json > 0 then value, bad = json_parameter(text, wanted) end
+  if bad then
+    handle:respond({[":status"] = "400", ["content-type"] = "text/plain"},
+                   "refused at the gateway: " .. string.format(KEY_PROBLEM, wanted) .. "\n")
+    return
+  end
+  route(handle, value)
 end
 function envoy_on_response(handle)
   if handle:headers():get(":status") ~= "500" then return end

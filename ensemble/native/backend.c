@@ -80,6 +80,10 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
     }
     shadow_register(state);
     PyGILState_Release(gil);
+    state->score_output = -1;
+    for (int k = 0; k < state->n_outputs; k++)
+        if (strcmp(state->output_names[k], "score") == 0) state->score_output = k;
+    create_served_metrics(state);
     return TRITONBACKEND_ModelSetState(model, state);
 }
 
@@ -114,6 +118,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
         if (gone) TRITONSERVER_ErrorDelete(gone);
     }
     shadow_series_delete(state);
+    delete_served_metrics(state);
     for (int k = 0; k < state->n_outputs; k++) free(state->output_names[k]);
     for (int i = 0; i < state->n_inputs; i++) free(state->input_names[i]);
     free(state->input_names);

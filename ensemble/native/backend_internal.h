@@ -49,6 +49,7 @@
 #define MODEL_FAMILIES 4 /* families of the models' own counters (backend_statistics.c) */
 #define MODEL_SERIES 16  /* series of the model's own counters one model version holds */
 #define SHADOW_SERIES 32 /* series of shadow scoring one model version holds */
+#define SCORE_BUCKETS 16 /* buckets of the served-score distribution, the last one +Inf */
 
 typedef struct {
     PyObject *model;        /* ensemble.serving.embedded.Model */
@@ -87,6 +88,11 @@ typedef struct {
         char label[32];
         TRITONSERVER_Metric *metric;
     } series[MODEL_SERIES];
+    /* The distribution of the blended scores this version answers (backend_statistics.c): its bucket
+     * series, then its _count and _sum (NULL: not counted); the blended score's row in the C path's
+     * score array (-1: none). */
+    TRITONSERVER_Metric *served[SCORE_BUCKETS + 2];
+    int score_output;
     /* Shadow scoring (backend_shadow.c): the model's shadow_updates method, when it has one, and the
      * series created so far (kind, candidate release), guarded by the shadow module's lock. */
     PyObject *shadow_updates;
@@ -165,6 +171,9 @@ bool another_core(void);
 void count_path(ModelState *state, int path, uint32_t requests);
 void create_path_metrics(ModelState *state, const char *name, uint64_t version);
 void ensure_model_families(void);
+void create_served_metrics(ModelState *state);
+void count_served(const ModelState *state, const float *scores, int64_t rows);
+void delete_served_metrics(ModelState *state);
 TRITONSERVER_Metric *labelled(TRITONSERVER_MetricFamily *family, const char *const *names,
                               const char *const *values, int count, double value);
 TRITONSERVER_Metric *model_series(ModelState *state, int family, const char *label);

@@ -338,7 +338,7 @@ fail:
 
 /* Send one answer: ("error", code, message) or ("ok", ((name, array), ...)). False when the
  * answer could not be built (the request then gets an INTERNAL error). */
-static bool send_answer(TRITONBACKEND_Request *request, PyObject *answer) {
+static bool send_answer(const ModelState *state, TRITONBACKEND_Request *request, PyObject *answer) {
     const char *kind = PyUnicode_AsUTF8(PyTuple_GET_ITEM(answer, 0));
     if (strcmp(kind, "error") == 0) {
         send_error(request, (int)PyLong_AsLong(PyTuple_GET_ITEM(answer, 1)), PyUnicode_AsUTF8(PyTuple_GET_ITEM(answer, 2)));
@@ -352,6 +352,7 @@ static bool send_answer(TRITONBACKEND_Request *request, PyObject *answer) {
     }
     PyObject *tensors = PyTuple_GET_ITEM(answer, 1);
     TRITONSERVER_Error *problem = NULL;
+    Py_ssize_t served = -1; /* the answer's blended scores, counted once it is sent */
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tensors) && problem == NULL; i++) {
         PyObject *pair = PyTuple_GET_ITEM(tensors, i);
         const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(pair, 0));
@@ -375,9 +376,21 @@ static bool send_answer(TRITONBACKEND_Request *request, PyObject *answer) {
             break;
         }
         problem = add_output(response, name, datatype, shape, (uint32_t)dims, view.buf, (uint64_t)view.len);
+        if (problem == NULL && datatype == TS_TYPE_FP32 && (strcmp(name, "score") == 0 || strcmp(name, "scores") == 0))
+            served = i;
         PyBuffer_Release(&view);
     }
-    return send_final(response, problem);
+    bool sent = send_final(response, problem);
+    if (sent && served >= 0) { /* the blended scores, counted from the answer's array (still held by it) */
+        Py_buffer view;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(PyTuple_GET_ITEM(tensors, served), 1), &view, PyBUF_C_CONTIGUOUS) == 0) {
+            count_served(state, view.buf, view.len / (Py_ssize_t)sizeof(float));
+            PyBuffer_Release(&view);
+        } else {
+            PyErr_Clear();
+        }
+    }
+    return sent;
 }
 
 /* Any other call, with the interpreter's lock held: the model's execute answers each request. */
@@ -421,7 +434,7 @@ void python_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_
         while ((item = PyIter_Next(answers)) != NULL) {
             long index = PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
             if (index >= 0 && index < handed && !answered[request_at[index]]) {
-                succeeded[request_at[index]] = send_answer(requests[request_at[index]], PyTuple_GET_ITEM(item, 1));
+                succeeded[request_at[index]] = send_answer(state, requests[request_at[index]], PyTuple_GET_ITEM(item, 1));
                 answered[request_at[index]] = true;
             }
             Py_DECREF(item);

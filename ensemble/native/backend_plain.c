@@ -73,7 +73,10 @@ static bool send_scores(const ModelState *state, TRITONBACKEND_Request *request,
             problem = add_output(response, state->output_names[k], TS_TYPE_FP32, shape, 2, scores + k * total + offset,
                                  (uint64_t)rows * sizeof(float));
     }
-    return send_final(response, problem);
+    bool sent = send_final(response, problem);
+    if (sent && state->score_output >= 0 && (wanted & (1u << state->score_output)))
+        count_served(state, scores + state->score_output * total + offset, rows);
+    return sent;
 }
 
 /* How many threads the chain scores `rows` rows on: two from split_rows rows (0: never), where the

@@ -2,6 +2,8 @@
  * Triton's, and each call's statistics, reported to Triton off the answering thread. */
 #include "backend_internal.h"
 
+#include <math.h> /* after: backend_internal.h defines _GNU_SOURCE first */
+
 /* ----- the model's own counters -----
  *
  * A model whose Python object has `metric_updates` (the rank model's online-store lookups:
@@ -31,6 +33,15 @@ static pthread_once_t model_families_once = PTHREAD_ONCE_INIT;
 /* Which path scored each request: declared, so a C path that declines requests shows in the metrics. */
 static TRITONSERVER_MetricFamily *path_family;
 
+/* The served-score distribution's families: buckets, count, sum (see "served scores" below). */
+static TRITONSERVER_MetricFamily *served_families[3];
+static const char *const served_specs[3][2] = {
+    {"ensemble_served_score_bucket",
+     "rows answered with a blended score at most le, by model version (cumulative, a histogram's buckets)"},
+    {"ensemble_served_score_count", "rows answered with a blended score, by model version"},
+    {"ensemble_served_score_sum", "sum of the blended scores answered, by model version"},
+};
+
 static void create_model_families(void) {
     TRITONSERVER_Error *failed = TRITONSERVER_MetricFamilyNew(
         &path_family, TS_METRIC_COUNTER, "ensemble_backend_requests_total",
@@ -39,6 +50,14 @@ static void create_model_families(void) {
     if (failed) {
         TRITONSERVER_ErrorDelete(failed);
         path_family = NULL;
+    }
+    for (int f = 0; f < 3; f++) {
+        TRITONSERVER_Error *err = TRITONSERVER_MetricFamilyNew(&served_families[f], TS_METRIC_COUNTER,
+                                                               served_specs[f][0], served_specs[f][1]);
+        if (err) {
+            TRITONSERVER_ErrorDelete(err);
+            served_families[f] = NULL;
+        }
     }
     for (int f = 0; f < MODEL_FAMILIES; f++) {
         TRITONSERVER_Error *err = TRITONSERVER_MetricFamilyNew(&model_families[f], TS_METRIC_COUNTER,
@@ -187,3 +206,67 @@ void create_path_metrics(ModelState *state, const char *name, uint64_t version) 
 
 /* The model's own counter families, created once per process. */
 void ensure_model_families(void) { pthread_once(&model_families_once, create_model_families); }
+
+/* ----- served scores -----
+ *
+ * Each version counts the blended score of every row it answers (the ranker's "score", the rank model's
+ * "scores"; NaN, an item the online store does not hold, is not a score) in
+ * ensemble_served_score_bucket{model, version, le}, _count and _sum: a Prometheus histogram by its
+ * names (histogram_quantile reads the buckets), kept as counters so that a request's rows are binned
+ * here first and added in at most SCORE_BUCKETS + 2 increments, where a histogram would take one
+ * observation per row. Scores are probabilities: the bounds are finer near 0, where most of them lie. */
+static const double score_bounds[SCORE_BUCKETS - 1] = {0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4,
+                                                       0.5,  0.6,  0.7,  0.8, 0.9,  0.95, 0.99};
+
+void create_served_metrics(ModelState *state) {
+    pthread_once(&model_families_once, create_model_families);
+    const char *names[] = {"model", "version", "le"};
+    for (int b = 0; b < SCORE_BUCKETS && served_families[0] != NULL; b++) {
+        char bound[24];
+        if (b < SCORE_BUCKETS - 1) snprintf(bound, sizeof bound, "%g", score_bounds[b]);
+        else snprintf(bound, sizeof bound, "+Inf");
+        const char *values[] = {state->metric_model, state->metric_version, bound};
+        state->served[b] = labelled(served_families[0], names, values, 3, 0.0);
+    }
+    for (int f = 1; f < 3; f++) {
+        const char *values[] = {state->metric_model, state->metric_version};
+        if (served_families[f] != NULL) state->served[SCORE_BUCKETS + f - 1] = labelled(served_families[f], names, values, 2, 0.0);
+    }
+}
+
+static void add(TRITONSERVER_Metric *metric, double value) {
+    if (metric == NULL) return;
+    TRITONSERVER_Error *err = TRITONSERVER_MetricIncrement(metric, value);
+    if (err) TRITONSERVER_ErrorDelete(err);
+}
+
+void count_served(const ModelState *state, const float *scores, int64_t rows) {
+    uint64_t counts[SCORE_BUCKETS] = {0}, n = 0;
+    double sum = 0.0;
+    for (int64_t i = 0; i < rows; i++) {
+        float score = scores[i];
+        if (isnan(score)) continue;
+        int b = 0;
+        while (b < SCORE_BUCKETS - 1 && score > score_bounds[b]) b++;
+        counts[b]++;
+        n++;
+        sum += score;
+    }
+    if (n == 0) return;
+    uint64_t upto = 0;
+    for (int b = 0; b < SCORE_BUCKETS; b++) {
+        upto += counts[b];
+        if (upto > 0) add(state->served[b], (double)upto);
+    }
+    add(state->served[SCORE_BUCKETS], (double)n);
+    if (sum > 0) add(state->served[SCORE_BUCKETS + 1], sum);
+}
+
+void delete_served_metrics(ModelState *state) {
+    for (int k = 0; k < SCORE_BUCKETS + 2; k++) {
+        if (state->served[k] == NULL) continue;
+        TRITONSERVER_Error *gone = TRITONSERVER_MetricDelete(state->served[k]);
+        if (gone) TRITONSERVER_ErrorDelete(gone);
+        state->served[k] = NULL;
+    }
+}

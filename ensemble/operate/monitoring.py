@@ -24,6 +24,10 @@ GATEWAY_METRIC_PREFIX = "envoy_"
 # Its online-store panels read the rank model's lookup counters, which appear once a ranking request by
 # ids has been served (ensemble/online.py; backend.c, "the model's own counters").
 STORE_METRIC_PREFIX = "ensemble_store_"
+# Its shadow panels read what shadow scoring records, during an experiment with a shadow share
+# (ensemble/native/backend_shadow.c); its served-score panel, what the native backend counts.
+SHADOW_METRIC_PREFIX = "ensemble_shadow_"
+NATIVE_METRIC_PREFIX = "ensemble_served_score_"
 
 # p50 / p90 / p95 / p99 with the rank error Prometheus' best practices suggest for each: the
 # tighter the error, the more samples the server keeps per window.

@@ -331,7 +331,7 @@ def test_a_killed_tritonserver_is_started_again_behind_the_door(door):
 # --- the hostile suite: each request sent straight to Triton and through the door ------------------------------
 
 
-def _binary(dense_shape, dense: bytes, cat_shape, wire: bytes, parameters: dict | None = None) -> tuple[bytes, dict]:
+def _binary(dense_shape, dense: bytes, cat_shape, wire: bytes, parameters: dict | str | None = None) -> tuple[bytes, dict]:
     head = {"inputs": [
         {"name": schema.DENSE.name, "shape": dense_shape, "datatype": "FP32", "parameters": {"binary_data_size": len(dense)}},
         {"name": schema.CATEGORICAL.name, "shape": cat_shape, "datatype": "BYTES",
@@ -363,6 +363,7 @@ HOSTILE = {
     "negative timeout": ("ranker", *_binary(*_ONE, _ONE_WIRE, {"timeout": -5}), {500}, {400}),
     "timeout as text": ("ranker", *_binary(*_ONE, _ONE_WIRE, {"timeout": "soon"}), {500}, {400}),
     "bulk as text": ("ranker", *_binary(*_ONE, _ONE_WIRE, {"bulk": "yes"}), {200}, {200}),
+    "parameters that are no object": ("ranker", *_binary(*_ONE, _ONE_WIRE, "bulk"), {500}, {400}),
     "priority 2^40": ("ranker", *_binary(*_ONE, _ONE_WIRE, {"priority": 2**40}), {200, 400}, {200, 400}),
     "negative binary_data_size": ("ranker", b'{"inputs":[{"name":"dense","shape":[1,13],"datatype":"FP32",'
                                   b'"parameters":{"binary_data_size":-1}}]}', {"Inference-Header-Content-Length": "60"},

@@ -44,24 +44,70 @@ def fleet(trained, tmp_path_factory):
         yield ExperimentFleet(served, (served.first, served.new, third))
 
 
-def _keyed_versions(fleet: ExperimentFleet, protocol: str, keys: list[str | None]) -> list[int]:
-    """The release that answered one 1-row request per key (None: a request without the header),
-    sent with plain tritonclient through the gateway."""
+def _keyed_versions(fleet: ExperimentFleet, protocol: str, keys: list, via: str = "header",
+                    binary: bool = True) -> list[int]:
+    """The release that answered one 1-row request per key (None: a request without a key), sent with
+    plain tritonclient through the gateway: the key in the KEY header, or (``via="parameter"``) in the
+    request parameter KEY (an int key: an integer parameter), over HTTP's binary or JSON body."""
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
     module = httpclient if protocol == "http" else grpcclient
     client = module.InferenceServerClient(fleet.http if protocol == "http" else fleet.grpc)
-    inputs = one_row_inputs(module, 3)
+    inputs = one_row_inputs(module, 3) if binary else one_row_inputs(module, 3, binary=False)
     versions = []
     try:
         for key in keys:
-            reply = client.infer(schema.Model.RANKER.value, inputs, headers={KEY: key} if key is not None else None)
+            where = {} if key is None else {"headers": {KEY: str(key)}} if via == "header" else \
+                {"parameters": {KEY: key}}
+            reply = client.infer(schema.Model.RANKER.value, inputs, **where)
             response = reply.get_response()
             versions.append(int(response["model_version"] if protocol == "http" else response.model_version))
     finally:
         client.close()
     return versions
+
+
+def _a_key_of_another_kind_is_refused(fleet: ExperimentFleet, arms) -> None:
+    """A key parameter that is neither a string nor an unsigned integer below 2^53 is refused at the
+    gateway with the client's error, on both protocols; the header, when present, wins."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    for module, address in ((httpclient, fleet.http), (grpcclient, fleet.grpc)):
+        client = module.InferenceServerClient(address)
+        inputs = one_row_inputs(module, 3)
+        try:
+            for bad in (1.5, True, -3, 2**53):
+                with pytest.raises(InferenceServerException) as refused:
+                    client.infer(schema.Model.RANKER.value, inputs, parameters={KEY: bad})
+                assert "arm key parameter" in str(refused.value)
+                assert refused.value.status() in ("400", "StatusCode.INVALID_ARGUMENT"), refused.value.status()
+            header_wins = client.infer(schema.Model.RANKER.value, inputs, headers={KEY: "user-7"},
+                                       parameters={KEY: 1.5}).get_response()
+            version = header_wins["model_version"] if module is httpclient else header_wins.model_version
+            assert int(version) == arm_of("user-7", fleet.releases[0], arms)
+        finally:
+            client.close()
+    # odd JSON around the key: answered with a client error (the gateway's or Triton's), never a crash
+    import urllib.error
+    import urllib.request
+
+    head = '{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], '
+    odd = [head + '"parameters": {"x-user": {"id": 1}}}', head + '"parameters": {"x-user": "unterminated}}',
+           head + '"parameters": "x-user"}', head + '"parameters": {"x-user": [1, 2]}}', '{"parameters": {"x-user": 1e3}}',
+           head + '"parameters": {"x-user": "' + "\\u00e9" * 20000 + '"}}', '"parameters"', "{" * 60 + '"parameters"']
+    for body in odd:
+        request = urllib.request.Request(f"http://{fleet.http}/v2/models/{schema.Model.RANKER.value}/infer",
+                                         data=body.encode(), method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                status, text = reply.status, reply.read()
+        except urllib.error.HTTPError as exc:
+            status, text = exc.code, exc.read()
+        assert 400 <= status < 500, (status, body[-40:], text)
+    assert len(_keyed_versions(fleet, "http", ["user-1"], via="parameter")) == 1
 
 
 def _wait_versions(control, versions: list[int], timeout: float = 180.0) -> list[int]:
@@ -94,6 +140,17 @@ def test_keyed_arms_are_sticky_across_protocols_and_restarts_then_abort_under_lo
     for protocol in ("http", "grpc"):  # the gateway's Lua and arm_of agree on every key, twice over
         assert _keyed_versions(fleet, protocol, keys) == expected
         assert _keyed_versions(fleet, protocol, keys[::-1]) == expected[::-1]
+        # the same keys as a request parameter get the same arms; integer ids hash as their digits
+        assert _keyed_versions(fleet, protocol, keys, via="parameter") == expected
+        numbers = list(range(10**12, 10**12 + 100))
+        assert _keyed_versions(fleet, protocol, numbers, via="parameter") == [arm_of(str(n), first, arms)
+                                                                              for n in numbers]
+    odd = ["é-ü", "😀 user", 'quo"te\\slash', ""]  # JSON escapes, decoded at the gateway
+    for binary in (True, False):
+        assert _keyed_versions(fleet, "http", odd, via="parameter", binary=binary) == [arm_of(k, first, arms)
+                                                                                       for k in odd]
+    assert _keyed_versions(fleet, "grpc", odd, via="parameter") == [arm_of(k, first, arms) for k in odd]
+    _a_key_of_another_kind_is_refused(fleet, arms)
 
     # without the header: each request drawn at random, in the set shares
     unkeyed = _keyed_versions(fleet, "http", [None] * 600)
@@ -155,8 +212,9 @@ def test_promote_under_load_switches_every_replica_to_the_candidate(fleet):
     assert cli.main(["experiment", "abort", "--url", fleet.http]) == 1  # nothing runs any more
 
 
-def _metric(fleet: ExperimentFleet, name: str, **labels: str) -> float:
-    """``name`` summed over the replicas' metrics endpoints and every series carrying ``labels``."""
+def _metric(fleet: ExperimentFleet, name: str, series: bool = False, **labels: str) -> float:
+    """``name`` summed over the replicas' metrics endpoints and every series carrying ``labels`` (with
+    ``series``: how many such series there are)."""
     import urllib.request
 
     total = 0.0
@@ -165,7 +223,7 @@ def _metric(fleet: ExperimentFleet, name: str, **labels: str) -> float:
             text = reply.read().decode()
         for line in text.splitlines():
             if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
+                total += 1.0 if series else float(line.rsplit(" ", 1)[1])
     return total
 
 
@@ -207,6 +265,20 @@ def test_shadow_scoring_records_the_candidates_score_differences(fleet):
     rank = {"model": schema.RANK_MODEL, "candidate": str(candidate)}
     overlaps = _metric(fleet, "ensemble_shadow_top_k_overlap_count", **rank)
     assert overlaps >= 1 and _metric(fleet, "ensemble_shadow_top_k_overlap_sum", **rank) == overlaps
+    # what the dashboard's shadow panels read is there, per candidate
+    from ensemble.operate.monitoring import SHADOW_METRIC_PREFIX, dashboard_metric_names
+
+    panels = {n for n in dashboard_metric_names() if n.startswith(SHADOW_METRIC_PREFIX)}
+    assert len(panels) >= 5, panels
+    counts = {n: _metric(fleet, n, candidate=str(candidate)) for n in panels if not n.endswith("_sum")}
+    assert all(v > 0 for v in counts.values()), counts  # the sums: 0 here, the releases score alike
+    assert all(_metric(fleet, n, candidate=str(candidate), series=True) > 0 for n in panels), panels
+    # each arm's served scores: the rows each version answered, from the replicas' own counts
+    for version in (serving, candidate):
+        rows = _metric(fleet, "ensemble_served_score_count", model=schema.Model.RANKER.value, version=str(version))
+        everything = _metric(fleet, "ensemble_served_score_bucket", model=schema.Model.RANKER.value,
+                             version=str(version), le="+Inf")
+        assert rows >= versions.count(version) and everything == rows, (version, rows, everything)
     assert cli.main(["experiment", "abort", "--url", fleet.http]) == 0
 
     # a client cannot ask for shadow scoring: the gateway removes the header (both protocols)

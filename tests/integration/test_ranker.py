@@ -243,6 +243,62 @@ def test_the_native_backend_counts_the_path_of_every_request(servers, rows, expe
     assert after["python"] - before["python"] == 1
 
 
+def test_the_native_backend_counts_the_scores_it_answers(servers, rows):
+    """Every blended score a version answers lands in ensemble_served_score_bucket{model, version, le}
+    (cumulative), _count and _sum: the ranker's plain requests scored in C, and ranking requests
+    (the rank model's "scores", answered from Python). The deltas equal the answered scores binned
+    here, exactly."""
+    import time
+    import urllib.request
+
+    from clients.triton import RankerClient
+    from ensemble.models.registry import Layout
+    from ensemble.operate.monitoring import parse_exposition
+
+    srv = servers(Layout.NATIVE)
+
+    def served(model: str) -> dict:
+        with urllib.request.urlopen(srv.metrics_url, timeout=10) as reply:
+            samples = parse_exposition(reply.read().decode())
+        out = {}
+        for name in ("bucket", "count", "sum"):
+            for labels, value in samples.get(f"ensemble_served_score_{name}", []):
+                if labels.get("model") == model:
+                    out[(labels["version"], labels.get("le", name))] = value
+        return out
+
+    def binned(scores: np.ndarray, bounds: list[str]) -> dict:
+        scores = scores[~np.isnan(scores)].astype(np.float64)
+        counts = {le: float(np.sum(scores <= float(le))) for le in bounds}
+        return {**counts, "count": float(len(scores)), "sum": float(np.sum(scores))}
+
+    def delta(model: str, before: dict, answered: np.ndarray) -> None:
+        bounds = sorted({le for _, le in before if le not in ("count", "sum")}, key=float)
+        assert len(bounds) == 16 and bounds[-1] == "+Inf", bounds
+        want = binned(answered, bounds)
+        deadline = time.monotonic() + 5  # counted just after each answer is sent
+        while True:
+            now = served(model)
+            got = {le: now[(v, le)] - before[(v, le)] for v, le in before}
+            if got["count"] == want["count"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert {k: v for k, v in got.items() if k != "sum"} == {k: v for k, v in want.items() if k != "sum"}
+        assert got["sum"] == pytest.approx(want["sum"], rel=1e-6)
+
+    dense, cats = rows
+    before = served(schema.Model.RANKER.value)
+    assert len({v for v, _ in before}) == 1  # one version serves
+    client = RankerClient(srv.http_url, "http")
+    answered = [np.asarray(client.score(dense[a:b], cats[a:b])).ravel() for a, b in ((0, 1), (1, 40), (40, 1040))]
+    answered.append(np.asarray(RankerClient(srv.grpc_url, "grpc").score(dense[:7], cats[:7])).ravel())
+    delta(schema.Model.RANKER.value, before, np.concatenate(answered))
+
+    before = served(schema.RANK_MODEL)
+    ranked = [client.rank(None, (dense[a:b], cats[a:b])).scores for a, b in ((0, 30), (100, 300))]
+    delta(schema.RANK_MODEL, before, np.concatenate(ranked).astype(np.float32))
+
+
 @pytest.mark.parametrize("layout_name", ["native", "fused"])
 def test_a_call_answers_its_interactive_requests_before_scoring_its_bulk_ones(servers, pipeline, layout_name):
     """A call that takes interactive and bulk requests (batch scoring's) scores and answers the
