@@ -6,9 +6,10 @@ Not a test: prints a table and writes ``<out>/experiment-split.json``. What it r
    candidate); the copy declares its previous newest release, which the fleet serves.
 2. ``ensemble serve --replicas N`` on it, then ``ensemble experiment start --candidate NEW --share P
    --key x-user`` through the gateway.
-3. ``--requests`` 1-row requests through the gateway, each with an ``x-user`` header drawn at random
-   from ``--keys`` users, sent by ``--clients`` plain tritonclient clients (half HTTP, half gRPC, no
-   retries); every answer's ``model_version`` is recorded per key.
+3. ``--requests`` 1-row requests through the gateway, each with an ``x-user`` key drawn at random
+   from ``--keys`` users (the header; with ``--key-in parameter``, the request parameter), sent by
+   ``--clients`` plain tritonclient clients (half HTTP, half gRPC, no retries); every answer's
+   ``model_version`` is recorded per key.
 4. ``ensemble experiment abort``.
 
 The targets (issue "Try a new ranker on live traffic"): each arm's share of the requests within 1
@@ -36,7 +37,8 @@ from ensemble.machine import summary
 KEY = "x-user"
 
 
-def _client(index: int, protocol: str, address: str, keys: list[str], seen: dict, errors: list[str]) -> None:
+def _client(index: int, protocol: str, address: str, keys: list[str], seen: dict, errors: list[str],
+            key_in: str = "header") -> None:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
@@ -45,7 +47,8 @@ def _client(index: int, protocol: str, address: str, keys: list[str], seen: dict
     inputs = one_row_inputs(module, index)
     for key in keys:
         try:
-            response = client.infer(schema.Model.RANKER.value, inputs, headers={KEY: key}).get_response()
+            where = {"headers": {KEY: key}} if key_in == "header" else {"parameters": {KEY: key}}
+            response = client.infer(schema.Model.RANKER.value, inputs, **where).get_response()
             seen[key].append(int(response["model_version"] if protocol == "http" else response.model_version))
         except Exception as exc:  # noqa: BLE001 - every failure counts
             errors.append(f"{type(exc).__name__}: {exc}"[:300])
@@ -62,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=20_000)
     parser.add_argument("--share", type=float, default=10.0, help="the candidate's percent of requests")
     parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--key-in", choices=("header", "parameter"), default="header",
+                        help="where each request carries its key")
     parser.add_argument("--out", default="docs/results")
     args = parser.parse_args(argv)
 
@@ -86,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         threads = [threading.Thread(target=_client, args=(i, "http" if i % 2 == 0 else "grpc",
                                                           gateway if i % 2 == 0 else f"127.0.0.1:{grpc_port}",
-                                                          sent[i::args.clients], seen, errors))
+                                                          sent[i::args.clients], seen, errors, args.key_in))
                    for i in range(args.clients)]
         for t in threads:
             t.start()
@@ -105,13 +110,14 @@ def main(argv: list[str] | None = None) -> int:
               "answered": len(answered), "failed": len(errors), "errors": errors[:5], "keys": len(seen),
               "repeated_keys": sum(len(v) > 1 for v in seen.values()), "shares": {str(r): s for r, s in shares.items()},
               "keys_that_changed_arm": switched, "keys_off_their_computed_arm": unexpected, "seconds": seconds,
-              "replicas": args.replicas, "clients": args.clients}
+              "replicas": args.replicas, "clients": args.clients, "key_in": args.key_in}
     print(f"| release | set | share of {len(answered):,} answered requests |\n| --- | --- | --- |\n"
           f"| {candidate} (candidate) | {args.share:g}% | {shares[candidate]:.2f}% |\n"
           f"| {serving} (serving) | {100 - args.share:g}% | {shares[serving]:.2f}% |")
     print(f"\n{len(seen):,} keys ({result['repeated_keys']:,} sent more than once): {switched} answered by more than "
           f"one release, {unexpected} off the arm arm_of computes; {len(errors)} failed; {seconds:.1f} s")
-    write_results(args.out, "experiment-split.json", "benchmarks.experiment_split", summary(), **result)
+    name = "experiment-split.json" if args.key_in == "header" else f"experiment-split-{args.key_in}.json"
+    write_results(args.out, name, "benchmarks.experiment_split", summary(), **result)
     return 0 if not errors and switched == 0 and abs(shares[candidate] - args.share) <= 1.0 else 1
 
 

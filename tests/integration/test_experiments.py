@@ -198,8 +198,17 @@ def test_promote_under_load_switches_every_replica_to_the_candidate(fleet):
     assert set(seen) == {first, second}
     assert cli.main(["experiment", "start", "--url", fleet.http, "--candidate", str(second), "--share", "5"]) == 1
 
-    clients, promoted = run_clients(fleet.served, lambda: cli.main(["experiment", "promote", "--url", fleet.http]) == 0
-                                     or pytest.fail("promote failed"))
+    def kill_then_promote() -> None:
+        """Under the clients' load: the other replica killed mid-experiment comes back holding both
+        arms, then the promote."""
+        replica = fleet.record().gateway.replicas[1]
+        os.kill(_tritonserver_pid(replica.http_port), signal.SIGKILL)
+        time.sleep(1.0)
+        assert _wait_versions(fleet.record().replicas()[1], [first, second]) == [first, second]
+        time.sleep(2.5)  # back in the gateway's rotation (health checks every second)
+        assert cli.main(["experiment", "promote", "--url", fleet.http]) == 0, "promote failed"
+
+    clients, promoted = run_clients(fleet.served, kill_then_promote)
     for client in clients:
         assert not client.errors, client.errors[:3]
         after = [v for t, v in client.answers if t > promoted]
