@@ -612,9 +612,10 @@ local function string_end(s, pos)
   end
 end
 -- the member `name` of the JSON object that opens at `open`: its value (nil: absent), true when it is
--- of a kind that cannot be a key, and the position after the object (nil: unreadable). Strings are
--- skipped by a C search each; only a member name's text is decoded, and only when it holds an escape.
-local function json_member(s, open, name)
+-- of a kind that cannot be a key, and the position after the object (nil: unreadable); with
+-- `object`, only where the member's value opens (nil: absent, or not an object). Strings are skipped
+-- by a C search each; only a member name's text is decoded, and only when it holds an escape.
+local function json_member(s, open, name, object)
   local depth, pos, value, bad = 0, open, nil, false
   while true do
     pos = string.find(s, '[%%[%%]{}"]', pos)
@@ -627,7 +628,9 @@ local function json_member(s, open, name)
       if colon ~= nil and depth == 1 and value == nil and not bad then
         local text = string.sub(s, pos + 1, close - 1)
         if string.find(text, "\\", 1, true) then text = json_string(s, pos) end
-        if text == name then
+        if text == name and object then
+          return string.match(s, "^%%s*:%%s*(){", close + 1)
+        elseif text == name then
           if string.byte(s, colon + 1) == 34 then
             value = json_string(s, colon + 1)
           else
@@ -666,25 +669,11 @@ local function json_parameter(s, name)
     local value, bad, after = json_member(s, brace, name)
     if after ~= nil and string.find(s, "^%%s*}%%s*$", after) then return value, bad end
   end
-  local depth, pos = 0, 1
-  while true do
-    pos = string.find(s, '[%%[%%]{}"]', pos)
-    if pos == nil then return nil end
-    local c = string.byte(s, pos)
-    if c == 34 then
-      local close = string_end(s, pos)
-      if close == nil then return nil end
-      local _, open = string.find(s, "^%%s*:%%s*{", close + 1)
-      if depth == 1 and open ~= nil and json_string(s, pos) == "parameters" then
-        local value, bad = json_member(s, open, name)
-        return value, bad
-      end
-      pos = close + 1
-    else
-      depth = (c == 91 or c == 123) and depth + 1 or depth - 1
-      pos = pos + 1
-    end
-  end
+  local top = string.match(s, "^%%s*(){")
+  local open = top and json_member(s, top, "parameters", true)
+  if open == nil then return nil end
+  local value, bad = json_member(s, open, name)
+  return value, bad
 end
 local function route(handle, value)
   local release = arm_of(handle, value)
