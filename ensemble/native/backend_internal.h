@@ -50,6 +50,9 @@
 #define MODEL_SERIES 16  /* series of the model's own counters one model version holds */
 #define SHADOW_SERIES 32 /* series of shadow scoring one model version holds */
 #define SCORE_BUCKETS 16 /* buckets of the served-score distribution, the last one +Inf */
+#define ARM_RELEASES 8   /* releases one model version counts requests for (backend_statistics.c) */
+/* one release's series: its score distribution, then answered and failed requests, then seconds */
+enum { ARM_ANSWERED = SCORE_BUCKETS + 2, ARM_FAILED, ARM_SECONDS, ARM_METRICS };
 
 typedef struct {
     PyObject *model;        /* ensemble.serving.embedded.Model */
@@ -93,6 +96,12 @@ typedef struct {
      * score array (-1: none). */
     TRITONSERVER_Metric *served[SCORE_BUCKETS + 2];
     int score_output;
+    /* The releases requests named, each with its series (backend_statistics.c, "requests per arm"). */
+    int n_arms;
+    struct {
+        char release[24];
+        TRITONSERVER_Metric *series[ARM_METRICS];
+    } arms[ARM_RELEASES];
     /* Shadow scoring (backend_shadow.c): the model's shadow_updates method, when it has one, and the
      * series created so far (kind, candidate release), guarded by the shadow module's lock. */
     PyObject *shadow_updates;
@@ -172,7 +181,9 @@ void count_path(ModelState *state, int path, uint32_t requests);
 void create_path_metrics(ModelState *state, const char *name, uint64_t version);
 void ensure_model_families(void);
 void create_served_metrics(ModelState *state);
-void count_served(const ModelState *state, const float *scores, int64_t rows);
+void count_scores(TRITONSERVER_Metric *const *series, const float *scores, int64_t rows);
+void count_arm(ModelState *state, const char *release, bool answered, uint64_t nanoseconds, const float *scores,
+               int64_t rows);
 void delete_served_metrics(ModelState *state);
 TRITONSERVER_Metric *labelled(TRITONSERVER_MetricFamily *family, const char *const *names,
                               const char *const *values, int count, double value);

@@ -336,12 +336,21 @@ fail:
     return NULL;
 }
 
+/* The release a request names (NULL: none), valid during the request. */
+static const char *named_release(TRITONBACKEND_Request *request) {
+    const char *release, *shadow;
+    request_parameters(request, &release, &shadow);
+    return release;
+}
+
 /* Send one answer: ("error", code, message) or ("ok", ((name, array), ...)). False when the
- * answer could not be built (the request then gets an INTERNAL error). */
-static bool send_answer(const ModelState *state, TRITONBACKEND_Request *request, PyObject *answer) {
+ * answer could not be built (the request then gets an INTERNAL error). Counted in the served scores,
+ * and per release when the request names one (exec_start: the call's start). */
+static bool send_answer(ModelState *state, TRITONBACKEND_Request *request, PyObject *answer, uint64_t exec_start) {
     const char *kind = PyUnicode_AsUTF8(PyTuple_GET_ITEM(answer, 0));
     if (strcmp(kind, "error") == 0) {
         send_error(request, (int)PyLong_AsLong(PyTuple_GET_ITEM(answer, 1)), PyUnicode_AsUTF8(PyTuple_GET_ITEM(answer, 2)));
+        count_arm(state, named_release(request), false, now_ns() - exec_start, NULL, 0);
         return false;
     }
     TRITONBACKEND_Response *response;
@@ -381,15 +390,18 @@ static bool send_answer(const ModelState *state, TRITONBACKEND_Request *request,
         PyBuffer_Release(&view);
     }
     bool sent = send_final(response, problem);
-    if (sent && served >= 0) { /* the blended scores, counted from the answer's array (still held by it) */
-        Py_buffer view;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(PyTuple_GET_ITEM(tensors, served), 1), &view, PyBUF_C_CONTIGUOUS) == 0) {
-            count_served(state, view.buf, view.len / (Py_ssize_t)sizeof(float));
-            PyBuffer_Release(&view);
-        } else {
-            PyErr_Clear();
-        }
+    const uint64_t took = now_ns() - exec_start;
+    Py_buffer view = {0};
+    bool scored = sent && served >= 0; /* the blended scores, counted from the answer's array (still held by it) */
+    if (scored && PyObject_GetBuffer(PyTuple_GET_ITEM(PyTuple_GET_ITEM(tensors, served), 1), &view,
+                                     PyBUF_C_CONTIGUOUS) != 0) {
+        PyErr_Clear();
+        scored = false;
     }
+    const int64_t rows = scored ? (int64_t)(view.len / (Py_ssize_t)sizeof(float)) : 0;
+    if (scored) count_scores(state->served, view.buf, rows);
+    count_arm(state, named_release(request), sent, took, scored ? view.buf : NULL, rows);
+    if (scored) PyBuffer_Release(&view);
     return sent;
 }
 
@@ -415,6 +427,7 @@ void python_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_
         }
         if (item == NULL) {
             send_error(requests[r], TS_ERROR_INVALID_ARG, problem);
+            count_arm(state, named_release(requests[r]), false, now_ns() - exec_start, NULL, 0);
             answered[r] = true;
             continue;
         }
@@ -434,7 +447,8 @@ void python_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_
         while ((item = PyIter_Next(answers)) != NULL) {
             long index = PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
             if (index >= 0 && index < handed && !answered[request_at[index]]) {
-                succeeded[request_at[index]] = send_answer(state, requests[request_at[index]], PyTuple_GET_ITEM(item, 1));
+                succeeded[request_at[index]] = send_answer(state, requests[request_at[index]], PyTuple_GET_ITEM(item, 1),
+                                                           exec_start);
                 answered[request_at[index]] = true;
             }
             Py_DECREF(item);

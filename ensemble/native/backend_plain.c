@@ -75,7 +75,7 @@ static bool send_scores(const ModelState *state, TRITONBACKEND_Request *request,
     }
     bool sent = send_final(response, problem);
     if (sent && state->score_output >= 0 && (wanted & (1u << state->score_output)))
-        count_served(state, scores + state->score_output * total + offset, rows);
+        count_scores(state->served, scores + state->score_output * total + offset, rows);
     return sent;
 }
 

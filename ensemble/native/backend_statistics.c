@@ -218,20 +218,28 @@ void ensure_model_families(void) { pthread_once(&model_families_once, create_mod
 static const double score_bounds[SCORE_BUCKETS - 1] = {0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4,
                                                        0.5,  0.6,  0.7,  0.8, 0.9,  0.95, 0.99};
 
-void create_served_metrics(ModelState *state) {
-    pthread_once(&model_families_once, create_model_families);
-    const char *names[] = {"model", "version", "le"};
-    for (int b = 0; b < SCORE_BUCKETS && served_families[0] != NULL; b++) {
+/* A score distribution's series in `out` (SCORE_BUCKETS buckets, then _count and _sum) of the three
+ * families from `families`, labelled `values` (`count` of them, named `names`, which has room for "le"
+ * after them). */
+static void score_series(TRITONSERVER_MetricFamily *const *families, const char **names, const char **values,
+                         int count, TRITONSERVER_Metric **out) {
+    names[count] = "le";
+    for (int b = 0; b < SCORE_BUCKETS && families[0] != NULL; b++) {
         char bound[24];
         if (b < SCORE_BUCKETS - 1) snprintf(bound, sizeof bound, "%g", score_bounds[b]);
         else snprintf(bound, sizeof bound, "+Inf");
-        const char *values[] = {state->metric_model, state->metric_version, bound};
-        state->served[b] = labelled(served_families[0], names, values, 3, 0.0);
+        values[count] = bound;
+        out[b] = labelled(families[0], names, values, count + 1, 0.0);
     }
-    for (int f = 1; f < 3; f++) {
-        const char *values[] = {state->metric_model, state->metric_version};
-        if (served_families[f] != NULL) state->served[SCORE_BUCKETS + f - 1] = labelled(served_families[f], names, values, 2, 0.0);
-    }
+    for (int f = 1; f < 3; f++)
+        if (families[f] != NULL) out[SCORE_BUCKETS + f - 1] = labelled(families[f], names, values, count, 0.0);
+}
+
+void create_served_metrics(ModelState *state) {
+    pthread_once(&model_families_once, create_model_families);
+    const char *names[3] = {"model", "version"};
+    const char *values[3] = {state->metric_model, state->metric_version};
+    score_series(served_families, names, values, 2, state->served);
 }
 
 static void add(TRITONSERVER_Metric *metric, double value) {
@@ -240,7 +248,7 @@ static void add(TRITONSERVER_Metric *metric, double value) {
     if (err) TRITONSERVER_ErrorDelete(err);
 }
 
-void count_served(const ModelState *state, const float *scores, int64_t rows) {
+void count_scores(TRITONSERVER_Metric *const *series, const float *scores, int64_t rows) {
     uint64_t counts[SCORE_BUCKETS] = {0}, n = 0;
     double sum = 0.0;
     for (int64_t i = 0; i < rows; i++) {
@@ -256,17 +264,88 @@ void count_served(const ModelState *state, const float *scores, int64_t rows) {
     uint64_t upto = 0;
     for (int b = 0; b < SCORE_BUCKETS; b++) {
         upto += counts[b];
-        if (upto > 0) add(state->served[b], (double)upto);
+        if (upto > 0) add(series[b], (double)upto);
     }
-    add(state->served[SCORE_BUCKETS], (double)n);
-    if (sum > 0) add(state->served[SCORE_BUCKETS + 1], sum);
+    add(series[SCORE_BUCKETS], (double)n);
+    if (sum > 0) add(series[SCORE_BUCKETS + 1], sum);
+}
+
+static void delete_series(TRITONSERVER_Metric **series, int n) {
+    for (int k = 0; k < n; k++) {
+        if (series[k] == NULL) continue;
+        TRITONSERVER_Error *gone = TRITONSERVER_MetricDelete(series[k]);
+        if (gone) TRITONSERVER_ErrorDelete(gone);
+        series[k] = NULL;
+    }
 }
 
 void delete_served_metrics(ModelState *state) {
-    for (int k = 0; k < SCORE_BUCKETS + 2; k++) {
-        if (state->served[k] == NULL) continue;
-        TRITONSERVER_Error *gone = TRITONSERVER_MetricDelete(state->served[k]);
-        if (gone) TRITONSERVER_ErrorDelete(gone);
-        state->served[k] = NULL;
+    delete_series(state->served, SCORE_BUCKETS + 2);
+    for (int a = 0; a < state->n_arms; a++) delete_series(state->arms[a].series, ARM_METRICS);
+    state->n_arms = 0;
+}
+
+/* ----- requests per arm -----
+ *
+ * A request that names the release scoring it (the "ensemble-release" parameter: during an experiment
+ * the gateway names each request's arm) and is answered through the model's execute (a ranking
+ * request) is counted per release as well: ensemble_arm_requests_total{model, version, release,
+ * outcome} (answered or failed), ensemble_arm_request_seconds_total{model, version, release} (from the
+ * call's start to the answer) and its answer's scores in ensemble_arm_score_bucket{..., le}, _count
+ * and _sum. A release gets series once a request naming it is answered (so it is one this server
+ * scores with, not any text a client sends), up to ARM_RELEASES per version; failures count for
+ * releases that have series. Called with the interpreter's lock held, which guards the table. */
+static TRITONSERVER_MetricFamily *arm_families[5]; /* score buckets, _count, _sum; requests; seconds */
+static const char *const arm_specs[5][2] = {
+    {"ensemble_arm_score_bucket",
+     "rows answered with a blended score at most le, by the release a request named (cumulative buckets)"},
+    {"ensemble_arm_score_count", "rows answered with a blended score, by the release a request named"},
+    {"ensemble_arm_score_sum", "sum of the blended scores answered, by the release a request named"},
+    {"ensemble_arm_requests_total", "requests that named the release scoring them, by outcome: answered, failed"},
+    {"ensemble_arm_request_seconds_total", "seconds from the call's start to the answer, by the release a request named"},
+};
+static pthread_once_t arm_families_once = PTHREAD_ONCE_INIT;
+
+static void create_arm_families(void) {
+    for (int f = 0; f < 5; f++) {
+        TRITONSERVER_Error *err = TRITONSERVER_MetricFamilyNew(&arm_families[f], TS_METRIC_COUNTER, arm_specs[f][0],
+                                                               arm_specs[f][1]);
+        if (err) {
+            TRITONSERVER_ErrorDelete(err);
+            arm_families[f] = NULL;
+        }
     }
+}
+
+/* The series of `release` (decimal digits), created when `create`; NULL when it has none. */
+static TRITONSERVER_Metric **arm_series(ModelState *state, const char *release, bool create) {
+    size_t length = strlen(release);
+    if (length == 0 || length >= sizeof state->arms[0].release || strspn(release, "0123456789") != length) return NULL;
+    for (int a = 0; a < state->n_arms; a++)
+        if (strcmp(state->arms[a].release, release) == 0) return state->arms[a].series;
+    if (!create || state->n_arms >= ARM_RELEASES) return NULL;
+    pthread_once(&arm_families_once, create_arm_families);
+    TRITONSERVER_Metric **series = state->arms[state->n_arms].series;
+    snprintf(state->arms[state->n_arms].release, sizeof state->arms[0].release, "%s", release);
+    const char *names[5] = {"model", "version", "release", "outcome"};
+    const char *values[5] = {state->metric_model, state->metric_version, release};
+    score_series(arm_families, names, values, 3, series);
+    names[3] = "outcome";
+    for (int k = 0; k < 2 && arm_families[3] != NULL; k++) {
+        values[3] = k == 0 ? "answered" : "failed";
+        series[ARM_ANSWERED + k] = labelled(arm_families[3], names, values, 4, 0.0);
+    }
+    if (arm_families[4] != NULL) series[ARM_SECONDS] = labelled(arm_families[4], names, values, 3, 0.0);
+    state->n_arms++;
+    return series;
+}
+
+void count_arm(ModelState *state, const char *release, bool answered, uint64_t nanoseconds, const float *scores,
+               int64_t rows) {
+    if (release == NULL) return;
+    TRITONSERVER_Metric **series = arm_series(state, release, answered);
+    if (series == NULL) return;
+    add(series[answered ? ARM_ANSWERED : ARM_FAILED], 1.0);
+    add(series[ARM_SECONDS], (double)nanoseconds * 1e-9);
+    if (scores != NULL) count_scores(series, scores, rows);
 }

@@ -24,9 +24,10 @@ GATEWAY_METRIC_PREFIX = "envoy_"
 # Its online-store panels read the rank model's lookup counters, which appear once a ranking request by
 # ids has been served (ensemble/online.py; backend.c, "the model's own counters").
 STORE_METRIC_PREFIX = "ensemble_store_"
-# Its shadow panels read what shadow scoring records, during an experiment with a shadow share
-# (ensemble/native/backend_shadow.c); its served-score panel, what the native backend counts.
-SHADOW_METRIC_PREFIX = "ensemble_shadow_"
+# Its experiment panels read what exists only during an experiment: shadow scoring's records (with a
+# shadow share, ensemble/native/backend_shadow.c) and the per-arm counts of ranking requests (requests
+# that name their release: backend_statistics.c); its served-score panel, what the native backend counts.
+EXPERIMENT_METRIC_PREFIXES = ("ensemble_shadow_", "ensemble_arm_")
 NATIVE_METRIC_PREFIX = "ensemble_served_score_"
 
 # p50 / p90 / p95 / p99 with the rank error Prometheus' best practices suggest for each: the

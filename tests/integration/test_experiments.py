@@ -14,6 +14,7 @@ import signal
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from benchmarks.fleet_release import _tritonserver_pid, one_row_inputs
@@ -66,6 +67,46 @@ def _keyed_versions(fleet: ExperimentFleet, protocol: str, keys: list, via: str 
     finally:
         client.close()
     return versions
+
+
+def _ranking_requests_are_counted_per_arm(fleet: ExperimentFleet, arms, keys: list[str]) -> None:
+    """Ranking requests keyed by a parameter (plain tritonclient, the rank model) are scored by their
+    arm's release and counted per release: ensemble_arm_requests_total{model="rank", release} and the
+    scores they answered, ensemble_arm_score_count, over the replicas."""
+    import tritonclient.http as httpclient
+
+    first = fleet.releases[0]
+    rank = schema.RANK_MODEL
+    dense, cats = fresh_rows(5, seed=47)
+    inputs = [httpclient.InferInput(schema.CANDIDATE_DENSE.name, list(dense.shape), "FP32"),
+              httpclient.InferInput(schema.CANDIDATE_CATEGORICAL.name, list(cats.shape), "BYTES")]
+    inputs[0].set_data_from_numpy(dense.astype(np.float32))
+    inputs[1].set_data_from_numpy(cats.astype(object))
+
+    def counts() -> dict:
+        return {r: (_metric(fleet, "ensemble_arm_requests_total", model=rank, release=str(r), outcome="answered"),
+                    _metric(fleet, "ensemble_arm_score_count", model=rank, release=str(r))) for r in fleet.releases}
+
+    before = counts()
+    client = httpclient.InferenceServerClient(fleet.http)
+    try:
+        for key in keys:
+            client.infer(rank, inputs, parameters={KEY: key})
+    finally:
+        client.close()
+    expected = {r: sum(arm_of(k, first, arms) == r for k in keys) for r in fleet.releases}
+    assert all(expected.values()), expected  # every arm among the keys
+    deadline = time.monotonic() + 5  # counted just after each answer
+    while True:
+        got = {r: (a - before[r][0], n - before[r][1]) for r, (a, n) in counts().items()}
+        if got == {r: (c, c * len(dense)) for r, c in expected.items()} or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert got == {r: (c, c * len(dense)) for r, c in expected.items()}, (got, expected)
+    from ensemble.operate.monitoring import EXPERIMENT_METRIC_PREFIXES, dashboard_metric_names
+
+    panels = {n for n in dashboard_metric_names() if n.startswith(EXPERIMENT_METRIC_PREFIXES[1])}
+    assert len(panels) >= 5 and all(_metric(fleet, n, series=True, model=rank) > 0 for n in panels), panels
 
 
 def _a_key_of_another_kind_is_refused(fleet: ExperimentFleet, arms) -> None:
@@ -151,6 +192,7 @@ def test_keyed_arms_are_sticky_across_protocols_and_restarts_then_abort_under_lo
                                                                                        for k in odd]
     assert _keyed_versions(fleet, "grpc", odd, via="parameter") == [arm_of(k, first, arms) for k in odd]
     _a_key_of_another_kind_is_refused(fleet, arms)
+    _ranking_requests_are_counted_per_arm(fleet, arms, keys[:40])
 
     # without the header: each request drawn at random, in the set shares
     unkeyed = _keyed_versions(fleet, "http", [None] * 600)
@@ -275,9 +317,9 @@ def test_shadow_scoring_records_the_candidates_score_differences(fleet):
     overlaps = _metric(fleet, "ensemble_shadow_top_k_overlap_count", **rank)
     assert overlaps >= 1 and _metric(fleet, "ensemble_shadow_top_k_overlap_sum", **rank) == overlaps
     # what the dashboard's shadow panels read is there, per candidate
-    from ensemble.operate.monitoring import SHADOW_METRIC_PREFIX, dashboard_metric_names
+    from ensemble.operate.monitoring import EXPERIMENT_METRIC_PREFIXES, dashboard_metric_names
 
-    panels = {n for n in dashboard_metric_names() if n.startswith(SHADOW_METRIC_PREFIX)}
+    panels = {n for n in dashboard_metric_names() if n.startswith(EXPERIMENT_METRIC_PREFIXES[0])}
     assert len(panels) >= 5, panels
     counts = {n: _metric(fleet, n, candidate=str(candidate)) for n in panels if not n.endswith("_sum")}
     assert all(v > 0 for v in counts.values()), counts  # the sums: 0 here, the releases score alike

@@ -14,7 +14,7 @@ import pytest
 from ensemble import schema
 from ensemble.fleet.fleet import Fleet, FleetOptions
 from ensemble.fleet.prometheus import GATEWAY_JOB, TRITON_JOB, Prometheus, scrape_config
-from ensemble.operate.monitoring import DASHBOARD, SHADOW_METRIC_PREFIX, STORE_METRIC_PREFIX, dashboard_queries
+from ensemble.operate.monitoring import DASHBOARD, EXPERIMENT_METRIC_PREFIXES, STORE_METRIC_PREFIX, dashboard_queries
 from ensemble.operate.monitoring import LatencySummaries
 from ensemble.operate.server import ServerOptions, free_port
 from tests.helpers import ADMIN_KEY, fleet_ports, fresh_rows
@@ -107,7 +107,7 @@ def test_every_dashboard_query_returns_data(observed):
     for expr in queries:
         if STORE_METRIC_PREFIX in expr:  # the online-store row: a server with a store (test_rank_ids.py)
             continue
-        if SHADOW_METRIC_PREFIX in expr:  # the shadow panels: an experiment with a shadow share (test_experiments.py)
+        if any(p in expr for p in EXPERIMENT_METRIC_PREFIXES):  # an experiment's panels (test_experiments.py)
             continue
         if expr.startswith("label_values("):  # Grafana's variable query: the series it reads
             expr = re.fullmatch(r"label_values\((\w+), *\w+\)", expr).group(1)

@@ -9,7 +9,7 @@ import urllib.request
 from ensemble.models.registry import Layout
 from ensemble.schema import Model
 from ensemble.operate.monitoring import (DEFAULT_QUANTILES, GATEWAY_METRIC_PREFIX, NATIVE_METRIC_PREFIX,
-                                         SHADOW_METRIC_PREFIX, STORE_METRIC_PREFIX,
+                                         EXPERIMENT_METRIC_PREFIXES, STORE_METRIC_PREFIX,
                                          dashboard_metric_names,
                                          parse_exposition)
 from tests.helpers import fresh_rows
@@ -52,7 +52,7 @@ def test_every_dashboard_metric_is_exported(layout_server):
 
     # the gateway's: a fleet's; the store's: a server with an online store's (tests/integration/test_rank_ids.py);
     # the shadow panels': an experiment's (test_experiments.py); the served scores: the native layout's
-    elsewhere = (GATEWAY_METRIC_PREFIX, STORE_METRIC_PREFIX, SHADOW_METRIC_PREFIX)
+    elsewhere = (GATEWAY_METRIC_PREFIX, STORE_METRIC_PREFIX, *EXPERIMENT_METRIC_PREFIXES)
     if layout_server.options.layout is not Layout.NATIVE:
         elsewhere += (NATIVE_METRIC_PREFIX,)
     names = {n for n in dashboard_metric_names() if not n.startswith(elsewhere)}
