@@ -31,18 +31,16 @@ abort, or to S after a promote.
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 from ensemble import schema
 from ensemble.fleet.gateway import GatewayError, check_arms
 from ensemble.fleet.release import (RETIRE_AFTER, FleetRecord, _declare, _each, _lock, _route, load_and_check,
                                     parity_checks)
 from ensemble.operate import declared
+from ensemble.operate.control import ControlError
 from ensemble.operate.deploy import DeployError, check_release
 
 
@@ -189,11 +187,11 @@ def status(fleet: FleetRecord) -> tuple[declared.Experiment | None, list[ArmStat
         return None, []
     shares = {serving: 100.0 - sum(p for _, p in running.arms), **dict(running.arms)}
     totals = {r: [0, 0, 0] for r in shares}
-    for replica in fleet.gateway.replicas:
+    for control in fleet.replicas():
         for release in shares:
             try:
-                stats = _version_stats(f"{replica.host}:{replica.http_port}", release)
-            except (urllib.error.URLError, OSError, ValueError):
+                stats = control.version_statistics(release)
+            except (ControlError, ValueError):
                 continue
             success, fail = stats.get("success", {}), stats.get("fail", {})
             totals[release][0] += int(success.get("count", 0))
@@ -202,9 +200,3 @@ def status(fleet: FleetRecord) -> tuple[declared.Experiment | None, list[ArmStat
     return running, [ArmStatistics(r, shares[r], n, f, ns / n / 1e6 if n else float("nan"))
                      for r, (n, f, ns) in sorted(totals.items())]
 
-
-def _version_stats(url: str, release: int) -> dict:
-    with urllib.request.urlopen(f"http://{url}/v2/models/{schema.Model.RANKER.value}/versions/{release}/stats",
-                                timeout=5) as reply:
-        found = json.loads(reply.read()).get("model_stats", [])
-    return found[0].get("inference_stats", {}) if found else {}

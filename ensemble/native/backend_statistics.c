@@ -35,12 +35,35 @@ static TRITONSERVER_MetricFamily *path_family;
 
 /* The served-score distribution's families: buckets, count, sum (see "served scores" below). */
 static TRITONSERVER_MetricFamily *served_families[3];
-static const char *const served_specs[3][2] = {
+static const ModelFamily served_specs[3] = {
     {"ensemble_served_score_bucket",
      "rows answered with a blended score at most le, by model version (cumulative, a histogram's buckets)"},
     {"ensemble_served_score_count", "rows answered with a blended score, by model version"},
     {"ensemble_served_score_sum", "sum of the blended scores answered, by model version"},
 };
+
+/* The per-release families (see "requests per arm" below): score buckets, _count, _sum; requests; seconds. */
+static TRITONSERVER_MetricFamily *arm_families[5];
+static const ModelFamily arm_specs[5] = {
+    {"ensemble_arm_score_bucket",
+     "rows answered with a blended score at most le, by the release a request named (cumulative buckets)"},
+    {"ensemble_arm_score_count", "rows answered with a blended score, by the release a request named"},
+    {"ensemble_arm_score_sum", "sum of the blended scores answered, by the release a request named"},
+    {"ensemble_arm_requests_total", "requests that named the release scoring them, by outcome: answered, failed"},
+    {"ensemble_arm_request_seconds_total", "seconds from the call's start to the answer, by the release a request named"},
+};
+
+/* Counter families named and described by `specs` (NULL where one cannot be made). */
+static void counter_families(TRITONSERVER_MetricFamily **families, const ModelFamily *specs, int n) {
+    for (int f = 0; f < n; f++) {
+        TRITONSERVER_Error *err = TRITONSERVER_MetricFamilyNew(&families[f], TS_METRIC_COUNTER, specs[f].name,
+                                                               specs[f].help);
+        if (err) {
+            TRITONSERVER_ErrorDelete(err);
+            families[f] = NULL;
+        }
+    }
+}
 
 static void create_model_families(void) {
     TRITONSERVER_Error *failed = TRITONSERVER_MetricFamilyNew(
@@ -51,22 +74,9 @@ static void create_model_families(void) {
         TRITONSERVER_ErrorDelete(failed);
         path_family = NULL;
     }
-    for (int f = 0; f < 3; f++) {
-        TRITONSERVER_Error *err = TRITONSERVER_MetricFamilyNew(&served_families[f], TS_METRIC_COUNTER,
-                                                               served_specs[f][0], served_specs[f][1]);
-        if (err) {
-            TRITONSERVER_ErrorDelete(err);
-            served_families[f] = NULL;
-        }
-    }
-    for (int f = 0; f < MODEL_FAMILIES; f++) {
-        TRITONSERVER_Error *err = TRITONSERVER_MetricFamilyNew(&model_families[f], TS_METRIC_COUNTER,
-                                                               model_family_specs[f].name, model_family_specs[f].help);
-        if (err) {
-            TRITONSERVER_ErrorDelete(err);
-            model_families[f] = NULL;
-        }
-    }
+    counter_families(served_families, served_specs, 3);
+    counter_families(arm_families, arm_specs, 5);
+    counter_families(model_families, model_family_specs, MODEL_FAMILIES);
 }
 
 TRITONSERVER_Metric *model_series(ModelState *state, int family, const char *label) {
@@ -295,27 +305,6 @@ void delete_served_metrics(ModelState *state) {
  * and _sum. A release gets series once a request naming it is answered (so it is one this server
  * scores with, not any text a client sends), up to ARM_RELEASES per version; failures count for
  * releases that have series. Called with the interpreter's lock held, which guards the table. */
-static TRITONSERVER_MetricFamily *arm_families[5]; /* score buckets, _count, _sum; requests; seconds */
-static const char *const arm_specs[5][2] = {
-    {"ensemble_arm_score_bucket",
-     "rows answered with a blended score at most le, by the release a request named (cumulative buckets)"},
-    {"ensemble_arm_score_count", "rows answered with a blended score, by the release a request named"},
-    {"ensemble_arm_score_sum", "sum of the blended scores answered, by the release a request named"},
-    {"ensemble_arm_requests_total", "requests that named the release scoring them, by outcome: answered, failed"},
-    {"ensemble_arm_request_seconds_total", "seconds from the call's start to the answer, by the release a request named"},
-};
-static pthread_once_t arm_families_once = PTHREAD_ONCE_INIT;
-
-static void create_arm_families(void) {
-    for (int f = 0; f < 5; f++) {
-        TRITONSERVER_Error *err = TRITONSERVER_MetricFamilyNew(&arm_families[f], TS_METRIC_COUNTER, arm_specs[f][0],
-                                                               arm_specs[f][1]);
-        if (err) {
-            TRITONSERVER_ErrorDelete(err);
-            arm_families[f] = NULL;
-        }
-    }
-}
 
 /* The series of `release` (decimal digits), created when `create`; NULL when it has none. */
 static TRITONSERVER_Metric **arm_series(ModelState *state, const char *release, bool create) {
@@ -324,12 +313,12 @@ static TRITONSERVER_Metric **arm_series(ModelState *state, const char *release, 
     for (int a = 0; a < state->n_arms; a++)
         if (strcmp(state->arms[a].release, release) == 0) return state->arms[a].series;
     if (!create || state->n_arms >= ARM_RELEASES) return NULL;
-    pthread_once(&arm_families_once, create_arm_families);
+    pthread_once(&model_families_once, create_model_families);
     TRITONSERVER_Metric **series = state->arms[state->n_arms].series;
     snprintf(state->arms[state->n_arms].release, sizeof state->arms[0].release, "%s", release);
-    const char *names[5] = {"model", "version", "release", "outcome"};
-    const char *values[5] = {state->metric_model, state->metric_version, release};
-    score_series(arm_families, names, values, 3, series);
+    const char *names[4] = {"model", "version", "release"};
+    const char *values[4] = {state->metric_model, state->metric_version, release};
+    score_series(arm_families, names, values, 3, series); /* its buckets name the fourth label "le" */
     names[3] = "outcome";
     for (int k = 0; k < 2 && arm_families[3] != NULL; k++) {
         values[3] = k == 0 ? "answered" : "failed";

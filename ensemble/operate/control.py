@@ -123,6 +123,11 @@ class Control:
         return sum(int(m.get("inference_stats", {}).get("success", {}).get("count", 0))
                    for m in stats.get("model_stats", []))
 
+    def version_statistics(self, version: int) -> dict:
+        """Triton's ``inference_stats`` of one ranker version ({} when it reports none)."""
+        found = self._request(f"/v2/models/{self.model}/versions/{version}/stats").get("model_stats", [])
+        return found[0].get("inference_stats", {}) if found else {}
+
     def config(self) -> dict:
         return self._request(f"/v2/models/{self.model}/config")
 

@@ -151,6 +151,16 @@ def _a_key_of_another_kind_is_refused(fleet: ExperimentFleet, arms) -> None:
     assert len(_keyed_versions(fleet, "http", ["user-1"], via="parameter")) == 1
 
 
+def _kill_and_rejoin(fleet: ExperimentFleet, index: int, versions: list[int]) -> None:
+    """Kill replica ``index``'s tritonserver; it must come back holding ``versions`` and be back in
+    the gateway's rotation."""
+    record = fleet.record()
+    os.kill(_tritonserver_pid(record.gateway.replicas[index].http_port), signal.SIGKILL)
+    time.sleep(1.0)
+    assert _wait_versions(record.replicas()[index], versions) == versions
+    time.sleep(2.5)  # back in the gateway's rotation (health checks every second)
+
+
 def _wait_versions(control, versions: list[int], timeout: float = 180.0) -> list[int]:
     deadline, ready = time.monotonic() + timeout, []
     while time.monotonic() < deadline:
@@ -213,11 +223,7 @@ def test_keyed_arms_are_sticky_across_protocols_and_restarts_then_abort_under_lo
     def kill_then_abort() -> None:
         """Under the clients' load: a replica killed mid-experiment comes back holding every arm, keys
         keep their arms, then the abort."""
-        replica = record.gateway.replicas[0]
-        os.kill(_tritonserver_pid(replica.http_port), signal.SIGKILL)
-        time.sleep(1.0)
-        assert _wait_versions(record.replicas()[0], [first, second, third]) == [first, second, third]
-        time.sleep(2.5)  # back in the gateway's rotation (health checks every second)
+        _kill_and_rejoin(fleet, 0, [first, second, third])
         assert _keyed_versions(fleet, "grpc", keys) == expected
         assert cli.main(["experiment", "abort", "--url", fleet.http]) == 0, "abort failed"
 
@@ -243,11 +249,7 @@ def test_promote_under_load_switches_every_replica_to_the_candidate(fleet):
     def kill_then_promote() -> None:
         """Under the clients' load: the other replica killed mid-experiment comes back holding both
         arms, then the promote."""
-        replica = fleet.record().gateway.replicas[1]
-        os.kill(_tritonserver_pid(replica.http_port), signal.SIGKILL)
-        time.sleep(1.0)
-        assert _wait_versions(fleet.record().replicas()[1], [first, second]) == [first, second]
-        time.sleep(2.5)  # back in the gateway's rotation (health checks every second)
+        _kill_and_rejoin(fleet, 1, [first, second])
         assert cli.main(["experiment", "promote", "--url", fleet.http]) == 0, "promote failed"
 
     clients, promoted = run_clients(fleet.served, kill_then_promote)
