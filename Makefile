@@ -1,6 +1,9 @@
-# Two commands: `make demo` and `make test`. Both set up .venv first (idempotent: the stamp file
-# is newer than requirements.txt, pyproject.toml, setup.py and the C sources, so a second run
-# installs nothing; pip also compiles the C extensions and the native backend).
+# Two commands: `make demo` and `make test`. Both first bring the Debian packages they need
+# (ensemble/machine.py lists them: as root with apt-get it installs the missing ones, otherwise it stops
+# with the one command that would), then set up .venv (idempotent: the stamp file is newer than
+# requirements.txt, pyproject.toml, setup.py and the C sources, so a second run installs nothing; pip
+# also compiles the C extensions and the native backend, and `python -m ensemble.native` says which
+# were not built).
 #
 # The venv is built on Debian's /usr/bin/python3.11 when it exists: the python-backend stub that
 # ships in the nvidia-pytriton wheel embeds the system libpython3.11, and stdlib extension
@@ -11,21 +14,27 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: setup demo test sanitize test-all gpu-acceptance clean
+.PHONY: setup demo test sanitize test-all gpu-acceptance clean system-setup system-demo system-test
 
-setup: $(STAMP)
+# The system's Python runs this before .venv exists (the module needs only the standard library).
+system-setup system-demo system-test:
+	@$(PYTHON_BASE) -m ensemble.machine packages --for $(@:system-%=%) --install
+
+setup: system-setup $(STAMP)
 
 $(STAMP): requirements.txt pyproject.toml setup.py $(wildcard ensemble/*.h ensemble/*/*.c ensemble/*/*.h)
 	test -x $(BIN)/python || $(PYTHON_BASE) -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check -q -r requirements.txt
 	$(BIN)/python -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e .
+	$(BIN)/python -m ensemble.native
 	touch $(STAMP)
 
-demo: setup
+demo: system-demo setup
 	$(BIN)/ensemble demo $(ARGS)
 
 # pytest exit code 5 means no test was collected: report it as the failure it is. Then `sanitize`.
-test: setup
+# (tests/unit/test_c_build.py builds the C with warnings as errors: the project's own check.)
+test: system-test setup
 	$(BIN)/ruff check ensemble clients loadtest benchmarks tests
 	@$(BIN)/python -m pytest tests -q -rs $(ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
@@ -35,7 +44,7 @@ test: setup
 # unit tests on a sanitized build (build/sanitize), then every libFuzzer target (clang) for
 # SANITIZE_SECONDS each; any report fails it (docs/fuzzing.md).
 SANITIZE_SECONDS ?= 25
-sanitize: setup
+sanitize: system-test setup
 	$(BIN)/python -m tests.fuzz.sanitize --seconds $(SANITIZE_SECONDS)
 
 test-all: setup

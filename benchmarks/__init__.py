@@ -4,6 +4,8 @@ import json
 import sys
 from pathlib import Path
 
+from loadtest.statistics import PERCENTILE_METHOD, percentile  # noqa: F401 - percentile: the benchmarks' one
+
 
 def write_results(folder: str | Path, name: str, module: str, machine: str, **fields) -> Path:
     """``<folder>/<name>`` as JSON: the machine, the command that ran (``python -m <module>`` and this
@@ -12,12 +14,6 @@ def write_results(folder: str | Path, name: str, module: str, machine: str, **fi
     out.mkdir(parents=True, exist_ok=True)
     path = out / name
     path.write_text(json.dumps({"machine": machine, "command": " ".join([f"python -m {module}", *sys.argv[1:]]),
-                                **fields}, indent=1))
+                                "percentile": PERCENTILE_METHOD, **fields}, indent=1))
     print(f"wrote {path}")
     return path
-
-
-def percentile(samples, q: float) -> float:
-    """The sample at quantile ``q`` (nearest rank, 0 <= q <= 1) of ``samples``; NaN when there are none."""
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else float("nan")

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ensemble import cli
     from ensemble.fleet.gateway import arm_of
-    from ensemble.operate import declared
+    from ensemble.repository import declared
 
     scratch, repository, (candidate,) = private_repository(args.repository, [args.workdir], "experiment-split-")
     serving = declared.read(repository)

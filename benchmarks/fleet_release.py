@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="docs/results")
     args = parser.parse_args(argv)
 
-    from ensemble.operate import declared
+    from ensemble.repository import declared
 
     scratch, repository, (new,) = private_repository(args.repository, [args.workdir], "fleet-release-")
     serving = declared.read(repository)

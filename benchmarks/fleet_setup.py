@@ -21,7 +21,7 @@ def private_repository(repository: str | Path, workdirs: list[str | Path], prefi
     """(scratch folder, a copy of ``repository`` in it, the releases exported into the copy from each
     of ``workdirs`` in turn). The copy declares its newest release before those exports, or with
     ``serve_newest=False`` the first one exported (what a fleet started on it serves)."""
-    from ensemble.operate import declared
+    from ensemble.repository import declared
     from ensemble.operate.deploy import available_releases
     from ensemble.repository.export import TrainedArtifacts, export_repository
 
@@ -69,10 +69,10 @@ class ServedFleet:
 
 def serve_fleet(repository: Path, replicas: int, scratch: Path) -> ServedFleet:
     """``ensemble serve --replicas N`` on ``repository``, once it says it is ready (or has ended)."""
-    from ensemble.fleet import release as fleet_release
+    from ensemble.operate import records
 
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    env = {**os.environ, fleet_release.RUN_DIR_ENV: str(scratch / "run")}
+    env = {**os.environ, records.RUN_DIR_ENV: str(scratch / "run")}
     ensemble = str(Path(sys.executable).parent / "ensemble")
     process = subprocess.Popen([ensemble, "serve", "--repository", str(repository), "--replicas", str(replicas),
                                 "--http-port", str(http_port), "--grpc-port", str(grpc_port),
@@ -85,5 +85,5 @@ def serve_fleet(repository: Path, replicas: int, scratch: Path) -> ServedFleet:
         if line.startswith("ready:") or process.poll() is not None:
             break
     threading.Thread(target=lambda: [log.append(line.rstrip()) for line in process.stdout], daemon=True).start()
-    os.environ[fleet_release.RUN_DIR_ENV] = env[fleet_release.RUN_DIR_ENV]
+    os.environ[records.RUN_DIR_ENV] = env[records.RUN_DIR_ENV]
     return ServedFleet(process, http_port, grpc_port, metrics_port, env, log)

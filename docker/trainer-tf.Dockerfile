@@ -37,6 +37,6 @@ ENV PYTHONPATH=/opt/ensemble
 # Then the Treelite of the pinned FIL backend for `ensemble check`, so the check runs offline.
 RUN python -m pip install --no-cache-dir --no-deps . \
     && python /usr/local/bin/check_install.py --torch cpu \
-    && python -c "from ensemble.check.loading import ensure_treelite; from ensemble.repository.releases import PINNED; ensure_treelite(PINNED.treelite)"
+    && python -c "from ensemble.check.loading import ensure_treelite; from ensemble.models.triton_releases import PINNED; ensure_treelite(PINNED.treelite)"
 
 ENTRYPOINT ["ensemble"]

@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # Triton for the GPU configuration: the pinned NGC release plus this package, installed into the
 # Python that the python backend stub runs (for the features and blend steps).
-# The release must equal ensemble/repository/releases.py PINNED (tests/unit/test_compose.py checks it).
+# The release must equal ensemble/models/triton_releases.py PINNED (tests/unit/test_compose.py checks it).
 ARG TRITON_RELEASE=25.02
 FROM nvcr.io/nvidia/tritonserver:${TRITON_RELEASE}-py3
 

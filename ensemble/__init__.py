@@ -1,10 +1,11 @@
 """Criteo ranking ensemble served by NVIDIA Triton.
 
-Folders by role, in pipeline order: ``schema`` (the contract shared with clients and the load
-test) -> ``data/`` (Criteo reading, synthetic data) -> ``features/`` (NVTabular workflow and its
-lean serving transform) -> ``models/`` (one module per model, the registry, metrics) ->
-``training`` -> ``repository/`` (configs, export, manifest, container releases) -> ``serving/``
-(steps, the one model.py, server launcher, supervisor, model control, releases) -> ``check/``
-(GPU compatibility checks). ``device``, ``machine``, ``grpc_polling`` (how grpc is imported),
-``demo`` and ``cli`` sit at the top; only ``cli`` and ``demo`` import the clients and the load test.
+One folder per role, in pipeline order (each imports only its own layer and those below:
+``tests/unit/test_layout.py``): ``native/`` (every C source and the native backend) -> ``schema`` and
+``dataset`` (the contract, ``datasets/``) -> ``data/`` -> ``features/`` -> ``models/`` and ``tables/``
+(tables larger than memory) ->
+``repository/`` (configs, export, the declared release) -> ``scoring/`` (the in-process scorer) ->
+``serving/`` (what runs inside Triton's process) -> ``operate/`` (one server) -> ``fleet/`` and
+``check/`` -> ``cli`` (the composition root). The README's Layout section lists the same folders,
+and ``tests/unit/test_docs.py`` holds both to the tree.
 """

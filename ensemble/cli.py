@@ -58,7 +58,11 @@ def _train_config(args):
     size = sizes.resolve(args.model_size, dict(spec.model), {
         "embedding_dim": args.embedding_dim, "bottom_mlp": args.bottom_mlp, "top_mlp": args.top_mlp,
         "xgb_rounds": args.xgb_rounds, "xgb_depth": args.xgb_depth})
+    spec = dataset.with_table_shape(spec, getattr(args, "table_shape", None))
+    row_store = {"auto": None, "on": True, "off": False}[getattr(args, "row_store", "auto") or "auto"]
     return training.TrainConfig(
+        spec=spec, row_store=row_store, table_budget_gib=getattr(args, "table_budget_gib", 8.0),
+        init_from=Path(args.init_from) if getattr(args, "init_from", None) else None,
         freq_threshold=args.freq_threshold,
         xgb=XGBConfig(rounds=size.xgb_rounds, max_depth=size.xgb_depth),
         dlrm=DLRMConfig(epochs=args.epochs or DLRMConfig().epochs, embedding_dim=size.embedding_dim,
@@ -117,7 +121,22 @@ def _server_options(args):
                          admin_key=os.environ.get(ADMIN_KEY_ENV) or None,
                          latency_summaries=_latency_summaries(args),
                          latency_objective_ms=args.latency_objective_ms, allocator=Allocator(args.allocator),
-                         require_declared=getattr(args, "require_declared", False), store=_store(args))
+                         require_declared=getattr(args, "require_declared", False), store=_store(args),
+                         tables=_tables_settings(args))
+
+
+def _tables_settings(args) -> dict[str, str]:
+    """A row store's serving settings, as the environment the DLRM steps read them from
+    (:mod:`ensemble.tables.serving`)."""
+    from ensemble.tables import serving
+
+    found = {serving.CACHE_ENV: f"{getattr(args, 'embedding_cache_gib', serving.DEFAULT_CACHE_GIB):g}"}
+    for env, value in ((serving.IO_ENV, getattr(args, "table_io", None)),
+                       (serving.ADMISSION_ENV, getattr(args, "table_admission", None)),
+                       (serving.READ_TIMEOUT_ENV, getattr(args, "table_read_timeout_ms", None))):
+        if value is not None:
+            found[env] = f"{value:g}" if isinstance(value, float) else str(value)
+    return found
 
 
 def _store(args):
@@ -181,11 +200,12 @@ def cmd_train(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from ensemble.operate.records import loaded_versions
     from ensemble.repository.export import TrainedArtifacts, export_repository
 
     workdir = Path(args.workdir)
-    written = export_repository(TrainedArtifacts.under(workdir),
-                                args.repository, keep=args.keep)
+    written = export_repository(TrainedArtifacts.under(workdir), args.repository, keep=args.keep,
+                                loaded=loaded_versions(args.repository), log=print)
     for model, folder in written.items():
         print(f"{model.value:<11} {folder}")
     return 0
@@ -214,6 +234,7 @@ def cmd_serve(args) -> int:
             preloaded = allocator.library(server.options.allocator) or "the system's"
             print(f"log: {server.log_file}; allocator: {preloaded}", flush=True)
             _print_engines(options.repository)
+            _print_c_modules()
             supervisor.run(stopped)
 
         run_until_signal(on_tick=supervise)
@@ -224,6 +245,15 @@ def cmd_serve(args) -> int:
     server.stop()
     print("stopped")
     return 0
+
+
+def _print_c_modules() -> None:
+    """A line per C module this install lacks, and what serves in its place (the backend's
+    ensemble_c_module_built metric says the same to Prometheus)."""
+    from ensemble.native.built import missing_lines
+
+    for line in missing_lines():
+        print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
 def _print_engines(repository: Path) -> None:
@@ -281,6 +311,7 @@ def _serve_fleet(args) -> int:
         fleet.start()
         print("\n".join(fleet.describe()), flush=True)
         _print_engines(Path(args.repository))
+        _print_c_modules()
         fleet.run(stopped)
 
     try:
@@ -437,7 +468,7 @@ def cmd_score(args) -> int:
 
 
 def cmd_declare(args) -> int:
-    from ensemble.operate import declared
+    from ensemble.repository import declared
     from ensemble.operate.deploy import available_releases
 
     if args.clear:
@@ -451,6 +482,45 @@ def cmd_declare(args) -> int:
     release = declared.read(args.repository)
     print(f"declared: release {release}" if release is not None else
           "declared: none (a server started on this repository loads its newest release)")
+    return 0
+
+
+def cmd_tables(args) -> int:
+    """Each row store DLRM's tables in a release: rows, format, bytes on disk, where they are served from,
+    delta rows, and the hit rate training's counts predict for the hot tier's budget."""
+    from ensemble.repository import declared
+    from ensemble.operate.deploy import available_releases
+    from ensemble.scoring.pipeline import release_versions
+    from ensemble.tables import files
+    from ensemble.tables.serving import big_rows, budget_share
+
+    releases = available_releases(args.repository)
+    release = args.release if args.release is not None else (declared.read(args.repository) or
+                                                             (releases[-1] if releases else None))
+    if release is None:
+        print(f"error: no release in {args.repository}", file=sys.stderr)
+        return 2
+    folders = {m.value: f for m, f in release_versions(args.repository, release).items() if files.has_tables(f)}
+    if not folders:
+        print(f"release {release}: no DLRM keeps its tables in a row store (they are in the models)")
+        return 0
+    budget = int(args.budget_gib * 2**30)
+    manifests = {step: files.TablesManifest.load(f) for step, f in folders.items()}
+    rows_by_step = {step: big_rows(m) for step, m in manifests.items()}
+    for step, folder in folders.items():
+        manifest = manifests[step]
+        share = budget_share(step, manifest, rows_by_step)
+        predicted = files.predicted_hit_rates(folder, int(budget * share))
+        print(f"{step} (release {release}, version {folder.name}): {len(manifest.tables)} tables in {manifest.format}, "
+              f"{manifest.disk_bytes() / 1e9:.2f} GB on disk; hot tier {budget * share / 2**30:.2f} GiB of "
+              f"{args.budget_gib:g}; predicted hit rate {predicted['overall']:.1%} (training's counts)")
+        print(f"  {'table':<8} {'rows':>12} {'format':<6} {'on disk':>10} {'served from':<12} {'delta rows':>10} "
+              f"{'predicted hits':>14}")
+        for t in manifest.tables:
+            where = "RAM" if t.small else "hot tier+disk"
+            shared = f" (shared with {t.shared_from})" if t.shared_from else ""
+            print(f"  {t.name:<8} {t.rows:>12,} {manifest.format:<6} {t.bytes / 1e9:>8.3f}GB {where:<12} "
+                  f"{t.delta.rows if t.delta else 0:>10,} {predicted[t.name]:>14.1%}{shared}")
     return 0
 
 
@@ -615,6 +685,25 @@ def _add_train(p: argparse.ArgumentParser) -> None:
                    help="the DLRMs' top MLP hidden widths, e.g. 1024,1024,512,256")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu",
                    help="gpu: mixed precision and GPU trees (written for GPUs, not run on this project's machines)")
+    p.add_argument("--table-shape", choices=sorted(dataset_shapes()), default=None,
+                   help="hash every categorical column into a built-in shape's rows: criteo-1tb is the DLRM seed's "
+                        "Criteo Terabyte model (ids capped at 40M: 204,184,588 rows per DLRM)")
+    p.add_argument("--row-store", choices=["auto", "on", "off"], default="auto",
+                   help="keep the DLRMs' tables out of memory (docs/serving.md#tables-larger-than-memory): a step "
+                        "reads and updates its batch's rows only, the export writes every row to disk; auto: when "
+                        "a table has 1,000,000 rows or more")
+    p.add_argument("--table-budget-gib", type=float, default=8.0, metavar="GIB",
+                   help="with a row store: memory the rows training touched may take, then a file of the work folder")
+    p.add_argument("--init-from", default=None, metavar="REPOSITORY",
+                   help="with a row store: the rows a step touches first start from this repository's serving "
+                        "release (declared, else newest) instead of their initialization; its next export shares "
+                        "the unchanged table files with that release")
+
+
+def dataset_shapes() -> tuple[str, ...]:
+    from ensemble.dataset import TABLE_SHAPES
+
+    return tuple(TABLE_SHAPES)
 
 
 def _quantiles(text: str) -> tuple[tuple[float, float], ...]:
@@ -677,6 +766,18 @@ def _add_server(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allocator", choices=["auto", "tcmalloc", "system"], default="auto",
                    help="tritonserver's memory allocator: auto preloads tcmalloc when installed (Debian: "
                         "libtcmalloc-minimal4), else runs on the system's")
+    p.add_argument("--embedding-cache-gib", type=float, default=6.0, metavar="GIB",
+                   help="a row store release (tables larger than memory): the hot tier's RAM for every large table "
+                        "of both DLRMs (docs/serving.md#tables-larger-than-memory) (default: 6.0)")
+    p.add_argument("--table-io", choices=["uring", "pread", "mmap"], default=None,
+                   help="how cold rows are read: io_uring with a bounded queue depth (the default where built), one "
+                        "pread at a time, or a shared mapping (the page cache's way)")
+    p.add_argument("--table-admission", choices=["always", "second", "none"], default=None,
+                   help="which missed rows enter the hot tier: every one, one missed twice within the doorkeeper's "
+                        "window (the default, chosen by measurement), or none (only what the warm file put there)")
+    p.add_argument("--table-read-timeout-ms", type=float, default=None, metavar="MS",
+                   help="the longest a request's cold reads may take: past it the request is refused (503 / "
+                        "UNAVAILABLE naming the table) (default: 1000)")
 
 
 def _replica_count(text: str) -> int:
@@ -740,8 +841,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "export", "write a new version of every model into the repository")
     p.add_argument("--workdir", default="build", help="where `train` left the artifacts")
     p.add_argument("--repository", default="model_repository", help="the Triton model repository to write")
-    p.add_argument("--keep", type=int, default=2, help="versions to keep per model (2 keeps one to roll back to)")
+    p.add_argument("--keep", type=int, default=2,
+                   help="versions to keep per model (2 keeps one to roll back to); the declared release, the versions "
+                        "its declaration lists, an experiment's candidates, what a running server on the repository "
+                        "has loaded, and their steps are kept as well (each named)")
     p.set_defaults(func=cmd_export)
+
+    p = _command(sub, "tables", "a release's tables larger than memory: rows, format, bytes on disk, where they are "
+                                "served from, delta rows, and the hit rate training's counts predict for a hot tier budget "
+                                "(docs/serving.md#tables-larger-than-memory)")
+    p.add_argument("--repository", default="model_repository", help="the Triton model repository")
+    p.add_argument("--release", type=int, default=None, help="the release (default: the declared one, else the newest)")
+    p.add_argument("--budget-gib", type=float, default=6.0, metavar="GIB",
+                   help="the hot tier's budget to predict for (ensemble serve --embedding-cache-gib)")
+    p.set_defaults(func=cmd_tables)
 
     p = _command(sub, "serve", "run tritonserver on the repository until SIGINT/SIGTERM")
     _add_server(p)
@@ -927,10 +1040,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import_grpc()
     from ensemble.dataset import SpecError
+    from ensemble.models.manifest import MissingRelease
+    from ensemble.repository.declared import DeclaredMissing
 
     try:
         return args.func(args)
-    except SpecError as exc:  # a spec that cannot describe the data, or data that does not match it
+    except (SpecError, MissingRelease, DeclaredMissing) as exc:
+        # a spec that cannot describe the data, data that does not match it, a release asked for that
+        # the repository does not hold, a declaration that names one: one line, not a traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -56,17 +56,19 @@ request can name a user and item ids instead of sending their features (``ensemb
 The key stays a feature of the side like any other column.
 
 Categorical values seen fewer than their column's threshold times in training map to the
-out-of-vocabulary id. A hashed column's values are replaced by their bucket, ``crc32(value) % N``
-(:func:`bucket`), before anything else sees them, in training and in serving alike: its vocabulary
-is at most N buckets, and a value never seen in training still lands in a bucket (colliding values
-share one). Unknown keys are refused, so a misspelt option fails instead of being ignored.
+out-of-vocabulary id. A hashed column (``[hash_buckets]``, column = N) has no vocabulary: its id is
+``crc32(value) % N`` (DLRM's ``max-ind-range``), in training and in serving alike, so its embedding
+table has exactly N rows whatever training saw, a value never seen in training still has a row
+(colliding values share one), and missing values share the empty value's row. A built-in table shape
+(:data:`TABLE_SHAPES`, ``--table-shape criteo-1tb``) hashes every categorical column of a spec with
+the shape's bucket counts. Unknown keys are refused, so a misspelt option fails instead of being
+ignored.
 """
 
 from __future__ import annotations
 
 import enum
 import tomllib
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,22 +171,28 @@ class DatasetSpec:
         """Per column of the categorical tensor: its buckets, 0 when it is not hashed."""
         return tuple(c.hash_buckets for c in self.columns if c.kind is Kind.CATEGORICAL)
 
-    def hashed(self, frame):
-        """``frame`` with every hashed column's values replaced by their bucket names (a copy when
-        there is any; missing values stay missing)."""
-        columns = {c.name: c.hash_buckets for c in self.columns if c.hash_buckets and c.name in frame.columns}
-        if not columns:
-            return frame
-        frame = frame.copy()
-        for name, buckets in columns.items():
-            frame[name] = [None if v is None or v != v or v == "" else bucket(str(v).encode(), buckets).decode()
-                           for v in frame[name].tolist()]
-        return frame
+    @property
+    def hashed_columns(self) -> tuple[str, ...]:
+        """The categorical columns whose ids come from a hash (no vocabulary), in tensor order."""
+        return tuple(c.name for c in self.columns if c.hash_buckets)
+
+    def with_hash_buckets(self, buckets: tuple[int, ...]) -> "DatasetSpec":
+        """This spec with categorical column j hashed into ``buckets[j]`` rows (a table shape)."""
+        categorical = [c for c in self.columns if c.kind is Kind.CATEGORICAL]
+        if len(buckets) != len(categorical):
+            raise SpecError(f"{self.source}: a table shape of {len(buckets)} tables for {len(categorical)} categorical columns")
+        multi = [c.name for c in categorical if c.max_items]
+        if multi:
+            raise SpecError(f"{self.source}: a table shape hashes every column; {', '.join(multi)} is multi-hot")
+        given = dict(zip((c.name for c in categorical), buckets))
+        columns = tuple(Column(c.name, c.kind, c.side, c.freq_threshold, int(given[c.name]), c.max_items)
+                        if c.name in given else c for c in self.columns)
+        return DatasetSpec(self.name, self.label, columns, self.time, self.source, self.list_separator, self.model,
+                           self.keys)
 
     def prepared(self, frame):
-        """``frame`` as the features step sees it: hashed columns replaced by their buckets, and
-        every multi-hot column replaced by its slot columns (:func:`list_slots`)."""
-        frame = self.hashed(frame)
+        """``frame`` as the features step sees it: every multi-hot column replaced by its slot
+        columns (:func:`list_slots`); hashed columns as they are (their ids are hashed after)."""
         lists = [c for c in self.columns if c.max_items and c.name in frame.columns]
         if not lists:
             return frame
@@ -258,9 +266,22 @@ def list_slots(value: bytes, separator: bytes, max_items: int) -> list[bytes]:
     return items[:max_items] + [b""] * (max_items - len(items[:max_items]))
 
 
-def bucket(value: bytes, buckets: int) -> bytes:
-    """A hashed column's value as its bucket's name: ``crc32(value) % buckets`` in decimal."""
-    return str(zlib.crc32(value) % buckets).encode()
+# Built-in table shapes: each categorical column's rows, in order. criteo-1tb: the DLRM seed's Criteo
+# Terabyte configuration (the MLPerf DLRM reference: ids capped at 40M, ``--max-ind-range=40000000``),
+# 204,184,588 rows in all.
+TABLE_SHAPES: dict[str, tuple[int, ...]] = {
+    "criteo-1tb": (40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209,
+                   11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36),
+}
+
+
+def with_table_shape(spec: "DatasetSpec", shape: str | None) -> "DatasetSpec":
+    """``spec`` hashed into a built-in table shape (None: as it is)."""
+    if shape is None:
+        return spec
+    if shape not in TABLE_SHAPES:
+        raise SpecError(f"no table shape {shape!r} (built in: {', '.join(sorted(TABLE_SHAPES))})")
+    return spec.with_hash_buckets(TABLE_SHAPES[shape])
 
 
 _TOP_KEYS = {"name", "label", "time", "freq_threshold", "context", "candidate", "freq_threshold_by_column",

@@ -35,9 +35,9 @@ class DemoOptions:
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"p50_ms": statistics.median(ordered) * 1e3, "p99_ms": pick(0.99) * 1e3, "n": len(ordered)}
+    from loadtest.statistics import percentile
+
+    return {"p50_ms": percentile(samples, 0.5) * 1e3, "p99_ms": percentile(samples, 0.99) * 1e3, "n": len(samples)}
 
 
 def _timed(fn: Callable[[], object], n: int) -> list[float]:
@@ -182,10 +182,7 @@ def _check_readme(summary: dict, log: Callable[[str], None]) -> None:
 
     if not readme_figures.README.is_file():
         return
-    differ = readme_figures.stale(readme_figures.README.read_text(), summary)
-    log("README figures match this build" if not differ else
-        f"README figures ({', '.join(differ)}) differ from this build: "
-        "python -m ensemble.readme_figures --write updates them")
+    log(readme_figures.verdict(readme_figures.README.read_text(), summary))
 
 
 def _step_timings(pipeline: Pipeline, dense: np.ndarray, cats: np.ndarray) -> dict[str, dict[str, float]]:

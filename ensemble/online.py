@@ -245,17 +245,18 @@ class FeatureLookup:
     cache), ``ttl_s`` how long an entity is served from it; ``timeout_s`` bounds a store round trip
     (a request whose deadline has passed is refused before it); ``max_staleness_s`` (None: no bound) and
     ``stale`` say what happens to an entity whose freshness is older; ``unknown_items`` what happens to
-    an item id the store does not hold."""
+    an item id the store does not hold. Staleness is counted on ``clock`` (wall time, as the stored
+    freshness), the cache's TTL on ``cache_clock`` (monotonic seconds)."""
 
     def __init__(self, url: str, dataset: str, *, cache_entries: int = 100_000, ttl_s: float = 60.0,
                  timeout_s: float = 0.05, max_staleness_s: float | None = None, stale: str = "serve",
-                 unknown_items: str = "drop", clock=time.time):
+                 unknown_items: str = "drop", clock=time.time, cache_clock=time.monotonic):
         _check_choice("unknown_items", unknown_items, UNKNOWN_ITEMS)
         _check_choice("stale", stale, STALE)
         self.url, self.dataset = url, dataset
         self.cache_entries, self.ttl_s, self.timeout_s = int(cache_entries), float(ttl_s), float(timeout_s)
         self.max_staleness_s, self.stale, self.unknown_items = max_staleness_s, stale, unknown_items
-        self.clock = clock
+        self.clock, self.cache_clock = clock, cache_clock
         self._client = None
         self._sides: dict[str, Side] | None = None
         # The cache: per side, id -> an item's stored value split (Side.split) or a user's decoded
@@ -361,7 +362,7 @@ class FeatureLookup:
         wanted_user = user_id is not None and context is not None and context_dense is None
         if not isinstance(item_ids, list):
             item_ids = list(item_ids)
-        now = time.monotonic()
+        now = self.cache_clock()
         if self.cache_entries and item_ids:  # every entity cached: one C call joins their rows
             with self._lock:
                 self._expire(now)

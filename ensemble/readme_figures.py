@@ -9,8 +9,10 @@ The README marks each generated block with ``<!-- figures:NAME -->`` ... ``<!-- 
 ``python -m ensemble.readme_figures --write`` rewrites the blocks from the summary of the last
 ``make demo``; ``--check`` (what the demo runs at its end) says whether the README still matches
 this build. The demo is deterministic for its seed on a given machine, so ``accuracy`` and
-``example`` must match exactly; ``demo`` holds timings, which every run measures anew: it is
-rewritten, never compared.
+``example`` are compared number by number at the precision the README shows (the machine they name
+is not compared); training's float arithmetic differs between CPUs, so on another machine the check
+says by how much they differ, and where the README's were made. ``demo`` holds timings, which every
+run measures anew: it is rewritten, never compared.
 """
 
 from __future__ import annotations
@@ -63,10 +65,41 @@ def rewrite(readme: str, blocks: dict[str, str]) -> str:
     return _BLOCK.sub(lambda m: f"{m[1]}{blocks.get(m['name'], m['body'].rstrip(chr(10)))}\n{m[4]}", readme)
 
 
-def stale(readme: str, summary: dict) -> list[str]:
-    """The compared blocks whose text differs from what this summary gives."""
+_DECIMAL = re.compile(r"(?<![\w.])-?\d+\.\d+(?![\w.])")  # the figures; the machine's integers are not
+
+
+def differences(readme: str, summary: dict) -> dict[str, float]:
+    """Compared block -> the largest difference between the README's figures and this summary's,
+    at the README's precision (only blocks that differ; ``inf`` when their figures do not pair up)."""
     have, want = current(readme), render(summary)
-    return [name for name in COMPARED if name in want and have.get(name) != want[name]]
+    found = {}
+    for name in COMPARED:
+        if name not in want:
+            continue
+        shown, made = _DECIMAL.findall(have.get(name, "")), _DECIMAL.findall(want[name])
+        if len(shown) != len(made):
+            found[name] = float("inf")
+        elif shown != made:
+            found[name] = max(abs(float(a) - float(b)) for a, b in zip(shown, made))
+    return found
+
+
+def stale(readme: str, summary: dict) -> list[str]:
+    """The compared blocks whose figures differ, at the README's precision, from this summary's."""
+    return list(differences(readme, summary))
+
+
+def verdict(readme: str, summary: dict) -> str:
+    """One line: the README's figures match this build, or by how much they differ and why they may."""
+    differ = differences(readme, summary)
+    if not differ:
+        return "README figures match this build"
+    made_on = re.search(r"scored in-process on (.*?), the row above", current(readme).get("example", ""))
+    where = f" (the README's were made on {made_on.group(1)}; this is {summary.get('machine')})" if made_on else ""
+    return ("README figures differ from this build's by up to "
+            + ", ".join(f"{v:g} in {k}" for k, v in differ.items())
+            + f"{where}: training's float arithmetic differs between CPUs; python -m ensemble.readme_figures --write "
+            "updates them")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,13 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.readme).write_text(rewrite(readme, render(summary)))
         print(f"wrote the figure blocks of {args.readme} from {args.summary}")
         return 0
-    differ = stale(readme, summary)
-    if differ:
-        print(f"README figures ({', '.join(differ)}) differ from this build's ({args.summary}): "
-              f"python -m ensemble.readme_figures --write updates them")
-        return 1
-    print("README figures match this build")
-    return 0
+    print(verdict(readme, summary))
+    return 1 if stale(readme, summary) else 0
 
 
 if __name__ == "__main__":

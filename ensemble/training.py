@@ -31,6 +31,7 @@ from ensemble.models.blend import Blender
 from ensemble.models.dlrm import DLRMConfig, score_source
 from ensemble.models.xgb import XGBMatrix
 from ensemble.repository.export import TrainedArtifacts
+from ensemble.tables import SMALL_ROWS
 from ensemble.device import Device
 
 SCORE_BATCH = 65536  # rows per batch when scoring validation and test
@@ -52,6 +53,9 @@ class TrainConfig:
             features also drops the scores made with an earlier workflow.
         slipstream: train dlrm_torch with Slipstream (:mod:`ensemble.models.slipstream`); None: plainly.
         spec: the dataset's columns (:mod:`ensemble.dataset`; Criteo unless set).
+        row_store: keep the DLRMs' tables out of memory (:mod:`ensemble.tables`): each step reads and updates
+            its batch's rows only; None decides by the largest table.
+        table_budget_gib: the touched rows' memory in a row store's training (then a file of the work folder).
         freq_threshold: one threshold for every categorical column; None: the spec's (Criteo's is 3).
     """
 
@@ -66,6 +70,11 @@ class TrainConfig:
     reuse_features: bool = False
     slipstream: slipstream.SlipstreamConfig | None = None
     spec: DatasetSpec = schema.CRITEO
+    # The DLRMs' tables in a row store (ensemble.tables): True, False, or None: when a table has
+    # ensemble.tables.SMALL_ROWS rows or more. table_budget_gib: memory the touched rows may take (then disk).
+    row_store: bool | None = None
+    table_budget_gib: float = 8.0
+    init_from: Path | None = None  # a repository whose serving release's rows a row store's training starts from
 
     def check_models(self) -> None:
         if not self.models or set(self.models) - set(MODEL_NAMES):
@@ -167,7 +176,7 @@ def train_files(paths: Sequence[str | Path], workdir: str | Path, config: TrainC
                  if (folder := Path(workdir) / "shards" / split.value).is_dir()}
     else:
         built = out_of_core.build_shards(paths, workdir, artifacts.workflow_dir, config.freq_threshold, valid, test,
-                                         nrows, config.part_rows, client)
+                                         nrows, config.part_rows, client, spec=config.spec)
         _drop_scores(workdir)
     seconds = {"features": time.perf_counter() - start}
     if Split.VALID not in built or Split.TEST not in built:
@@ -229,10 +238,18 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
 
     dlrm_config = replace(config.dlrm, cardinalities=cardinalities, n_dense=len(lean.dense_columns))
     extra: dict[str, dict] = {}  # per-trainer details for the report (Slipstream's statistics)
+    row_store = config.row_store if config.row_store is not None else max(cardinalities, default=0) >= SMALL_ROWS
     for name, module in (("dlrm_torch", dlrm_torch), ("dlrm_tf", dlrm_tf)):
         if name not in config.models:
             continue
         start = time.perf_counter()
+        if row_store:  # tables larger than memory: a step touches its batch's rows only (ensemble.tables)
+            extra[f"{name}_tables"] = _train_row_store(name, module, dlrm_config, lean.id_columns or lean.categorical_columns,
+                                                       sources, artifacts.models_dir / name, config, scores, log)
+            timings[name] = time.perf_counter() - start
+            peak_mb[name] = rss_high_water_mb()
+            log(f"{name}: trained in {timings[name]:.1f}s (row store)")
+            continue
         if on_cluster and module is dlrm_torch:
             model, _ = distributed.train_torch(dlrm_config, sources.train.shards, sources.valid.shards, workdir / "ddp",
                                                client, buffer_rows=config.shuffle_rows, log=log)
@@ -276,6 +293,57 @@ def train_models(sources: Sources, workdir: str | Path, config: TrainConfig, sec
     }
     (workdir / "train_report.json").write_text(json.dumps(report, indent=1, default=str))
     return report
+
+
+def _train_row_store(name: str, module, dlrm_config: DLRMConfig, columns: tuple[str, ...], sources: Sources,
+                     out: Path, config: TrainConfig, scores: dict[str, dict[str, np.ndarray]],
+                     log: Callable[[str], None]) -> dict:
+    """Train a DLRM whose tables are a row store's (:mod:`ensemble.tables.training`), save its pooled
+    model, its MLP weights and the rows it touched under ``out``, and score the held-out splits."""
+    from ensemble.tables import files, training as tables_training
+
+    shapes = [tables_training.TableShape(column, int(rows), files.table_seed(name, column))
+              for column, rows in zip(columns, dlrm_config.cardinalities)]
+    source = _starting_release(config.init_from, name) if config.init_from else None
+    rows = tables_training.TrainingRows(shapes, dlrm_config.embedding_dim, dlrm_config.table_learning_rate,
+                                        int(config.table_budget_gib * 2**30), out / "spill",
+                                        init=tables_training.rows_of_release(source) if source else None)
+    fit = module.PooledFit(dlrm_config, len(shapes))
+    if source is not None:  # continued training: the MLPs start from that release's too
+        from ensemble.tables.mlp import MlpWeights
+
+        fit.load_mlp(MlpWeights.load(source))
+    report = tables_training.train(name, fit, rows, sources.train, sources.valid, dlrm_config.epochs, log)
+    out.mkdir(parents=True, exist_ok=True)
+    fit.save(out)
+    rows.save(out, source)
+    for split in ("valid", "test"):
+        scores[split][name], _ = score_source(lambda d, i: fit.predict(d, rows.rows_of(i)), getattr(sources, split))
+    import shutil
+
+    shutil.rmtree(out / "spill", ignore_errors=True)
+    return {**report, "tables": len(shapes), "rows": sum(s.rows for s in shapes), "touched": rows.touched}
+
+
+def _starting_release(repository: Path, step: str) -> Path:
+    """The version folder of ``step`` in ``repository``'s serving release (declared, else newest) that a row
+    store's training starts from (``ensemble train --init-from``)."""
+    from ensemble.repository import declared
+
+    from ensemble.tables import files
+
+    ranker = Path(repository) / "ranker"
+    release = declared.read(repository)
+    if release is None:
+        releases = sorted(int(p.name) for p in ranker.iterdir() if p.name.isdigit()) if ranker.is_dir() else []
+        if not releases:
+            raise FileNotFoundError(f"--init-from {repository}: no release there")
+        release = releases[-1]
+    versions = json.loads((ranker / str(release) / "release.json").read_text())["versions"]
+    folder = Path(repository) / step / str(versions[step])
+    if not files.has_tables(folder):
+        raise ValueError(f"--init-from {repository}: release {release}'s {step} has no row store to start from")
+    return folder
 
 
 def _train_trees(sources: Sources, workdir: Path, config: TrainConfig, on_cluster: bool, client,

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ensemble import schema
+from loadtest.statistics import percentile
 
 # Answers a client should retry elsewhere or later: the server refused the request (full queue,
 # queue deadline passed, model reloading), it did not fail on it.
@@ -82,8 +83,9 @@ class OpenLoopResult:
         return {**asdict(self), "refused_share": self.refused_share}
 
 
-def _percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q) * 1e3) if values else float("nan")
+def _ms_at(values: list[float], q: float) -> float:
+    """Milliseconds at percentile ``q`` (0-100) of seconds, by the project's one rule (:func:`percentile`)."""
+    return float(percentile(values, q / 100) * 1e3) if values else float("nan")
 
 
 def summarize(rate: float, seconds: float, outcomes: list[Outcome]) -> OpenLoopResult:
@@ -94,10 +96,10 @@ def summarize(rate: float, seconds: float, outcomes: list[Outcome]) -> OpenLoopR
     result.accepted, result.refused = len(ok), len(refused)
     result.errors = result.sent - result.accepted - result.refused
     result.accepted_per_s = len(ok) / seconds
-    result.accepted_p50_ms, result.accepted_p99_ms = _percentile(ok, 50), _percentile(ok, 99)
-    result.refused_p50_ms = _percentile([o.latency for o in refused], 50)
-    result.refused_p99_ms = _percentile([o.latency for o in refused], 99)
-    result.late_p99_ms = _percentile([o.late for o in outcomes], 99)
+    result.accepted_p50_ms, result.accepted_p99_ms = _ms_at(ok, 50), _ms_at(ok, 99)
+    result.refused_p50_ms = _ms_at([o.latency for o in refused], 50)
+    result.refused_p99_ms = _ms_at([o.latency for o in refused], 99)
+    result.late_p99_ms = _ms_at([o.late for o in outcomes], 99)
     for o in refused:
         reason = f"{o.status} {o.body[:80].decode(errors='replace')}"
         result.refusal_reasons[reason] = result.refusal_reasons.get(reason, 0) + 1

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 
 from loadtest.openloop import closed_loop, open_loop, request_bodies, summarize
+from loadtest.statistics import percentile
 
 GROWTH_TARGET = 0.05
 
@@ -65,8 +65,8 @@ def soak(address: str, rss: Callable[[], int], plan: SoakPlan = SoakPlan(),
             f"refused {found.refused}  errors {found.errors}  RSS {windows[-1]['rss_mib']:.0f} MiB")
     end_rss = windows[-1]["rss_mib"] * 2**20 if windows else start_rss
     return {"capacity_per_s": capacity, "rate_per_s": rate, "plan": plan.__dict__, **totals,
-            "accepted_p50_ms": float(np.percentile(accepted_latencies, 50) * 1e3) if accepted_latencies else None,
-            "accepted_p99_ms": float(np.percentile(accepted_latencies, 99) * 1e3) if accepted_latencies else None,
+            "accepted_p50_ms": float(percentile(accepted_latencies, 0.5) * 1e3) if accepted_latencies else None,
+            "accepted_p99_ms": float(percentile(accepted_latencies, 0.99) * 1e3) if accepted_latencies else None,
             "rss_start_mib": start_rss / 2**20, "rss_end_mib": end_rss / 2**20,
             "rss_max_mib": max([w["rss_mib"] for w in windows], default=start_rss / 2**20),
             "rss_growth": (end_rss - start_rss) / start_rss if start_rss else None, "windows": windows}

@@ -4,7 +4,24 @@ turned into per-request figures."""
 from __future__ import annotations
 
 import json
+import math
 import urllib.request
+
+# How every benchmark, demo and load test of the project reads a percentile from its samples (said
+# once in docs/load-testing.md; result files record it).
+PERCENTILE_METHOD = "nearest rank: the ceil(q n)-th smallest of n samples"
+
+
+def percentile(samples, q: float) -> float:
+    """The nearest-rank percentile: the ``ceil(q * n)``-th smallest of the ``n`` samples (``0 <= q <= 1``;
+    q = 0 gives the smallest); NaN when there are none. Every reported p50 and p99 is this: an actual
+    sample, never an interpolation between two."""
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be in [0, 1], got {q}")
+    ordered = sorted(samples)
+    if not ordered:
+        return float("nan")
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 def model_stats(url: str | None) -> dict | None:

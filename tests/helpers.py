@@ -9,6 +9,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from ensemble.operate.supervise import STOPPED_STATES
 SYNTH = criteo.SynthConfig(rows=24_000, scale=0.002, seed=11)
 # The admin key of the servers the integration suite starts (tests/integration/conftest.py).
 ADMIN_KEY = "integration-admin-key-7d3f"
+T = TypeVar("T")
 
 
 def fresh_rows(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -173,6 +175,19 @@ def fleet_ports(replicas: int = 2) -> tuple[int, int, int]:
     raise RuntimeError(f"no free metrics port with {replicas - 1} free ports after it")
 
 
+def wait_until(condition: Callable[[], T], timeout: float, what: str | Callable[[], str], every: float = 0.1) -> T:
+    """Call ``condition`` every ``every`` seconds until it returns something true, and return that.
+    The test fails saying ``what`` (a text, or a function giving one, called then) when ``timeout``
+    seconds pass first: a wait for a state, where a fixed sleep would be too short on a slow machine
+    and too long on a fast one."""
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g}s: {what() if callable(what) else what}")
+        time.sleep(every)
+    return found
+
+
 def stop_process(pid: int, bound: float = 5.0) -> None:
     """SIGSTOP ``pid`` and wait until /proc shows every one of its threads stopped. The signal is not
     synchronous: the kernel wakes one thread, which stops the others once it is scheduled, so a
@@ -290,7 +305,7 @@ def two_releases(trained, root: Path, keep: int = 2) -> tuple[Path, int, int]:
     import shutil
 
     from ensemble.repository.export import TrainedArtifacts, export_repository
-    from ensemble.operate import declared
+    from ensemble.repository import declared
     from ensemble.operate.deploy import available_releases
 
     repository = root / "repository"
@@ -327,24 +342,24 @@ class ReleaseFleet:
 def release_fleet(trained, root: Path, keep: int = 3, timeout: float = 420.0):
     """A :class:`ReleaseFleet` under ``root``, with this process's run directory set to the fleet's
     (so deploys and experiments run here find it) until it stops."""
-    from ensemble.fleet import release as fleet_release
+    from ensemble.operate import records
 
     repository, first, new = two_releases(trained, root, keep=keep)
     run = root / "run"
-    env = {**os.environ, fleet_release.RUN_DIR_ENV: str(run)}
+    env = {**os.environ, records.RUN_DIR_ENV: str(run)}
     http, grpc, metrics = fleet_ports(2)
     process, output = start_serving(["--repository", str(repository), "--replicas", "2", "--http-port", str(http),
                                      "--grpc-port", str(grpc), "--metrics-port", str(metrics),
                                      "--log-file", str(root / "logs" / "serve.log")], env, timeout=timeout)
-    previous = os.environ.get(fleet_release.RUN_DIR_ENV)
-    os.environ[fleet_release.RUN_DIR_ENV] = str(run)
+    previous = os.environ.get(records.RUN_DIR_ENV)
+    os.environ[records.RUN_DIR_ENV] = str(run)
     try:
         yield ReleaseFleet(process, repository, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", metrics, first, new, output)
     finally:
         if previous is None:
-            os.environ.pop(fleet_release.RUN_DIR_ENV, None)
+            os.environ.pop(records.RUN_DIR_ENV, None)
         else:
-            os.environ[fleet_release.RUN_DIR_ENV] = previous
+            os.environ[records.RUN_DIR_ENV] = previous
         stop_serving(process)
 
 

@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from ensemble import schema
+from ensemble.dataset import DatasetSpec
 from ensemble.data import shards
 
 PART_ROWS = 250_000  # raw rows per part: ~0.5 GB as pandas objects (26 string columns)
@@ -111,7 +112,8 @@ def _dataset(parts: Sequence[Path], part_size: str = "2GB"):
     return Dataset([str(p) for p in parts], engine="parquet", part_size=part_size, cpu=True)
 
 
-def fit(train_parts: Sequence[Path], out_dir: str | Path, freq_threshold: int = 3, client=None):
+def fit(train_parts: Sequence[Path], out_dir: str | Path, freq_threshold: int = 3, client=None,
+        spec: DatasetSpec = schema.CRITEO):
     """Fit the workflow on the training parts (on ``client``'s cluster when given) and save it.
 
     Returns:
@@ -120,16 +122,19 @@ def fit(train_parts: Sequence[Path], out_dir: str | Path, freq_threshold: int = 
     from ensemble.features import transforms
 
     out_dir = Path(out_dir)
-    workflow = transforms.build_workflow(out_dir, freq_threshold, client)
+    workflow = transforms.build_workflow(out_dir, freq_threshold, client, spec)
     workflow.fit(_dataset(train_parts))
-    transforms.save_workflow(workflow, out_dir)
+    transforms.save_workflow(workflow, out_dir, spec)
     return workflow
 
 
-def _write_partition(frame, folder: str, index: int) -> int:
-    """Runs where the partition was computed: transformed frame -> one shard."""
+def _write_partition(frame, folder: str, index: int, spec: DatasetSpec = schema.CRITEO) -> int:
+    """Runs where the partition was computed: transformed frame -> one shard (hashed columns' ids
+    from their passed-through values)."""
+    from ensemble.features import transforms
+
     dense = frame[list(schema.DENSE_COLUMNS)].to_numpy(np.float32)
-    ids = frame[list(schema.CATEGORICAL_COLUMNS)].to_numpy(np.int64)
+    ids = transforms.model_ids(frame, spec)
     if len(frame) == 0:
         return 0
     shards.write_shard(Path(folder) / f"part-{index:05d}.parquet", dense, ids, frame[schema.LABEL].to_numpy(np.int8))
@@ -137,7 +142,7 @@ def _write_partition(frame, folder: str, index: int) -> int:
 
 
 def transform_to_shards(workflow, parts: Sequence[Path], out_folder: str | Path, client=None,
-                        threads: int = 2) -> shards.ShardSet:
+                        threads: int = 2, spec: DatasetSpec = schema.CRITEO) -> shards.ShardSet:
     """Apply the fitted workflow to raw parts on Dask, the label passed through, and write each
     transformed partition as one shard (computed ``threads`` at a time here, or on the cluster).
 
@@ -155,7 +160,7 @@ def transform_to_shards(workflow, parts: Sequence[Path], out_folder: str | Path,
     # label through (the saved workflow's outputs stay the serving features only).
     out = workflow.executor.transform(ddf, workflow.output_node, workflow.output_dtypes,
                                       additional_columns=[schema.LABEL])
-    writes = [dask.delayed(_write_partition)(part, str(out_folder), i) for i, part in enumerate(out.to_delayed())]
+    writes = [dask.delayed(_write_partition)(part, str(out_folder), i, spec) for i, part in enumerate(out.to_delayed())]
     if client is not None:
         counts = client.gather(client.compute(writes))
     else:
@@ -168,7 +173,8 @@ def transform_to_shards(workflow, parts: Sequence[Path], out_folder: str | Path,
 
 def build_shards(paths: Sequence[str | Path], workdir: str | Path, workflow_dir: str | Path,
                  freq_threshold: int = 3, valid: float = 0.1, test: float = 0.1, nrows: int | None = None,
-                 part_rows: int = PART_ROWS, client=None, keep_parts: bool = False) -> dict[Split, shards.ShardSet]:
+                 part_rows: int = PART_ROWS, client=None, keep_parts: bool = False,
+                 spec: DatasetSpec = schema.CRITEO) -> dict[Split, shards.ShardSet]:
     """Criteo files -> fitted workflow in ``workflow_dir`` + shards of every split under
     ``<workdir>/shards/<split>/`` (raw parts in ``<workdir>/parts``, removed unless ``keep_parts``)."""
     import shutil
@@ -177,8 +183,8 @@ def build_shards(paths: Sequence[str | Path], workdir: str | Path, workflow_dir:
     raw = split_to_parts(paths, workdir / "parts", valid, test, nrows, part_rows)
     if not raw.parts[Split.TRAIN]:
         raise ValueError("no training rows in the input")
-    workflow = fit(raw.parts[Split.TRAIN], workflow_dir, freq_threshold, client)
-    out = {split: transform_to_shards(workflow, raw.parts[split], workdir / "shards" / split.value, client)
+    workflow = fit(raw.parts[Split.TRAIN], workflow_dir, freq_threshold, client, spec)
+    out = {split: transform_to_shards(workflow, raw.parts[split], workdir / "shards" / split.value, client, spec=spec)
            for split in Split if raw.parts[split]}
     if not keep_parts:
         shutil.rmtree(workdir / "parts", ignore_errors=True)

@@ -7,7 +7,10 @@ the same arithmetic, built from the fitted workflow's statistics, with no pandas
 
 Encoding (NVTabular 23.08 ``Categorify``): 0 = padding (unused), 1 = missing, 2 = out of
 vocabulary (unseen, or seen fewer than ``freq_threshold`` times), 3.. = vocabulary, most
-frequent first.
+frequent first. A hashed column (the spec's ``[hash_buckets]``, or a table shape such as
+``criteo-1tb``) has no vocabulary: the workflow passes its values through, and its id is
+``crc32(value) % N`` (:func:`ensemble.native.hash_ids`; in C from Triton's buffers), so its table has
+exactly N rows whatever training saw, and no dictionary holds its values.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble import schema
-from ensemble.dataset import DatasetSpec, Kind, bucket, cell_bytes, list_slots
+from ensemble.dataset import DatasetSpec, Kind, cell_bytes, list_slots
 from ensemble import native
 from ensemble.device import Device
 
@@ -66,13 +69,19 @@ def build_workflow(out_dir: Path, freq_threshold: int | None = 3, client=None, s
 
     dense = (list(spec.continuous) >> ops.FillMissing(fill_val=0) >> ops.Clip(min_value=0)
              >> ops.LogOp() >> ops.Normalize())
+    vocabulary = [c for c in spec.model_categorical if c not in spec.hashed_columns]
     thresholds = spec.freq_thresholds if freq_threshold is None else freq_threshold
-    if isinstance(thresholds, dict) and len(set(thresholds.values())) == 1:
-        thresholds = next(iter(thresholds.values()))  # one value: the form NVTabular has always been given
-    # out_path keeps NVTabular from writing ./categories into the working directory.
-    categorical = list(spec.model_categorical) >> ops.Categorify(
-        freq_threshold=thresholds, out_path=str(out_dir.parent / f".{out_dir.name}-fit"))
-    return nvt.Workflow(dense + categorical, client=client)
+    if isinstance(thresholds, dict):
+        thresholds = {c: t for c, t in thresholds.items() if c in vocabulary}
+        if len(set(thresholds.values())) == 1:
+            thresholds = next(iter(thresholds.values()))  # one value: the form NVTabular has always been given
+    graph = dense
+    if vocabulary:  # out_path keeps NVTabular from writing ./categories into the working directory.
+        graph = graph + (vocabulary >> ops.Categorify(freq_threshold=thresholds,
+                                                       out_path=str(out_dir.parent / f".{out_dir.name}-fit")))
+    if spec.hashed_columns:  # passed through: their ids come from the hash (hash_ids), not a vocabulary
+        graph = graph + list(spec.hashed_columns)
+    return nvt.Workflow(graph, client=client)
 
 
 def save_workflow(workflow, out_dir: Path, spec: DatasetSpec = schema.CRITEO) -> Path:
@@ -108,8 +117,22 @@ def nvtabular_transform(workflow, frame, device: Device = Device.CPU, spec: Data
     columns = [*spec.continuous, *spec.categorical]
     frame, _ = fit_frame(spec.prepared(frame[columns]).reset_index(drop=True), device)
     out = workflow.transform(frame)
-    return (to_host(out[list(spec.continuous)].values).astype(np.float64),
-            to_host(out[list(spec.model_categorical)].values).astype(np.int64))
+    return (to_host(out[list(spec.continuous)].values).astype(np.float64), model_ids(out, spec))
+
+
+def model_ids(frame, spec: DatasetSpec) -> np.ndarray:
+    """[B x the models' categorical columns] int64 of a transformed frame: each vocabulary column's
+    ids as the workflow gave them, each hashed column's from its passed-through values."""
+    from ensemble.device import to_host
+
+    hashed = dict(zip(spec.categorical, spec.hash_buckets))
+    columns = []
+    for name in spec.model_categorical:
+        if hashed.get(name):
+            columns.append(native.hash_ids(to_host(frame[name]).tolist(), hashed[name]))
+        else:
+            columns.append(to_host(frame[name].values).astype(np.int64))
+    return np.stack(columns, axis=1) if columns else np.empty((len(frame), 0), np.int64)
 
 
 def _ops_of(workflow) -> list:
@@ -125,7 +148,8 @@ def _ops_of(workflow) -> list:
 def _write_lean_stats(workflow, out_dir: Path, spec: DatasetSpec = schema.CRITEO) -> None:
     """Copy what the lean transform needs out of the fitted workflow's operators."""
     by_type = {type(op).__name__: op for op in _ops_of(workflow)}
-    normalize, fill, clip, cat = (by_type[k] for k in ("Normalize", "FillMissing", "Clip", "Categorify"))
+    normalize, fill, clip = (by_type[k] for k in ("Normalize", "FillMissing", "Clip"))
+    cat = by_type.get("Categorify")  # absent when every categorical column is hashed
     stats = {
         "dataset": spec.name,
         "dense_columns": list(spec.continuous),
@@ -140,8 +164,9 @@ def _write_lean_stats(workflow, out_dir: Path, spec: DatasetSpec = schema.CRITEO
         "clip_min": float(clip.min_value),
         "means": [float(normalize.means[c]) for c in spec.continuous],
         "stds": [float(normalize.stds[c]) for c in spec.continuous],
-        "freq_threshold": (cat.freq_threshold if isinstance(cat.freq_threshold, (int, dict)) else 0),
-        "vocabularies": {c: f"categories/unique.{c}.parquet" for c in spec.model_categorical},
+        "freq_threshold": (cat.freq_threshold if cat is not None and isinstance(cat.freq_threshold, (int, dict)) else 0),
+        "vocabularies": {c: f"categories/unique.{c}.parquet" for c in spec.model_categorical
+                         if c not in spec.hashed_columns},
     }
     (out_dir / LEAN_FILE).write_text(json.dumps(stats, indent=1))
 
@@ -198,6 +223,9 @@ class LeanTransform:
         categorical_columns = tuple(stats.get("categorical_columns", schema.CATEGORICAL_COLUMNS))
         id_columns = tuple(stats.get("id_columns", categorical_columns))
         for col in id_columns:
+            if col not in stats["vocabularies"]:  # a hashed column: no vocabulary
+                lookups.append({})
+                continue
             # ParquetFile, not read_table: read_table imports pyarrow.dataset and with it pandas.
             table = pq.ParquetFile(workflow_dir / stats["vocabularies"][col]).read(columns=[col])
             values = table.column(0).to_pylist()
@@ -212,8 +240,19 @@ class LeanTransform:
 
     @property
     def cardinalities(self) -> tuple[int, ...]:
-        """Embedding rows each column needs (reserved ids + vocabulary)."""
-        return tuple(FIRST_ID + len(lookup) - 1 for lookup in self.lookups)
+        """Embedding rows each id column needs: a hashed column's buckets, else the reserved ids and
+        the vocabulary."""
+        return tuple(buckets or FIRST_ID + len(lookup) - 1 for lookup, buckets in zip(self.lookups, self.id_buckets))
+
+    @functools.cached_property
+    def id_buckets(self) -> tuple[int, ...]:
+        """Per id column: its hash buckets (0: a vocabulary column, as every multi-hot slot is)."""
+        if not self.hash_buckets:
+            return (0,) * len(self.lookups)
+        found = []
+        for buckets, items in zip(self.hash_buckets, self.max_items or (0,) * len(self.hash_buckets)):
+            found += [0] * items if items else [buckets]
+        return tuple(found)
 
     def __call__(self, dense: np.ndarray, categorical: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Transform a batch.
@@ -248,23 +287,21 @@ class LeanTransform:
     def transform_categorical(self, categorical: np.ndarray) -> np.ndarray:
         categorical = np.asarray(categorical, dtype=object)
         batch = categorical.shape[0]
-        if self.hash_buckets:  # hashed columns: each value becomes its bucket's name first
-            categorical = categorical.copy()
-            for j, buckets in enumerate(self.hash_buckets):
-                if buckets:
-                    categorical[:, j] = [bucket(v, buckets) if v else b"" for v in categorical[:, j].tolist()]
         if self.max_items:  # multi-hot columns: each becomes its slots
             categorical = self._slots(categorical)
         # One pass over the row-major values, each looked up in its column's dictionary, in C
         # when it was built (ensemble.native): no per-column or per-value Python overhead.
-        ids = native.lookup(categorical.reshape(-1).tolist(), self.lookups, OOV_ID)
-        return ids.reshape(batch, len(self.lookups))
+        ids = native.lookup(categorical.reshape(-1).tolist(), self.lookups, OOV_ID).reshape(batch, len(self.lookups))
+        for j, buckets in enumerate(self.id_buckets):
+            if buckets:  # a hashed column: the id from the hash alone
+                ids[:, j] = native.hash_ids(categorical[:, j].tolist(), buckets)
+        return ids
 
     @property
     def reads_wire(self) -> bool:
-        """Whether :meth:`ids_from_wire` applies: no column needs Python per value first (hashed or
-        multi-hot columns do)."""
-        return not self.hash_buckets and not self.max_items
+        """Whether :meth:`ids_from_wire` applies: no column needs Python per value first (multi-hot
+        columns do; hashed ones are hashed from the buffer)."""
+        return not self.max_items
 
     def ids_from_wire(self, buffer, rows: int) -> np.ndarray:
         """What :meth:`transform_categorical` gives for the strings of a Triton BYTES wire buffer
@@ -274,15 +311,16 @@ class LeanTransform:
             ValueError: a truncated buffer, or not ``rows`` x columns values.
         """
         if not self.reads_wire:
-            raise ValueError("hashed or multi-hot columns are transformed from strings (transform_categorical)")
+            raise ValueError("multi-hot columns are transformed from strings (transform_categorical)")
         ids = np.empty((rows, len(self.lookups)), dtype=np.int64)
         self.vocabulary.lookup_wire(buffer, OOV_ID, ids.reshape(-1))
         return ids
 
     @functools.cached_property
     def vocabulary(self):
-        """The lookups as :class:`ensemble.native.Vocabulary` (built on first use)."""
-        return native.Vocabulary(tuple(self.lookups))
+        """The lookups as :class:`ensemble.native.Vocabulary` (built on first use), hashed columns by their
+        buckets."""
+        return native.Vocabulary(tuple(self.lookups), self.id_buckets if any(self.id_buckets) else ())
 
     def _slots(self, categorical: np.ndarray) -> np.ndarray:
         parts = []

@@ -19,7 +19,7 @@ refusals.
    report them ready and score fresh rows on each exactly as this process does (<= 1e-5). A
    replica that fails aborts the start: every replica goes back to S alone and nothing was routed
    to a candidate.
-3. The experiment is declared (:mod:`ensemble.operate.declared`: a replica that restarts loads the
+3. The experiment is declared (:mod:`ensemble.repository.declared`: a replica that restarts loads the
    candidates, a fleet that restarts routes to them again), then the gateway's routes are replaced
    in one step by the experiment's.
 
@@ -39,7 +39,7 @@ from ensemble import schema
 from ensemble.fleet.gateway import GatewayError, check_arms
 from ensemble.fleet.release import (RETIRE_AFTER, FleetRecord, _declare, _each, _lock, _route, load_and_check,
                                     parity_checks)
-from ensemble.operate import declared
+from ensemble.repository import declared
 from ensemble.operate.control import ControlError
 from ensemble.operate.deploy import DeployError, check_release
 

@@ -40,7 +40,7 @@ from ensemble.fleet import release as fleet_release
 from ensemble.fleet.gateway import (Gateway, GatewayError, Replica, envoy_config, requests_within_objective,
                                     write_routes)
 from ensemble.models.registry import Layout
-from ensemble.operate import declared
+from ensemble.repository import declared
 from ensemble.operate.server import ServerError, ServerOptions, TritonServer, free_ports, port_free
 
 MAX_REPLICAS = 32

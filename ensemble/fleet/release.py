@@ -7,7 +7,7 @@ replicas' own ports and the gateway's route files. The switch, from release S to
 1. The release passes the checks a single server's deploy runs (:func:`ensemble.operate.deploy.
    check_release`: manifests, it loads, finite scores, AUC), once, in this process.
 2. The gateway pins every request to S (between releases it names no version: each replica holds
-   one release), and the repository declares both S and R (:mod:`ensemble.operate.declared`): a
+   one release), and the repository declares both S and R (:mod:`ensemble.repository.declared`): a
    replica that starts or restarts from now on loads both.
 3. Every replica loads R beside S (the gateway still sends every request to S), and each must
    report both versions ready and score fresh rows on R exactly as this process does (<= 1e-5).
@@ -28,7 +28,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -38,19 +37,13 @@ from pathlib import Path
 from typing import Callable
 
 from ensemble.fleet.gateway import Gateway, Replica, routes_version, write_routes
-from ensemble.operate import declared
+from ensemble.repository import declared
 from ensemble.operate.control import Control, ControlError
+from ensemble.operate.records import run_dir
 from ensemble.operate.deploy import PARITY_ATOL, DeployError, available_releases, check_release, fresh_rows
 
-RUN_DIR_ENV = "ENSEMBLE_RUN_DIR"
 RETIRE_AFTER = 2.0  # seconds between the switch and unloading the old release
 APPLY_TIMEOUT = 10.0  # seconds the gateway has to report the new routes
-
-
-def run_dir() -> Path:
-    """Where running fleets record themselves: ``$ENSEMBLE_RUN_DIR``, else a folder of this user's
-    in the temporary directory."""
-    return Path(os.environ.get(RUN_DIR_ENV) or Path(tempfile.gettempdir()) / f"ensemble-{os.getuid()}")
 
 
 def record_path(http_port: int) -> Path:

@@ -16,3 +16,5 @@ SAVEDMODEL_OUTPUT = "output_0"  # the output key Keras `model.export` gives its 
 TFLITE = "model.tflite"  # the same SavedModel converted for TensorFlow Lite (CPU layouts)
 BLEND_JSON = "blend.json"
 WORKFLOW = "workflow"  # the fitted NVTabular workflow folder (+ lean.json)
+MLP_WEIGHTS = "mlp.npz"  # a row store DLRM's MLPs in the C pass's layout (ensemble.tables.mlp)
+TOUCHED_ROWS = "touched"  # the rows a row store DLRM's training touched (ensemble.tables.training), export-only

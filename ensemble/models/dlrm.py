@@ -31,6 +31,8 @@ class DLRMConfig:
     cardinalities: tuple[int, ...] = field(default=())
     # Width of the dense input (the dataset's continuous columns; Criteo's 13 unless set).
     n_dense: int = 13
+    # Tables in a row store (ensemble.tables): their rows' rowwise Adagrad learning rate.
+    table_learning_rate: float = 0.05
 
     def n_interactions(self, n_categorical: int) -> int:
         """Number of pairwise dot products between the 1 + n_categorical vectors."""

@@ -13,6 +13,7 @@ from ensemble.models import dlrm_kernel, metrics
 from ensemble.models.artifacts import SAVEDMODEL, SAVEDMODEL_OUTPUT, TFLITE
 from ensemble.models.dlrm import DLRMConfig, as_source, score_source, table_offsets
 from ensemble.device import Device
+from ensemble.tables.mlp import POOLED_INPUT, MlpWeights
 
 MODEL_DIR = SAVEDMODEL
 SIGNATURE_OUTPUT = SAVEDMODEL_OUTPUT
@@ -52,6 +53,99 @@ def build(config: DLRMConfig):
         x = layers.Dense(width, activation="relu")(x)
     out = layers.Dense(1, activation="sigmoid", dtype="float32")(x)
     return keras.Model([dense_in, ids_in], out, name="dlrm")
+
+
+def build_pooled(config: DLRMConfig, n_tables: int):
+    """The DLRM without its tables, as :func:`build` but for the embeddings: ``keras.Model``
+    ``(dense [B x 13] f32, pooled [B x F*D] f32, the rows a row store gathered) -> [B x 1] prob``."""
+    import keras
+    from keras import layers, ops
+
+    keras.utils.set_random_seed(config.seed)
+    d = config.embedding_dim
+    dense_in = keras.Input((config.n_dense,), dtype="float32", name=schema.DENSE_FEATURES.name)
+    pooled_in = keras.Input((n_tables * d,), dtype="float32", name=POOLED_INPUT)
+    x = dense_in
+    for width in (*config.bottom_mlp, d):
+        x = layers.Dense(width, activation="relu")(x)
+    bottom = x
+    sparse = ops.reshape(pooled_in, (-1, n_tables, d))
+    stacked = ops.concatenate([ops.expand_dims(bottom, 1), sparse], axis=1)
+    products = ops.matmul(stacked, ops.transpose(stacked, (0, 2, 1)))
+    n = n_tables + 1
+    rows, cols = np.tril_indices(n, k=-1)
+    pairs = ops.take(ops.reshape(products, (-1, n * n)), rows * n + cols, axis=1)
+    x = ops.concatenate([bottom, pairs], axis=1)
+    for width in config.top_mlp:
+        x = layers.Dense(width, activation="relu")(x)
+    out = layers.Dense(1, activation="sigmoid", dtype="float32")(x)
+    return keras.Model([dense_in, pooled_in], out, name="dlrm_pooled")
+
+
+class PooledFit:
+    """The pooled Keras DLRM's MLPs trained with Adam; its rows are a row store's
+    (:class:`ensemble.tables.training.TrainingRows`), which each step hands their gradient."""
+
+    def __init__(self, config: DLRMConfig, n_tables: int) -> None:
+        import keras
+        import tensorflow as tf
+
+        keras.mixed_precision.set_global_policy("float32")
+        self.model = build_pooled(config, n_tables)
+        self.n_tables, self.dim = n_tables, config.embedding_dim
+        self.n_bottom = len(config.bottom_mlp) + 1
+        optimizer = keras.optimizers.Adam(config.learning_rate)
+        loss_fn = keras.losses.BinaryCrossentropy()
+        model, width = self.model, n_tables * config.embedding_dim
+
+        @tf.function(input_signature=[tf.TensorSpec((None, config.n_dense), tf.float32),
+                                      tf.TensorSpec((None, config.embedding_dim), tf.float32),
+                                      tf.TensorSpec((None, n_tables), tf.int64), tf.TensorSpec((None,), tf.int8)])
+        def step(d, unique, where, y):
+            y = tf.reshape(tf.cast(y, tf.float32), (-1, 1))
+            with tf.GradientTape() as tape:
+                tape.watch(unique)
+                pooled = tf.reshape(tf.gather(unique, where), (-1, width))
+                loss = loss_fn(y, model([d, pooled], training=True))
+            grads = tape.gradient(loss, [*model.trainable_variables, unique])
+            optimizer.apply_gradients(zip(grads[:-1], model.trainable_variables))
+            return tf.convert_to_tensor(grads[-1])  # the gather's slices summed per unique row
+
+        self._step = step
+
+    def step(self, dense: np.ndarray, unique: np.ndarray, where: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        return self._step(dense, unique, where, labels).numpy()
+
+    def predict(self, dense: np.ndarray, pooled: np.ndarray) -> np.ndarray:
+        return predict(self.model, np.ascontiguousarray(dense, np.float32),
+                       np.ascontiguousarray(pooled, np.float32).reshape(len(dense), -1))
+
+    def load_mlp(self, weights: MlpWeights) -> None:
+        """Start from these MLPs (a release's, ``ensemble train --init-from``): continued training."""
+        import keras
+
+        layers = [layer for layer in self.model.layers if isinstance(layer, keras.layers.Dense)]
+        given = [*weights.bottom, *weights.top]
+        if [tuple(layer.kernel.shape) for layer in layers] != [tuple(w.shape) for w, _ in given]:
+            raise ValueError("--init-from: that release's MLPs have other widths than this training's")
+        for layer, (w, b) in zip(layers, given):
+            layer.set_weights([w, b])
+
+    def mlp_weights(self) -> MlpWeights:
+        import keras
+
+        dense_layers = [layer for layer in self.model.layers if isinstance(layer, keras.layers.Dense)]
+        pairs = [(np.ascontiguousarray(w, np.float32), np.ascontiguousarray(b, np.float32))
+                 for w, b in (layer.get_weights() for layer in dense_layers)]
+        return MlpWeights.lower_triangle(pairs[:self.n_bottom], pairs[self.n_bottom:], self.n_tables, self.dim)
+
+    def save(self, out_dir: str | Path) -> Path:
+        """The pooled model as a SavedModel and in TensorFlow Lite (the framework the engines are checked
+        against, and what OpenVINO converts), and its weights in the C pass's layout (``mlp.npz``)."""
+        path = save(self.model, out_dir)
+        write_tflite(out_dir)
+        self.mlp_weights().save(Path(out_dir))
+        return path
 
 
 def train(config: DLRMConfig, train_data, valid_data, device: Device = Device.CPU,

@@ -21,6 +21,7 @@ from ensemble.models import dlrm_kernel, metrics
 from ensemble.models.artifacts import TORCHSCRIPT
 from ensemble.models.dlrm import DLRMConfig, as_source, score_source, table_offsets
 from ensemble.device import Device
+from ensemble.tables.mlp import MlpWeights
 
 MODEL_FILE = TORCHSCRIPT
 LOG = logging.getLogger(__name__)
@@ -112,6 +113,89 @@ class DLRM(nn.Module):
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.logits(dense, ids))
+
+
+class PooledDLRM(nn.Module):
+    """The DLRM without its tables: (dense [B x 13], pooled [B x F*D] float32, the rows a row store gathered,
+    :mod:`ensemble.tables`) -> click probability [B x 1]. The same parts as :class:`DLRM` but the
+    sparse arch, so the same maths.
+
+    Example::
+
+        model = PooledDLRM(DLRMConfig(embedding_dim=16), n_tables=26)
+        model(torch.zeros(4, 13), torch.zeros(4, 26 * 16)).shape  # (4, 1)
+    """
+
+    def __init__(self, config: DLRMConfig, n_tables: int) -> None:
+        super().__init__()
+        d = config.embedding_dim
+        self.n_tables, self.dim = n_tables, d
+        self.dense_arch = DenseArch(config.bottom_mlp, d, config.n_dense)
+        self.interaction = InteractionArch(n_tables)
+        self.over_arch = OverArch(d + config.n_interactions(n_tables), config.top_mlp)
+
+    def logits(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        sparse = pooled.reshape(-1, self.n_tables, self.dim)
+        return self.over_arch(self.interaction(self.dense_arch(dense), sparse))
+
+    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.logits(dense, pooled))
+
+
+class PooledFit:
+    """A :class:`PooledDLRM`'s MLPs trained with Adam; its rows are a row store's
+    (:class:`ensemble.tables.training.TrainingRows`), which this step hands their gradient."""
+
+    def __init__(self, config: DLRMConfig, n_tables: int) -> None:
+        torch.manual_seed(config.seed)
+        self.model = PooledDLRM(config, n_tables)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learning_rate)
+        self.loss_fn = torch.nn.BCEWithLogitsLoss()
+
+    def step(self, dense: np.ndarray, unique: np.ndarray, where: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """One step: the MLPs updated; returns the gradient of the batch's unique rows [U x D]."""
+        self.model.train()
+        rows = torch.from_numpy(unique).requires_grad_(True)
+        pooled = rows[torch.from_numpy(where)].reshape(len(where), -1)
+        y = torch.from_numpy(labels).float().reshape(-1, 1)
+        loss = self.loss_fn(self.model.logits(torch.from_numpy(dense), pooled), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return rows.grad.numpy()
+
+    def predict(self, dense: np.ndarray, pooled: np.ndarray) -> np.ndarray:
+        self.model.eval()
+        with torch.inference_mode():
+            out = self.model(torch.from_numpy(np.ascontiguousarray(dense, np.float32)),
+                             torch.from_numpy(np.ascontiguousarray(pooled, np.float32).reshape(len(dense), -1)))
+        return out.numpy().reshape(-1)
+
+    def load_mlp(self, weights: MlpWeights) -> None:
+        """Start from these MLPs (a release's, ``ensemble train --init-from``): continued training."""
+        layers = [m for seq in (self.model.dense_arch.mlp, self.model.over_arch.mlp) for m in seq if isinstance(m, nn.Linear)]
+        given = [*weights.bottom, *weights.top]
+        if [tuple(m.weight.shape) for m in layers] != [tuple(w.T.shape) for w, _ in given]:
+            raise ValueError("--init-from: that release's MLPs have other widths than this training's")
+        with torch.no_grad():
+            for m, (w, b) in zip(layers, given):
+                m.weight.copy_(torch.from_numpy(np.ascontiguousarray(w.T)))
+                m.bias.copy_(torch.from_numpy(b))
+
+    def mlp_weights(self) -> MlpWeights:
+        linears = lambda seq: tuple((np.ascontiguousarray(m.weight.detach().numpy().T, np.float32),  # noqa: E731
+                                     np.ascontiguousarray(m.bias.detach().numpy(), np.float32))
+                                    for m in seq if isinstance(m, nn.Linear))
+        m = self.model
+        return MlpWeights.lower_triangle(linears(m.dense_arch.mlp), linears(m.over_arch.mlp), m.n_tables, m.dim)
+
+    def save(self, out_dir: str | Path) -> Path:
+        """The pooled model as frozen TorchScript (the framework the engines are checked against, and what
+        OpenVINO converts) and its weights in the C pass's layout (``mlp.npz``)."""
+        path = Path(out_dir) / MODEL_FILE
+        torch.jit.freeze(torch.jit.script(self.model.cpu().eval())).save(str(path))
+        self.mlp_weights().save(Path(out_dir))
+        return path
 
 
 def build(config: DLRMConfig) -> DLRM:

@@ -27,6 +27,17 @@ class ManifestError(RuntimeError):
     """An artifact folder does not match its manifest."""
 
 
+class MissingRelease(FileNotFoundError):
+    """A release asked for by number that the repository does not hold (or whose ``release.json`` is gone)."""
+
+    def __init__(self, repository: str | Path, release: int) -> None:
+        folder = Path(repository) / Model.RANKER.value
+        held = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / RELEASE_FILE).is_file()) \
+            if folder.is_dir() else []
+        super().__init__(f"release {release} is not in {folder} (it holds {', '.join(map(str, held)) or 'no release'})")
+        self.release = release
+
+
 def library_versions() -> dict[str, str]:
     found = {}
     for name in LIBRARIES:
@@ -51,10 +62,20 @@ def step_schema(model: Model) -> dict:
     return {"inputs": describe(step.inputs), "outputs": describe(step.outputs)}
 
 
+# A row store's table files (ensemble.tables) carry a CRC per 4 KiB block, checked on every read: the
+# manifest records their size, so a load reads no table whole (a checksum of 28 GB would).
+BLOCK_CHECKED = ".rows"
+
+
+def _record(path: Path) -> str:
+    return f"size:{path.stat().st_size}" if path.suffix == BLOCK_CHECKED else _sha256(path)
+
+
 def write(version_dir: Path, model: Model, extra: dict | None = None) -> Path:
-    """Checksum every file under ``version_dir`` (except model.py and the manifest)."""
+    """Checksum every file under ``version_dir`` (except model.py and the manifest; a row store's
+    block-checked table files by their size)."""
     files = {
-        p.relative_to(version_dir).as_posix(): _sha256(p)
+        p.relative_to(version_dir).as_posix(): _record(p)
         for p in sorted(version_dir.rglob("*"))
         if p.is_file() and p.name not in (MANIFEST_FILE, "model.py") and "__pycache__" not in p.parts
     }
@@ -80,8 +101,8 @@ def verify(version_dir: Path, model: Model) -> dict:
         file = version_dir / rel
         if not file.is_file():
             raise ManifestError(f"{version_dir}: missing artifact {rel}")
-        if _sha256(file) != expected:
-            raise ManifestError(f"{version_dir}: checksum mismatch for {rel}")
+        if _record(file) != expected:
+            raise ManifestError(f"{version_dir}: {'size' if expected.startswith('size:') else 'checksum'} mismatch for {rel}")
     current = library_versions()
     for name, version in body.get("libraries", {}).items():
         if name in current and current[name] != version:

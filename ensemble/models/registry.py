@@ -73,6 +73,8 @@ class Component:
         load: :data:`Loader` for serving and the in-process pipeline.
         gpu: how the GPU layout serves it.
         finish: export hook run on the staged version folder (derived artifacts), or None.
+        optional: what training may leave beside the artifacts, copied when it did (a row store's MLP
+            weights and touched rows, :mod:`ensemble.tables`).
     """
 
     model: Model
@@ -80,6 +82,7 @@ class Component:
     load: Loader
     gpu: GpuServing
     finish: Callable[[Path], object] | None = None
+    optional: tuple[str, ...] = ()
 
     def step(self, layout: Layout = Layout.ENSEMBLE) -> schema.Step:
         """The tensors this component reads and writes in a layout."""
@@ -119,13 +122,31 @@ def _load_xgb(version_dir: Path, threads: int, device: Device):
     return TreeScorer(version_dir, threads)
 
 
+def _load_row_store(version_dir: Path, step: str, threads: int, device: Device):
+    """A DLRM whose tables are a row store's (:mod:`ensemble.tables`): its rows from RAM and disk, on the CPU."""
+    if device is Device.GPU:
+        raise RuntimeError(f"{version_dir}: {step} keeps its tables in a row store, which serves on the CPU only "
+                           "(docs/serving.md#tables-larger-than-memory says how a GPU cache would sit in front of it)")
+    from ensemble.tables.serving import TableScorer
+
+    return TableScorer(version_dir, step, max(threads, 2))
+
+
 def _load_dlrm_torch(version_dir: Path, threads: int, device: Device):
+    from ensemble.tables.files import has_tables
+
+    if has_tables(version_dir):
+        return _load_row_store(version_dir, Model.DLRM_TORCH.value, threads, device)
     from ensemble.models.dlrm_torch import TorchScorer
 
     return TorchScorer(version_dir, threads, device)
 
 
 def _load_dlrm_tf(version_dir: Path, threads: int, device: Device):
+    from ensemble.tables.files import has_tables
+
+    if has_tables(version_dir):
+        return _load_row_store(version_dir, Model.DLRM_TF.value, threads, device)
     from ensemble.models.dlrm_tf import TFScorer
 
     # TensorFlow Lite on the CPU in every in-process path, --device gpu included (its per-call cost
@@ -147,14 +168,26 @@ def _finish_xgb(staging: Path) -> None:
 
 def _finish_dlrm_tf(staging: Path) -> None:
     from ensemble.models import dlrm_tf, engines
+    from ensemble.tables import training
 
+    if training.has_touched(staging):  # a row store's DLRM: its tables written, its MLPs' engine chosen
+        from ensemble.tables import release
+
+        release.finish(staging, Model.DLRM_TF.value)
+        return
     dlrm_tf.write_tflite(staging)  # what the CPU layouts run; the GPU layout serves the SavedModel
     engines.finish(staging, Model.DLRM_TF.value, lambda: dlrm_tf.TFScorer(staging))  # the CPU engine, by measurement
 
 
 def _finish_dlrm_torch(staging: Path) -> None:
     from ensemble.models import dlrm_torch, engines
+    from ensemble.tables import training
 
+    if training.has_touched(staging):  # a row store's DLRM: its tables written, its MLPs' engine chosen
+        from ensemble.tables import release
+
+        release.finish(staging, Model.DLRM_TORCH.value)
+        return
     engines.finish(staging, Model.DLRM_TORCH.value, lambda: dlrm_torch.TorchScorer(staging))  # the CPU engine, by measurement
 
 
@@ -187,12 +220,12 @@ COMPONENTS: tuple[Component, ...] = (
               GpuServing(platform="pytorch_libtorch", on_gpu=True, input_names=_indexed(_TORCH_STEP.inputs),
                          output_names=_indexed(_TORCH_STEP.outputs),
                          parameters=lambda r: (("INFERENCE_MODE", "true"),)),
-              finish=_finish_dlrm_torch),
+              finish=_finish_dlrm_torch, optional=(artifacts.MLP_WEIGHTS, artifacts.TOUCHED_ROWS)),
     # Keras `model.export` names the signature inputs after the keras.Input names (the schema
     # names) and its single output `output_0`.
     Component(Model.DLRM_TF, (artifacts.SAVEDMODEL,), _load_dlrm_tf,
               GpuServing(platform="tensorflow_savedmodel", on_gpu=True, output_names=(artifacts.SAVEDMODEL_OUTPUT,)),
-              finish=_finish_dlrm_tf),
+              finish=_finish_dlrm_tf, optional=(artifacts.TFLITE, artifacts.MLP_WEIGHTS, artifacts.TOUCHED_ROWS)),
     Component(Model.BLEND, (artifacts.BLEND_JSON,), _load_blend,
               GpuServing(backend="python", parameters=lambda r: (("threads", "1"),))),
 )

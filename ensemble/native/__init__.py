@@ -20,6 +20,7 @@ compiles it), Python otherwise. Both produce the same objects; tests compare the
 from __future__ import annotations
 
 import struct
+import zlib
 from itertools import cycle, repeat
 from typing import Sequence
 
@@ -79,14 +80,35 @@ def _blend_py(scores: tuple, weights: tuple, bias: float, eps: float, out: np.nd
 
 
 class _VocabularyPy:
-    def __init__(self, tables: tuple[dict, ...]):
+    def __init__(self, tables: tuple[dict, ...], buckets: tuple[int, ...] = ()):
         self.tables = tables
+        self.buckets = buckets
 
     def lookup_wire(self, buffer, default: int, out: np.ndarray) -> None:
         values = _split_wire_py(buffer)
         if len(values) != len(out):
             raise ValueError(f"{len(values)} values in the BYTES tensor, {len(out)} expected")
         _lookup_py(values, self.tables, default, out)
+        for j, buckets in enumerate(self.buckets):
+            if buckets:
+                out[j::len(self.tables)] = hash_ids(values[j::len(self.tables)], buckets)
+
+
+def _value_bytes(value) -> bytes:
+    """A categorical value as the bytes a hashed column hashes: bytes as they are, text as UTF-8,
+    missing (None, NaN, empty) as ``b""``."""
+    if isinstance(value, bytes):
+        return value
+    if value is None or value != value:
+        return b""
+    return str(value).encode()
+
+
+def hash_ids(values, buckets: int) -> np.ndarray:
+    """A hashed column's ids, from the hash alone: ``crc32(value) % buckets`` (zlib's CRC-32) of each
+    value (:func:`_value_bytes`), int64 [len(values)]; missing values share the empty value's row."""
+    crc = zlib.crc32
+    return np.fromiter((crc(_value_bytes(v)) % buckets for v in values), dtype=np.int64, count=len(values))
 
 
 def _gather_py(table: dict, keys: list) -> tuple[bytes, bytes] | None:

@@ -43,6 +43,7 @@ typedef struct {
     const unsigned char *const *wire;
     const uint64_t *wire_size;
     const int64_t *rows;
+    double deadline; /* CLOCK_MONOTONIC seconds the call must be done by (0: none): a row store's reads */
 } Parts;
 
 /* The helper thread and the one job it may hold. */
@@ -108,7 +109,9 @@ static const EnsembleDlrmApi *dlrm_api(PyObject *engine) {
     const char *name = Py_TYPE(engine)->tp_name;
     if (strcmp(name, "ensemble.native._dlrm.Weights") == 0) return api_of(ENSEMBLE_DLRM_CAPSULE);
     if (strcmp(name, "ensemble.native._openvino.Engine") == 0) return api_of(ENSEMBLE_OPENVINO_CAPSULE);
-    PyErr_Format(PyExc_TypeError, "Chain: a DLRM must be a _dlrm.Weights or an _openvino.Engine, not %s", name);
+    if (strcmp(name, "ensemble.native._tables.Dlrm") == 0) return api_of(ENSEMBLE_TABLES_CAPSULE);
+    PyErr_Format(PyExc_TypeError, "Chain: a DLRM must be a _dlrm.Weights, an _openvino.Engine or a _tables.Dlrm, not %s",
+                 name);
     return NULL;
 }
 
@@ -274,12 +277,19 @@ static int score_rows(const Chain *c, const Parts *in, float *out, int64_t strid
                       c->leaves.buf, c->base_margin, scratch, models);
     PyObject *dlrms[2] = {c->torch, c->tf};
     for (int k = 0; k < 2; k++) {
+        if (c->dlrm[k]->deadline) c->dlrm[k]->deadline(in->deadline); /* this thread's, for its reads */
         const int64_t bad = c->dlrm[k]->forward(dlrms[k], x, ids, total, models + (k + 1) * stride);
         if (bad != -1) {
             if (bad == -2)
                 snprintf(error, error_size, "out of memory for %lld rows", (long long)total);
             else if (bad == -3)
                 snprintf(error, error_size, "the %s DLRM's inference engine failed", k ? "TF" : "torch");
+            else if (bad == -4) { /* a row store could not be read in time: the request may be retried */
+                const char *why = c->dlrm[k]->failure ? c->dlrm[k]->failure(dlrms[k]) : NULL;
+                snprintf(error, error_size, "the %s DLRM: %s", k ? "TF" : "torch", why && *why ? why : "a table read failed");
+                PyMem_RawFree(memory);
+                return -2;
+            }
             else
                 snprintf(error, error_size, "row %lld, column %lld: id %lld is outside its embedding table",
                          (long long)(bad / C), (long long)(bad % C), (long long)ids[bad]);
@@ -336,9 +346,9 @@ static uint64_t wire_offset(const unsigned char *wire, uint64_t size, int64_t co
 
 static int score(PyObject *obj, int32_t parts, const float *const *dense, const unsigned char *const *wire,
                  const uint64_t *wire_size, const int64_t *rows, int threads, float *out, char *error,
-                 size_t error_size) {
+                 size_t error_size, double deadline) {
     Chain *c = (Chain *)obj;
-    const Parts all = {parts, dense, wire, wire_size, rows};
+    const Parts all = {parts, dense, wire, wire_size, rows, deadline};
     int64_t total = 0;
     for (int32_t p = 0; p < parts; p++) total += rows[p];
     const int64_t cut = (total / 2 + 15) / 16 * 16; /* the Python pipeline's cut: whole groups of 16 rows */
@@ -386,7 +396,7 @@ static int score(PyObject *obj, int32_t parts, const float *const *dense, const 
     for (int32_t p = k + 1; p < parts; p++)
         d2[p - k] = dense[p], w2[p - k] = wire[p], ws2[p - k] = wire_size[p], r2[p - k] = rows[p];
     pthread_mutex_lock(&h->lock);
-    h->job = (Parts){parts - k, d2, w2, ws2, r2};
+    h->job = (Parts){parts - k, d2, w2, ws2, r2, deadline};
     h->nice = poster_nice;
     h->out = out + cut;
     h->stride = total;
@@ -394,7 +404,7 @@ static int score(PyObject *obj, int32_t parts, const float *const *dense, const 
     h->posted = true;
     pthread_cond_broadcast(&h->wake);
     pthread_mutex_unlock(&h->lock);
-    const Parts mine = {first, d, w, ws, r};
+    const Parts mine = {first, d, w, ws, r, deadline};
     int result = score_rows(c, &mine, out, total, error, error_size);
     pthread_mutex_lock(&h->lock);
     while (!h->done) pthread_cond_wait(&h->wake, &h->lock);
@@ -418,7 +428,8 @@ static const EnsembleChainApi API = {score, outputs};
 static PyObject *chain_score(Chain *self, PyObject *args) {
     PyObject *parts_obj, *out_obj;
     int threads = 1;
-    if (!PyArg_ParseTuple(args, "O!O|i", &PyTuple_Type, &parts_obj, &out_obj, &threads)) return NULL;
+    double deadline = 0.0;
+    if (!PyArg_ParseTuple(args, "O!O|id", &PyTuple_Type, &parts_obj, &out_obj, &threads, &deadline)) return NULL;
     const Py_ssize_t parts = PyTuple_GET_SIZE(parts_obj);
     if (parts > INT32_MAX / 2) {
         PyErr_SetString(PyExc_ValueError, "score: too many parts");
@@ -461,9 +472,11 @@ static PyObject *chain_score(Chain *self, PyObject *args) {
     int failed;
     Py_BEGIN_ALLOW_THREADS
     failed = score((PyObject *)self, (int32_t)parts, dense, wire, wire_size, rows, threads, out->buf, error,
-                   sizeof error);
+                   sizeof error, deadline);
     Py_END_ALLOW_THREADS
-    if (failed)
+    if (failed == -2)
+        PyErr_SetString(PyExc_ConnectionError, error); /* a table not read in time: retryable */
+    else if (failed)
         PyErr_SetString(PyExc_ValueError, error);
     else
         result = Py_NewRef(Py_None);
@@ -497,7 +510,7 @@ static PyObject *chain_transform_dense(Chain *self, PyObject *args) {
 
 static PyMethodDef chain_methods[] = {
     {"score", (PyCFunction)chain_score, METH_VARARGS,
-     "score(((dense, wire, rows), ...), out, threads=1): the outputs of every part's rows into out "
+     "score(((dense, wire, rows), ...), out, threads=1, deadline=0.0): the outputs of every part's rows into out "
      "[outputs x rows], on one thread or two"},
     {"transform_dense", (PyCFunction)chain_transform_dense, METH_VARARGS,
      "transform_dense(dense, out): the continuous features of raw float32 values"},

@@ -529,6 +529,7 @@ typedef struct {
     const float *wt[MAX_LAYERS], *bias[MAX_LAYERS];
     int in[MAX_LAYERS], out[MAX_LAYERS];
     int rows16; /* blocks of 16 rows or more may take rows_interact16 and layer16_fm (where wide_ok) */
+    int pooled; /* the rows are gathered already (forward_pooled): ids index them, no table check */
 } Net;
 
 /* Takes the weights' buffers (fixed: 4, layers: 2 a layer; released by the caller, also on failure) and
@@ -704,7 +705,7 @@ static int64_t net_run(const Net *net, const float *dense, const int64_t *ids, P
         const Py_ssize_t in_place = grouped ? nb / GROUP_ROWS * GROUP_ROWS : 0;
         for (Py_ssize_t r = 0; r < in_place && bad < 0; r++) {
             const int64_t *row_ids = ids + (r0 + r) * F;
-            for (Py_ssize_t c = 0; c < F; c++)
+            for (Py_ssize_t c = 0; c < F && !net->pooled; c++)
                 if (!id_in_table(offsets, F, table_rows, c, row_ids[c])) {
                     bad = (r0 + r) * F + c;
                     break;
@@ -715,12 +716,12 @@ static int64_t net_run(const Net *net, const float *dense, const int64_t *ids, P
             const int64_t *row_ids = ids + (r0 + r) * F;
             if (r + 1 < nb) /* the next row's embeddings: their cache misses overlap this row's copies */
                 for (Py_ssize_t c = 0; c < F; c++)
-                    if (id_in_table(offsets, F, table_rows, c, row_ids[F + c]))
+                    if (net->pooled || id_in_table(offsets, F, table_rows, c, row_ids[F + c]))
                         __builtin_prefetch(table + (offsets[c] + row_ids[F + c]) * dim);
             copy_floats(s, x + r * dim, dim);
             for (Py_ssize_t c = 0; c < F; c++) { /* an id must stay inside its own column's table */
                 const int64_t id = row_ids[c];
-                if (!id_in_table(offsets, F, table_rows, c, id)) {
+                if (!net->pooled && !id_in_table(offsets, F, table_rows, c, id)) {
                     bad = (r0 + r) * F + c;
                     break;
                 }
@@ -849,6 +850,37 @@ static PyObject *weights_call(PyObject *obj, PyObject *args, PyObject *kwargs) {
     return result;
 }
 
+static int64_t api_forward_pooled(PyObject *weights, const float *dense, const float *pooled, int64_t rows, float *out);
+
+/* weights.pooled(dense, pooled, out): the MLPs over gathered rows (pooled float32 [rows x F x dim]) */
+static PyObject *weights_pooled(PyObject *obj, PyObject *args) {
+    PyObject *dense, *pooled, *out;
+    if (!PyArg_ParseTuple(args, "OOO", &dense, &pooled, &out)) return NULL;
+    const Net *net = &((Weights *)obj)->net;
+    Buffer io[3] = {0};
+    PyObject *result = NULL;
+    if (take(dense, &io[0], "dense", 4, 0) == 0 && take(pooled, &io[1], "pooled", 4, 0) == 0 &&
+        take(out, &io[2], "out", 4, 1) == 0) {
+        const Py_ssize_t B = io[2].view.len / 4;
+        if (io[0].view.len != B * net->n_dense * 4 || io[1].view.len != B * net->F * net->dim * 4) {
+            PyErr_SetString(PyExc_ValueError, "dense must be [rows x n_dense], pooled [rows x F x dim], out [rows]");
+        } else {
+            int64_t bad;
+            Py_BEGIN_ALLOW_THREADS
+            bad = api_forward_pooled(obj, io[0].view.buf, io[1].view.buf, B, io[2].view.buf);
+            Py_END_ALLOW_THREADS
+            result = bad == -1 ? Py_NewRef(Py_None) : PyErr_NoMemory();
+        }
+    }
+    give_back(io, 3);
+    return result;
+}
+
+static PyMethodDef weights_methods[] = {
+    {"pooled", weights_pooled, METH_VARARGS, "pooled(dense, pooled, out): the MLPs over rows gathered already"},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyTypeObject WeightsType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ensemble.native._dlrm.Weights",
     .tp_basicsize = sizeof(Weights),
@@ -858,6 +890,7 @@ static PyTypeObject WeightsType = {
     .tp_new = weights_new,
     .tp_dealloc = weights_dealloc,
     .tp_call = weights_call,
+    .tp_methods = weights_methods,
 };
 
 /* The C entry point (api.h), over a Weights object its caller holds. */
@@ -867,7 +900,27 @@ static int64_t api_forward(PyObject *weights, const float *dense, const int64_t 
     return net_run(&((Weights *)weights)->net, dense, ids, rows, out);
 }
 
-static const EnsembleDlrmApi API = {api_n_dense, api_n_ids, api_forward};
+/* The MLPs over rows gathered already (a row store's, ensemble/native/_tables.c): pooled [rows x F x dim] is the
+ * table, row r's column c its row r * F + c, every offset 0; the same kernels and floats as forward's. */
+static int64_t api_forward_pooled(PyObject *weights, const float *dense, const float *pooled, int64_t rows, float *out) {
+    const Net *held = &((Weights *)weights)->net;
+    if (rows <= 0) return -1;
+    int64_t *index = malloc((size_t)(rows * held->F) * sizeof *index + (size_t)held->F * sizeof *index);
+    if (index == NULL) return -2;
+    int64_t *zero = index + rows * held->F;
+    for (int64_t i = 0; i < rows * held->F; i++) index[i] = i;
+    memset(zero, 0, (size_t)held->F * sizeof *zero);
+    Net net = *held;
+    net.table = pooled;
+    net.offsets = zero;
+    net.table_rows = rows * held->F;
+    net.pooled = 1;
+    const int64_t result = net_run(&net, dense, index, rows, out);
+    free(index);
+    return result;
+}
+
+static const EnsembleDlrmApi API = {api_n_dense, api_n_ids, api_forward, api_forward_pooled, NULL, NULL};
 
 static PyObject *vectorized(PyObject *self, PyObject *unused) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)

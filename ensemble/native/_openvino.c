@@ -36,6 +36,7 @@ typedef struct {
     int64_t n_dense, n_ids;
     size_t dense_index, ids_index;
     int64_t *limits; /* each id column's table size */
+    int64_t pooled_width; /* > 0: the model's second input is the gathered rows, float32 [rows x pooled_width] */
     char precision[16];
 } Engine;
 
@@ -90,6 +91,7 @@ static ov_tensor_t *wrap(ov_element_type_e type, int64_t rows, int64_t width, co
 static int64_t engine_forward(PyObject *obj, const float *dense, const int64_t *ids, int64_t rows, float *out) {
     Engine *e = (Engine *)obj;
     if (rows <= 0) return -1;
+    if (e->pooled_width > 0) return -3; /* the model takes gathered rows, not ids */
     for (int64_t r = 0; r < rows; r++) {
         const int64_t *row = ids + r * e->n_ids;
         for (int64_t c = 0; c < e->n_ids; c++)
@@ -122,10 +124,43 @@ static int64_t engine_forward(PyObject *obj, const float *dense, const int64_t *
     return status;
 }
 
+/* api.h's forward_pooled, for a model whose second input is the gathered rows (a row store's DLRM):
+ * -1 done, -2 out of memory, -3 the runtime failed (its message on stderr) or the model takes ids. */
+static int64_t engine_forward_pooled(PyObject *obj, const float *dense, const float *pooled, int64_t rows, float *out) {
+    Engine *e = (Engine *)obj;
+    if (rows <= 0) return -1;
+    if (e->pooled_width <= 0) return -3;
+    int slot;
+    ov_infer_request_t *request = take_request(e, &slot);
+    if (request == NULL) return -2;
+    ov_tensor_t *d = wrap(F32, rows, e->n_dense, dense), *p = wrap(F32, rows, e->pooled_width, pooled), *result = NULL;
+    int64_t status = -1;
+    ov_status_e s = d && p ? OK : NOT_ALLOCATED;
+    if (s == OK) s = ov_infer_request_set_input_tensor_by_index(request, e->dense_index, d);
+    if (s == OK) s = ov_infer_request_set_input_tensor_by_index(request, e->ids_index, p);
+    if (s == OK) s = ov_infer_request_infer(request);
+    if (s == OK) s = ov_infer_request_get_output_tensor_by_index(request, 0, &result);
+    void *data = NULL;
+    size_t size = 0;
+    if (s == OK) s = ov_tensor_get_size(result, &size);
+    if (s == OK) s = ov_tensor_data(result, &data);
+    if (s == OK && size == (size_t)rows) {
+        memcpy(out, data, sizeof(float) * (size_t)rows);
+    } else {
+        fprintf(stderr, "ensemble: OpenVINO engine failed (%s: %s)\n", ov_get_error_info(s), ov_get_last_err_msg());
+        status = s == NOT_ALLOCATED ? -2 : -3;
+    }
+    if (result) ov_tensor_free(result);
+    if (d) ov_tensor_free(d);
+    if (p) ov_tensor_free(p);
+    give_request(e, request, slot);
+    return status;
+}
+
 static int64_t engine_n_dense(PyObject *obj) { return ((Engine *)obj)->n_dense; }
 static int64_t engine_n_ids(PyObject *obj) { return ((Engine *)obj)->n_ids; }
 
-static const EnsembleDlrmApi API = {engine_n_dense, engine_n_ids, engine_forward};
+static const EnsembleDlrmApi API = {engine_n_dense, engine_n_ids, engine_forward, engine_forward_pooled, NULL, NULL};
 
 static void engine_dealloc(PyObject *obj) {
     Engine *e = (Engine *)obj;
@@ -139,16 +174,18 @@ static void engine_dealloc(PyObject *obj) {
     Py_TYPE(obj)->tp_free(obj);
 }
 
-/* Engine(model_path, precision, limits, n_dense, dense_index, threads): precision "f32" or "bf16";
- * limits: each id column's table size (int64 buffer); dense_index: which of the model's two inputs takes
- * the dense values (the other takes the ids); threads: the callers that may run at once (1..8), each
- * given a compiled copy of its own. */
+/* Engine(model_path, precision, limits, n_dense, dense_index, threads, pooled_width=0): precision "f32" or
+ * "bf16"; limits: each id column's table size (int64 buffer); dense_index: which of the model's two inputs
+ * takes the dense values (the other takes the ids, or with pooled_width > 0 the gathered rows, float32
+ * [rows x pooled_width]); threads: the callers that may run at once (1..8), each given a compiled copy of
+ * its own. */
 static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     const char *path, *precision;
     PyObject *limits;
-    long long n_dense;
+    long long n_dense, pooled_width = 0;
     int dense_index, threads;
-    if (!PyArg_ParseTuple(args, "ssOLii:Engine", &path, &precision, &limits, &n_dense, &dense_index, &threads))
+    if (!PyArg_ParseTuple(args, "ssOLii|L:Engine", &path, &precision, &limits, &n_dense, &dense_index, &threads,
+                          &pooled_width))
         return NULL;
     if (strcmp(precision, "f32") != 0 && strcmp(precision, "bf16") != 0) {
         PyErr_SetString(PyExc_ValueError, "Engine: precision must be 'f32' or 'bf16'");
@@ -180,6 +217,7 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
         return PyErr_NoMemory();
     }
     e->n_dense = n_dense;
+    e->pooled_width = pooled_width;
     e->dense_index = (size_t)dense_index;
     e->ids_index = (size_t)(1 - dense_index);
     snprintf(e->precision, sizeof e->precision, "%s", precision);
@@ -257,6 +295,40 @@ static PyObject *engine_call(PyObject *obj, PyObject *args, PyObject *kwargs) {
     return result;
 }
 
+/* engine.pooled(dense, pooled, out): a pooled model (pooled_width > 0) over float32 [rows x n_dense] and
+ * [rows x pooled_width] into float32 out [rows], without the interpreter's lock. */
+static PyObject *engine_pooled(PyObject *obj, PyObject *args) {
+    Engine *e = (Engine *)obj;
+    Py_buffer dense, pooled, out;
+    if (!PyArg_ParseTuple(args, "y*y*w*:pooled", &dense, &pooled, &out)) return NULL;
+    const int64_t rows = (int64_t)(out.len / 4);
+    PyObject *result = NULL;
+    if (e->pooled_width <= 0 || dense.len != rows * e->n_dense * 4 || pooled.len != rows * e->pooled_width * 4) {
+        PyErr_Format(PyExc_ValueError, "Engine.pooled: a pooled model, float32 [rows x %lld], [rows x %lld], [rows]",
+                     (long long)e->n_dense, (long long)e->pooled_width);
+    } else {
+        int64_t status;
+        Py_BEGIN_ALLOW_THREADS
+        status = engine_forward_pooled(obj, dense.buf, pooled.buf, rows, out.buf);
+        Py_END_ALLOW_THREADS
+        if (status == -1)
+            result = Py_NewRef(Py_None);
+        else if (status == -2)
+            PyErr_NoMemory();
+        else
+            PyErr_SetString(OpenVinoError, "OpenVINO: the inference failed (see the log)");
+    }
+    PyBuffer_Release(&dense);
+    PyBuffer_Release(&pooled);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyMethodDef engine_methods[] = {
+    {"pooled", engine_pooled, METH_VARARGS, "pooled(dense, pooled, out): a pooled model's probabilities into out"},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyObject *engine_get_precision(PyObject *obj, void *closure) {
     return PyUnicode_FromString(((Engine *)obj)->precision);
 }
@@ -276,6 +348,7 @@ static PyTypeObject EngineType = {
     .tp_dealloc = engine_dealloc,
     .tp_call = engine_call,
     .tp_getset = engine_getset,
+    .tp_methods = engine_methods,
 };
 
 /* version(): the OpenVINO runtime's build string. */

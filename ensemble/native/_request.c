@@ -14,6 +14,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <zlib.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -259,6 +260,7 @@ typedef struct {
     Py_ssize_t columns;
     VocabTable *tables;
     char *arena;
+    uint64_t *buckets; /* per column: > 0, a hashed column (id = crc32(value) % buckets, no table); NULL: none is */
 } Vocabulary;
 
 static uint64_t mix64(uint64_t h) {
@@ -301,14 +303,20 @@ static void vocabulary_dealloc(Vocabulary *self) {
         PyMem_Free(self->tables);
     }
     PyMem_Free(self->arena);
+    PyMem_Free(self->buckets);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Vocabulary(tables: tuple[dict[bytes, int], ...]) */
+/* Vocabulary(tables: tuple[dict[bytes, int], ...], buckets: tuple[int, ...] = ()): buckets[j] > 0 makes column j
+ * a hashed column (its dict is not used: an id is crc32(value) % buckets[j], zlib's CRC-32, as Python's zlib.crc32) */
 static PyObject *vocabulary_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    PyObject *tables;
-    if (!PyArg_ParseTuple(args, "O!:Vocabulary", &PyTuple_Type, &tables)) return NULL;
+    PyObject *tables, *bucket_tuple = NULL;
+    if (!PyArg_ParseTuple(args, "O!|O!:Vocabulary", &PyTuple_Type, &tables, &PyTuple_Type, &bucket_tuple)) return NULL;
     Py_ssize_t columns = PyTuple_GET_SIZE(tables), arena_size = 0;
+    if (bucket_tuple != NULL && PyTuple_GET_SIZE(bucket_tuple) != 0 && PyTuple_GET_SIZE(bucket_tuple) != columns) {
+        PyErr_SetString(PyExc_ValueError, "Vocabulary: buckets must give one count per column (0: not hashed)");
+        return NULL;
+    }
     for (Py_ssize_t j = 0; j < columns; j++) {
         PyObject *table = PyTuple_GET_ITEM(tables, j), *key, *value;
         if (!PyDict_Check(table)) {
@@ -334,6 +342,18 @@ static PyObject *vocabulary_new(PyTypeObject *type, PyObject *args, PyObject *kw
     self->tables = PyMem_Calloc(columns ? columns : 1, sizeof(VocabTable));
     self->arena = PyMem_Malloc(arena_size ? arena_size : 1);
     if (self->tables == NULL || self->arena == NULL) goto nomem;
+    if (bucket_tuple != NULL && PyTuple_GET_SIZE(bucket_tuple) == columns) {
+        self->buckets = PyMem_Calloc(columns ? columns : 1, sizeof(uint64_t));
+        if (self->buckets == NULL) goto nomem;
+        for (Py_ssize_t j = 0; j < columns; j++) {
+            const long long n = PyLong_AsLongLong(PyTuple_GET_ITEM(bucket_tuple, j));
+            if (n < 0 || (n == -1 && PyErr_Occurred())) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Vocabulary: buckets must be >= 0");
+                goto fail;
+            }
+            self->buckets[j] = (uint64_t)n;
+        }
+    }
     Py_ssize_t used = 0;
     for (Py_ssize_t j = 0; j < columns; j++) {
         PyObject *table = PyTuple_GET_ITEM(tables, j), *key, *value;
@@ -406,6 +426,11 @@ static int lookup_wire(const Vocabulary *self, const unsigned char *data, size_t
         const Py_ssize_t start = offset + 4;
         offset = start + n;
         if (i >= count) continue;  /* counted below, so the error names the real count */
+        if (self->buckets && self->buckets[j]) { /* a hashed column: the id from the hash alone */
+            ids[i] = (int64_t)(crc32_z(0L, data + start, (size_t)n) % self->buckets[j]);
+            values[i] = (WireValue){0, 0, start, n};
+            continue;
+        }
         const uint64_t h = key_hash(data + start, n);
         values[i] = (WireValue){h, n <= INLINE_KEY ? short_key(data + start, n) : 0, start, n};
         __builtin_prefetch(&self->tables[j].slots[h & self->tables[j].mask]);
@@ -418,6 +443,7 @@ static int lookup_wire(const Vocabulary *self, const unsigned char *data, size_t
     for (i = 0, j = 0; i < count; i++, j = (j + 1 == self->columns) ? 0 : j + 1) {
         const VocabTable *t = &self->tables[j];
         const WireValue v = values[i];
+        if (v.hash == 0) continue; /* a hashed column's: set in pass 1 */
         int64_t id = fallback;
         for (size_t s = v.hash & t->mask;; s = (s + 1) & t->mask) {
             const VocabSlot *slot = &t->slots[s];

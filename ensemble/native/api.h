@@ -44,7 +44,7 @@ static inline uint64_t ensemble_wire_offset(const unsigned char *wire, uint64_t 
     }
     return at;
 }
-#define ENSEMBLE_API_VERSION "2"
+#define ENSEMBLE_API_VERSION "3"
 #define ENSEMBLE_API_ATTRIBUTE "_C_API_" ENSEMBLE_API_VERSION
 
 /* ensemble.native._trees: the trees as arrays (ensemble.models.xgb.TreeArrays). */
@@ -68,7 +68,39 @@ typedef struct {
      * -1 when done; -2 out of memory; else the flat index into ids of an id outside its table (the
      * rows from its block on are not scored). */
     int64_t (*forward)(PyObject *weights, const float *dense, const int64_t *ids, int64_t rows, float *out);
+    /* The MLPs alone, over rows already gathered: pooled [rows x n_ids x dim] float32 (row-major), dense as
+     * forward's; -1 done, -2 out of memory, -3 the engine failed. NULL: the engine has no such pass. */
+    int64_t (*forward_pooled)(PyObject *weights, const float *dense, const float *pooled, int64_t rows, float *out);
+    /* Why this thread's last forward returned -4 (a table could not be read by the call's deadline; the request
+     * is answered UNAVAILABLE). NULL: forward never returns -4. */
+    const char *(*failure)(PyObject *weights);
+    /* The deadline of this thread's next forward calls (CLOCK_MONOTONIC seconds; 0: none). NULL: none applies. */
+    void (*deadline)(double deadline);
 } EnsembleDlrmApi;
+
+/* ensemble.native._tables: a DLRM whose embedding rows come from a row store (a _tables.Dlrm object: its
+ * tables in RAM and on disk, its MLPs through a _dlrm.Weights or an _openvino.Engine's forward_pooled),
+ * the same entry points; its forward also returns -4 when a table cannot be read in time. */
+#define ENSEMBLE_TABLES_CAPSULE "ensemble.native._tables." ENSEMBLE_API_ATTRIBUTE
+
+/* ensemble.native._tables: a Store's counters (a _tables.Store object), read without the interpreter's lock
+ * (the native backend's ensemble_table_* metrics). */
+#define ENSEMBLE_TABLES_STATS_CAPSULE "ensemble.native._tables._C_STATS_" ENSEMBLE_API_VERSION
+enum { /* a table's counters, in the order counters() writes them */
+    ENSEMBLE_TABLE_LOOKUPS, ENSEMBLE_TABLE_UNIQUE, ENSEMBLE_TABLE_HITS, ENSEMBLE_TABLE_COLD_ROWS,
+    ENSEMBLE_TABLE_COLD_BLOCKS, ENSEMBLE_TABLE_COLD_BYTES, ENSEMBLE_TABLE_READ_ERRORS,
+    ENSEMBLE_TABLE_CHECKSUM_ERRORS, ENSEMBLE_TABLE_LATE, ENSEMBLE_TABLE_HOT_ROWS, ENSEMBLE_TABLE_COUNTERS
+};
+#define ENSEMBLE_READ_BUCKETS 13 /* the cold reads' latency: 12 bounds, then +Inf */
+typedef struct {
+    int (*tables)(PyObject *store);
+    const char *(*name)(PyObject *store, int table);
+    void (*counters)(PyObject *store, int table, uint64_t *out); /* ENSEMBLE_TABLE_COUNTERS values */
+    uint64_t (*hot_bytes)(PyObject *store);
+    /* the calls with cold reads per latency bucket (not cumulative), and the seconds they read */
+    void (*reads)(PyObject *store, uint64_t *buckets, double *seconds);
+    const double *bounds_ms; /* ENSEMBLE_READ_BUCKETS - 1 upper bounds */
+} EnsembleTablesStatsApi;
 
 /* ensemble.native._openvino: a DLRM compiled by OpenVINO (an _openvino.Engine object), the same entry points
  * as _dlrm's; its forward also returns -3 when the runtime fails. */
@@ -120,10 +152,12 @@ typedef struct {
     /* The outputs (blend, then each model) of the rows of parts requests into out [outputs x total
      * rows]: part p has rows[p] rows, dense[p] [rows x n_dense] float32 raw features, and wire[p] the
      * BYTES wire buffer (wire_size[p] bytes) of its [rows x columns] categorical strings; on two
-     * threads when threads is 2 (the same outputs). 0, or -1 with the reason in error. */
+     * threads when threads is 2 (the same outputs). deadline: when the call must be done (CLOCK_MONOTONIC
+     * seconds; 0: none), what a row store's cold reads may not pass. 0, -1 with the reason in error, or -2
+     * when a DLRM's row store could not be read in time (the reason in error: answered UNAVAILABLE). */
     int (*score)(PyObject *chain, int32_t parts, const float *const *dense, const unsigned char *const *wire,
                  const uint64_t *wire_size, const int64_t *rows, int threads, float *out, char *error,
-                 size_t error_size);
+                 size_t error_size, double deadline);
     int64_t (*outputs)(PyObject *chain);
 } EnsembleChainApi;
 

@@ -63,6 +63,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
         else if (PyLong_Check(nice)) state->thread_nice = (int)PyLong_AsLong(nice);
         Py_XDECREF(nice);
         engine_metrics(state, name, version);
+        table_metrics_create(state, name, version);
         create_path_metrics(state, name, version);
         state->metric_updates = PyObject_GetAttrString(state->model, "metric_updates");
         if (state->metric_updates == NULL) PyErr_Clear(); /* a model without counters of its own */
@@ -102,6 +103,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
     Py_XDECREF(state->metric_updates);
     Py_XDECREF(state->shadow_updates);
     Py_XDECREF(state->shadow_chain);
+    table_metrics_delete(state);
     Py_DECREF(state->model);
     PyGILState_Release(gil);
     for (int k = 0; k < 2; k++) {
@@ -275,6 +277,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
         Report item = {NULL, true, rows, exec_start, compute_start, compute_end, exec_end};
         report(reporter, instance, &item);
     }
+    table_metrics_update(state);
     if (ordered != requests) free(ordered);
     free(answered);
     free(succeeded);

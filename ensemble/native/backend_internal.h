@@ -9,6 +9,7 @@
  *                          parameters and its answers
  *   backend_shadow.c       shadow scoring during an experiment: the loaded versions' chains, the score
  *                          differences and top-k overlaps as histograms
+ *   backend_tables.c       a row store's metrics (tables larger than memory: ensemble/tables)
  *
  * Nothing here is exported: the library is built with -fvisibility=hidden and only the TRITONBACKEND_
  * entry points (triton_api.h) are visible to Triton. The C entry points the Python modules share with
@@ -106,6 +107,8 @@ typedef struct {
      * series created so far (kind, candidate release), guarded by the shadow module's lock. */
     PyObject *shadow_updates;
     PyObject *shadow_chain; /* ensemble.serving.embedded.shadow_chain, when the model has a C path */
+    /* A row store's metrics (backend_tables.c), when the model's DLRMs keep their tables in one; else NULL. */
+    struct TableMetrics *tables;
     int n_shadow;
     struct {
         int kind;
@@ -191,6 +194,12 @@ TRITONSERVER_Metric *model_series(ModelState *state, int family, const char *lab
 void report(Reporter *reporter, TRITONBACKEND_ModelInstance *instance, const Report *item);
 void *reporter_main(void *arg);
 void stop_worker(pthread_mutex_t *lock, pthread_cond_t *wake, bool *stop, pthread_t thread);
+
+/* backend_tables.c: a row store's metrics */
+typedef struct TableMetrics TableMetrics;
+void table_metrics_create(ModelState *state, const char *name, uint64_t version);
+void table_metrics_update(ModelState *state);
+void table_metrics_delete(ModelState *state);
 
 /* backend_plain.c: plain requests planned and scored in C, and the bulk lane */
 Lane *lane_of(Instance *owner, ModelState *state, TRITONBACKEND_ModelInstance *instance);

@@ -128,6 +128,47 @@ static void lane_families(void) {
     }
 }
 
+/* When a request must be answered: its call's start and its client's timeout (CLOCK_MONOTONIC seconds; 0: no
+ * timeout sent). A row store's cold reads may not pass it (ensemble/native/_tables.c). */
+static double deadline_at(uint64_t handed_ns, uint64_t timeout_us) {
+    return timeout_us ? (double)handed_ns * 1e-9 + (double)timeout_us * 1e-6 : 0.0;
+}
+
+/* A part of a call whose chain could not read a row store's rows in time (the chain answered -2): each of its
+ * requests scored alone, answered with its scores, or UNAVAILABLE naming the table, so a block that fails its
+ * checksum or a slow read fails only the requests whose rows it holds. */
+static void answer_alone(ModelState *state, TRITONBACKEND_Request **requests, const PlainRequest *plain,
+                         const int32_t *kept, const EnsemblePlan *plan, int32_t from, int32_t to, uint64_t handed_ns,
+                         bool *answered, bool *succeeded, uint64_t *rows) {
+    for (int32_t k = from; k < to; k++) {
+        const int32_t r = kept[k < plan->n_first ? plan->first[k] : plan->bulk[k - plan->n_first]];
+        const PlainRequest *p = &plain[r];
+        float *scores = malloc((size_t)(p->rows ? p->rows : 1) * (size_t)state->n_outputs * sizeof(float));
+        char text[ENSEMBLE_ERROR_SIZE] = "";
+        int failed = -1;
+        if (scores == NULL) {
+            snprintf(text, sizeof text, "out of memory for %lld rows", (long long)p->rows);
+        } else {
+            const float *dense = p->data[0];
+            const unsigned char *wire = p->data[1];
+            const uint64_t wire_size = p->size[1];
+            failed = state->chain_api->score(state->chain, 1, &dense, &wire, &wire_size, &p->rows,
+                                             chain_threads(state, p->rows), scores, text, sizeof text,
+                                             deadline_at(handed_ns, p->timeout_us));
+        }
+        if (failed == 0) {
+            succeeded[r] = send_scores(state, requests[r], scores, p->rows, 0, p->rows, p->wanted);
+            *rows += (uint64_t)p->rows;
+        } else {
+            char message[ENSEMBLE_ERROR_SIZE + 32];
+            snprintf(message, sizeof message, "the ranker failed: %s", text[0] ? text : "no answer");
+            send_error(requests[r], failed == -2 ? TS_ERROR_UNAVAILABLE : TS_ERROR_INTERNAL, message);
+        }
+        answered[r] = true;
+        free(scores);
+    }
+}
+
 typedef struct {
     TRITONBACKEND_Request *request;
     PlainRequest plain;
@@ -189,12 +230,13 @@ static int lane_answer(Lane *lane, const LaneItem *item) {
         } else {
             compute_start = now_ns();
             const int failed = state->chain_api->score(state->chain, 1, &dense, &wire, &wire_size, &rows,
-                                                       chain_threads(state, rows), scores, text, sizeof text);
+                                                       chain_threads(state, rows), scores, text, sizeof text,
+                                                       deadline_at(item->handed_ns, p->timeout_us));
             compute_end = now_ns();
             if (failed) {
                 char message[ENSEMBLE_ERROR_SIZE + 32];
                 snprintf(message, sizeof message, "the ranker failed: %s", text[0] ? text : "no answer");
-                send_error(item->request, TS_ERROR_INTERNAL, message);
+                send_error(item->request, failed == -2 ? TS_ERROR_UNAVAILABLE : TS_ERROR_INTERNAL, message);
             } else {
                 success = send_scores(state, item->request, scores, rows, 0, rows, p->wanted);
                 outcome = LANE_SCORED;
@@ -419,10 +461,20 @@ void native_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_
             snprintf(text, text_size, "out of memory for %lld rows", (long long)total);
             break;
         }
-        if (state->chain_api->score(state->chain, to - from, dense, wire, wire_size, part_rows,
-            chain_threads(state, total), scores, text,
-                                    text_size) != 0)
-            break;
+        double deadline = 0.0; /* the part's soonest client deadline: what its row store reads may not pass */
+        for (int32_t k = from; k < to; k++) {
+            const PlainRequest *p = &plain[kept[k < plan.n_first ? plan.first[k] : plan.bulk[k - plan.n_first]]];
+            const double d = deadline_at(handed_ns, p->timeout_us);
+            if (d > 0 && (deadline == 0 || d < deadline)) deadline = d;
+        }
+        const int failed = state->chain_api->score(state->chain, to - from, dense, wire, wire_size, part_rows,
+                                                   chain_threads(state, total), scores, text, text_size, deadline);
+        if (failed == -2) { /* a row store could not be read in time: each request alone, so the others keep theirs */
+            answer_alone(state, requests, plain, kept, &plan, from, to, handed_ns, answered, succeeded, rows);
+            scored += to - from;
+            continue;
+        }
+        if (failed != 0) break;
         int64_t offset = 0;
         for (int32_t k = from; k < to; k++) {
             const int32_t r = kept[k < plan.n_first ? plan.first[k] : plan.bulk[k - plan.n_first]];

@@ -187,7 +187,7 @@ void shadow_run(ModelState *state, ShadowWork *work) {
             const int64_t outputs = state->chain_api->outputs(chains[c]);
             theirs = malloc((size_t)work->rows * (size_t)outputs * sizeof(float));
             outcome = theirs != NULL && state->chain_api->score(chains[c], 1, &dense, &wire, &work->wire_size,
-                                                                &work->rows, 1, theirs, text, sizeof text) == 0
+                                                                &work->rows, 1, theirs, text, sizeof text, 0.0) == 0
                           ? SHADOW_SCORED
                           : SHADOW_FAILED;
             if (outcome == SHADOW_FAILED) {

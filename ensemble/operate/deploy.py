@@ -13,7 +13,7 @@ loading it, finite scores in [0, 1] on fresh rows, and held-out AUC not worse th
 release's by more than :data:`AUC_TOLERANCE` (measured on ``--holdout`` when given, else the
 test AUC each release recorded at export). After the switch the served scores must equal the
 in-process ones (<= 1e-5) or the previous release is put back. A release that serves is declared
-(:mod:`ensemble.operate.declared`), so a server started later on the repository serves it too.
+(:mod:`ensemble.repository.declared`), so a server started later on the repository serves it too.
 
 The switch goes through Triton's model-repository API (:mod:`ensemble.operate.control`, which says who
 may call it), over gRPC when ``grpc_url`` is given (``ensemble deploy`` always gives it): a load over
@@ -32,9 +32,10 @@ from ensemble import schema
 from ensemble.data import criteo
 from ensemble.features import transforms
 from ensemble.models import manifest
-from ensemble.operate import declared
+from ensemble.repository import declared
 from ensemble.operate.control import Control, ControlError
 from ensemble.models.registry import ORDER
+from ensemble.models.manifest import MissingRelease
 from ensemble.scoring.pipeline import RELEASE_FILE, Pipeline, release_versions
 from ensemble.schema import Model
 
@@ -53,7 +54,10 @@ def available_releases(repository: str | Path) -> list[int]:
 
 
 def recorded_auc(repository: str | Path, release: int) -> float | None:
-    info = json.loads((Path(repository) / Model.RANKER.value / str(release) / RELEASE_FILE).read_text())
+    try:
+        info = json.loads((Path(repository) / Model.RANKER.value / str(release) / RELEASE_FILE).read_text())
+    except FileNotFoundError:
+        raise MissingRelease(repository, release) from None
     return info.get("test", {}).get("blend", {}).get("auc")
 
 

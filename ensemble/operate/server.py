@@ -16,12 +16,13 @@ import sys
 import tempfile
 import time
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ensemble.repository.configs import LATENCY_OBJECTIVE_PARAMETER, config_file, config_name, parse as parse_config
 from ensemble import online
-from ensemble.operate import allocator, lifecycle, processes
+from ensemble.operate import allocator, lifecycle, processes, records
+from ensemble.repository import declared
 from ensemble.operate.allocator import Allocator
 from ensemble.operate.control import RELEASE_HEADER, SHADOW_HEADER, Control, ControlError, restricted_options
 from ensemble.models.registry import Layout
@@ -85,6 +86,7 @@ class ServerOptions:
     require_declared: bool = False
     allocator: Allocator = Allocator.AUTO
     store: online.StoreSettings | None = None  # the online store of ranking requests by ids
+    tables: dict[str, str] = field(default_factory=dict)  # a row store's settings (ensemble.tables.serving)
 
     @property
     def loopback(self) -> bool:
@@ -267,6 +269,7 @@ class TritonServer:
             env[REQUIRE_ENV] = "1"
         if self.options.store is not None:  # the rank model reads it at load (ensemble/online.py)
             env.update(self.options.store.environment())
+        env.update(self.options.tables)  # a row store DLRM reads them at load (ensemble/tables/serving.py)
         return allocator.preloaded(env, self.options.allocator)
 
     def start(self) -> "TritonServer":
@@ -276,6 +279,10 @@ class TritonServer:
                               "ensemble layout does not refuse requests)")
         if layout is Layout.NATIVE:
             _check_native_backend(Path(self.options.repository))
+        try:  # a declared release that is gone: refuse, rather than serve a release nobody deployed
+            self.declared_release()
+        except declared.DeclaredMissing as exc:
+            raise ServerError(f"not started: {exc}") from None
         try:
             allocator.library(self.options.allocator)
         except FileNotFoundError as exc:
@@ -301,6 +308,7 @@ class TritonServer:
             self.process = subprocess.Popen(self.command(binary, backends), stdout=log,
                                             stderr=subprocess.STDOUT, env=self.environment(binary),
                                             start_new_session=True)
+        records.record_server(self.process.pid, self.options.repository, self.http_url)
         deadline = time.monotonic() + self.options.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -316,11 +324,13 @@ class TritonServer:
         raise ServerError(f"tritonserver not ready after {self.options.startup_timeout:.0f}s\n{tail}")
 
     def declared_release(self) -> int | None:
-        """The release the last deploy or rollback declared for this repository (``ensemble.serving.
-        declared``), which this server loads instead of the newest; None: the newest. Only the fused
-        and native layouts serve a release as one model version."""
-        from ensemble.operate import declared
+        """The release the last deploy or rollback declared for this repository
+        (:mod:`ensemble.repository.declared`), which this server loads instead of the newest; None:
+        the newest. Only the fused and native layouts serve a release as one model version.
 
+        Raises:
+            declared.DeclaredMissing: the declared release is not in the repository.
+        """
         if Layout(self.options.layout) not in (Layout.FUSED, Layout.NATIVE):
             return None
         return declared.read(self.options.repository)
@@ -328,8 +338,6 @@ class TritonServer:
     def declared_versions(self) -> list[int] | None:
         """The ranker versions this server loads: the declared release, and during a release across a
         fleet the other one being switched to or from (None: the newest)."""
-        from ensemble.operate import declared
-
         return declared.versions(self.options.repository) if self.declared_release() is not None else None
 
     def _ranker_override(self) -> bool:
@@ -418,6 +426,8 @@ class TritonServer:
             time.sleep(0.01)
 
     def _cleanup(self, keep_log: bool = True) -> None:
+        if self.process is not None:
+            records.forget_server(self.process.pid)
         if self._scratch is None or not self._scratch.is_dir():
             return
         if not keep_log:

@@ -11,11 +11,13 @@ version; ``ranker/<release>/`` names the step versions written together.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ensemble.repository import configs
+from ensemble.repository import configs, declared
 from ensemble.models import manifest
 from ensemble.models.manifest import RELEASE_FILE
 from ensemble.models import engines
@@ -24,6 +26,7 @@ from ensemble.native import backend
 from ensemble import schema
 from ensemble.schema import Model
 
+_LOG = logging.getLogger(__name__)
 # The one model.py of every python-backend model (it only delegates to ensemble.scoring.pipeline).
 MODEL_PY = Path(__file__).resolve().parents[1] / "serving" / "model.py"
 # The ``rank`` model's (ranking requests over whichever ranker is served; one version, no artifacts).
@@ -74,20 +77,37 @@ def _publish(model_dir: Path, version: int, fill) -> Path:
     return final
 
 
-def _prune(model_dir: Path, keep: int) -> None:
+def _prune(model_dir: Path, keep: int, kept: dict[int, str], log: Callable[[str], None]) -> None:
+    """Remove all but the newest ``keep`` versions, except those in ``kept`` (version -> why), which
+    are named in one line each."""
     versions = sorted((p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()),
                       key=lambda p: int(p.name))
     for old in versions[:-keep] if keep > 0 else []:
+        why = kept.get(int(old.name))
+        if why is not None:
+            log(f"kept {model_dir.name} {old.name}: {why}")
+            continue
         shutil.rmtree(old)
 
 
-def export_repository(artifacts: TrainedArtifacts, repository: str | Path, keep: int = 2) -> dict[Model, Path]:
+def export_repository(artifacts: TrainedArtifacts, repository: str | Path, keep: int = 2,
+                      loaded: dict[str, dict[int, str]] | None = None,
+                      log: Callable[[str], None] = _LOG.info) -> dict[Model, Path]:
     """Write every layout's configs, a new version of every model, and a new release of the
-    ranker naming them; keep the newest ``keep`` versions.
+    ranker naming them; keep the newest ``keep`` versions, and every version that is declared or
+    loaded.
 
     The release (``ranker/<r>/release.json``) is what the fused layout serves and the in-process
     pipeline loads: the step versions written together here. It is published last, so a server
     that picks up new versions never sees a release whose steps are incomplete.
+
+    Args:
+        keep: versions to keep per model, newest first, beside those kept for a reason.
+        loaded: model name -> {version: why} of versions running servers report loaded (the
+            command line asks the servers started on this repository); always kept, as are the
+            declared release, the versions its declaration lists, an experiment's candidates and
+            those releases' steps (:func:`ensemble.repository.declared.kept`).
+        log: where each kept version beyond ``keep`` is named.
 
     Returns:
         model -> the version folder written (the ranker: the release folder).
@@ -129,8 +149,15 @@ def export_repository(artifacts: TrainedArtifacts, repository: str | Path, keep:
         staged.replace(rank_version / backend.FILE_NAME)
     except backend.NotBuilt:
         pass
+    kept = declared.kept(repository)
+    for model_name, versions in (loaded or {}).items():
+        for version, why in versions.items():
+            kept.setdefault(model_name, {}).setdefault(version, why)
+    for release in sorted(kept.get(Model.RANKER.value, {})):  # a loaded release's steps are loaded too
+        for model_name, version in declared.release_steps(repository, release).items():
+            kept.setdefault(model_name, {}).setdefault(version, f"a step of release {release}")
     for model in written:
-        _prune(repository / model.value, keep)
+        _prune(repository / model.value, keep, kept.get(model.value, {}), log)
     return written
 
 
@@ -148,6 +175,12 @@ def _export_component(artifacts: TrainedArtifacts, repository: Path, component: 
             if src.is_dir():
                 shutil.copytree(src, staging / name)
             else:
+                shutil.copy2(src, staging / name)
+        for name in component.optional:
+            src = artifacts.source(component, name)
+            if src.is_dir():
+                shutil.copytree(src, staging / name)
+            elif src.is_file():
                 shutil.copy2(src, staging / name)
         if component.finish is not None:
             component.finish(staging)

@@ -20,7 +20,7 @@ import numpy as np
 from ensemble import native, schema
 from ensemble.device import Device
 from ensemble.models import artifacts, manifest
-from ensemble.models.manifest import RELEASE_FILE  # noqa: F401 - where a release lists its steps' versions
+from ensemble.models.manifest import RELEASE_FILE, MissingRelease  # noqa: F401 - RELEASE_FILE: where a release lists its steps' versions
 from ensemble.models.registry import BY_MODEL, ORDER, Layout
 from ensemble.schema import Model
 
@@ -129,7 +129,7 @@ def release_versions(repository: str | Path, release: int | None = None) -> dict
         versions = json.loads((folder / RELEASE_FILE).read_text())["versions"]
         return {m: repository / m.value / str(versions[m.value]) for m in ORDER}
     if release is not None:
-        raise FileNotFoundError(f"release {release}: no {RELEASE_FILE} in {folder}")
+        raise MissingRelease(repository, release)
     return {m: latest_version(repository / m.value) for m in ORDER}
 
 
@@ -428,6 +428,23 @@ def _levels(steps: list[StepRunner]) -> list[list[StepRunner]]:
         levels[level].append(step)
         level_of.update({t.name: level for t in step.step.outputs})
     return levels
+
+
+def refuse_row_stores(version_dir: str | Path, model: str, layout: str) -> None:
+    """Raise when a python-backend layout is asked to serve a DLRM whose tables are a row store's
+    (:mod:`ensemble.tables`): only the native layout reads them (from C, without the interpreter's lock)."""
+    from ensemble.tables.files import has_tables
+
+    version_dir = Path(version_dir)
+    if model == Model.RANKER.value:
+        folders = release_versions(version_dir.parent.parent, int(version_dir.name))
+    else:
+        folders = {Model(model): version_dir} if model in {m.value for m in Model} else {}
+    stored = [m.value for m, folder in folders.items() if m in (Model.DLRM_TORCH, Model.DLRM_TF) and has_tables(folder)]
+    if stored:
+        raise RuntimeError(f"{version_dir}: {' and '.join(stored)} keep their embedding tables in a row store (tables "
+                           f"larger than memory), which the {layout} layout cannot serve; serve this release with the "
+                           "native layout: ensemble serve --layout native")
 
 
 def load_fused(version_dir: str | Path, threads: int = 1) -> StepRunner:

@@ -139,7 +139,14 @@ def score_alone(runner: pipeline.StepRunner, inputs: Mapping[str, np.ndarray], w
     try:
         return _answer(runner.run(inputs), wanted)
     except Exception as exc:  # noqa: BLE001 - one request's failure must not fail the others
-        return failed(INTERNAL, exc)
+        return failed(UNAVAILABLE if unavailable(exc) else INTERNAL, exc)
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether a scoring failure is the server's state, not the request's (a row store's table that could
+    not be read by the request's deadline, or whose block failed its checksum): answered UNAVAILABLE,
+    which clients retry."""
+    return isinstance(exc, ConnectionError) or type(exc).__name__ == "TableError"
 
 
 def _answer(outputs: Mapping[str, np.ndarray], wanted: Sequence[str]) -> Answer:

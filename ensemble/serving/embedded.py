@@ -111,6 +111,13 @@ class RankerModel:
             found.append((model.value, scorer.engine.split(" ", 1)[0], declared.name if declared else "none"))
         return tuple(found)
 
+    @property
+    def tables(self) -> tuple[tuple[str, object], ...]:
+        """(step, its ``_tables.Store``) per DLRM step whose tables are a row store's: the backend's
+        ``ensemble_table_*`` metrics (:mod:`ensemble.tables.serving`)."""
+        return tuple((model.value, step.fn.store) for model, step in self.pipeline.steps.items()
+                     if hasattr(step.fn, "store"))
+
     def close(self) -> None:
         """Called when Triton unloads this version: the process (Triton's) lives on."""
         if self in _LOADED:

@@ -32,6 +32,7 @@ class TritonPythonModel:
         params = pipeline.model_parameters(args["model_config"])
         version_dir = Path(args["model_repository"]) / args["model_version"]
         threads, layout = int(params.get("threads", "1")), params.get("layout", "ensemble")
+        pipeline.refuse_row_stores(version_dir, config["name"], layout)
         if layout == "fused":
             runner = pipeline.load_fused(version_dir, threads)
         else:

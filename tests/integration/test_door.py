@@ -34,7 +34,7 @@ import pytest
 from clients.triton import RankerClient
 from clients.wire import serialize_bytes
 from ensemble import schema
-from ensemble.operate import declared, processes
+from ensemble.repository import declared, processes
 from ensemble.operate.control import ADMIN_HEADER, GRPC_ADMIN_HEADER, Control
 from ensemble.operate.server import free_ports
 from tests.helpers import ADMIN_KEY, Load, fresh_rows, http_announce, http_post, start_serving, stop_serving, two_releases

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from benchmarks.fleet_release import _tritonserver_pid, one_row_inputs
+from benchmarks.fleet_release import _in_rotation, _tritonserver_pid, one_row_inputs
 from ensemble import cli, schema
 from ensemble.fleet.gateway import arm_of
-from ensemble.operate import declared
+from ensemble.repository import declared
 from ensemble.repository.export import TrainedArtifacts, export_repository
-from tests.helpers import ReleaseFleet, fresh_rows, release_fleet, run_clients
+from tests.helpers import ReleaseFleet, fresh_rows, release_fleet, run_clients, wait_until
 
 STARTUP_SECONDS = 420
 KEY = "x-user"
@@ -155,10 +155,15 @@ def _kill_and_rejoin(fleet: ExperimentFleet, index: int, versions: list[int]) ->
     """Kill replica ``index``'s tritonserver; it must come back holding ``versions`` and be back in
     the gateway's rotation."""
     record = fleet.record()
-    os.kill(_tritonserver_pid(record.gateway.replicas[index].http_port), signal.SIGKILL)
-    time.sleep(1.0)
+    replica = record.gateway.replicas[index]
+    killed = _tritonserver_pid(replica.http_port)
+    os.kill(killed, signal.SIGKILL)
+    wait_until(lambda: _tritonserver_pid(replica.http_port) != killed, 30,  # dead: it answers no question below
+               lambda: "\n".join(fleet.output[-20:]))
     assert _wait_versions(record.replicas()[index], versions) == versions
-    time.sleep(2.5)  # back in the gateway's rotation (health checks every second)
+    # back in the gateway's rotation (its health checks pass again), so what follows reaches this replica
+    assert _in_rotation(record.admin_url, replica, time.monotonic(), timeout=60) is not None, \
+        "\n".join(fleet.output[-20:])
 
 
 def _wait_versions(control, versions: list[int], timeout: float = 180.0) -> list[int]:

@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,15 @@ from ensemble.models.registry import Layout
 from ensemble.operate import processes
 from ensemble.operate.server import ServerError, ServerOptions, TritonServer, free_port
 from ensemble.operate.supervise import Supervisor, SupervisorPolicy
-from tests.helpers import ADMIN_KEY, Load, fresh_rows, stop_process
+from tests.helpers import ADMIN_KEY, Load, fresh_rows, stop_process, wait_until
 
 RECOVERY_BOUND_S = 30.0  # the test's failure bound; the 10 s recovery target is reported, not asserted
+ANSWERS_SEEN = 8  # two answers per load thread: the load runs (before a fault) or runs again (after it)
+# How long tritonserver serves the load before it is killed, on purpose: while the load first writes
+# the pages of a python backend's shared-memory file, the file's ctime moves, and the cleanup after a
+# kill spares files changed in the last 0.5 s (processes.remove_orphan_regions), so a server killed
+# then can leave its file behind when its stubs exit first (seen here with the kill 0.05 s into the load).
+STEADY_LOAD_S = 1.0
 
 
 @pytest.fixture()
@@ -113,6 +120,22 @@ def _wait_answering(supervisor: Supervisor, bound: float) -> float:
     raise AssertionError(f"not answering {bound:.0f}s after the fault")
 
 
+def _wait_ready(readiness: Readiness, lines: Sequence[str] = ()) -> None:
+    """Until readiness's last look found the server and the ranker ready."""
+    wait_until(lambda: readiness.seen and readiness.seen[-1][1:] == (200, 200), RECOVERY_BOUND_S,
+               lambda: f"not ready: {readiness.seen[-5:]}; supervisor: {list(lines)}", every=0.05)
+
+
+def _wait_running(load: Load, readiness: Readiness | None = None, lines: Sequence[str] = ()) -> None:
+    """Until the load has sent :data:`ANSWERS_SEEN` more requests from now (each one answered, or
+    counted as failed after its retries) and, given ``readiness``, its last look found everything ready."""
+    sent = load.sent
+    wait_until(lambda: load.sent >= sent + ANSWERS_SEEN, RECOVERY_BOUND_S,
+               lambda: f"the load sent {load.sent - sent} requests; supervisor: {list(lines)}", every=0.05)
+    if readiness is not None:
+        _wait_ready(readiness, lines)
+
+
 def _wait_broken(supervisor: Supervisor, bound: float = 10.0) -> None:
     started = time.monotonic()
     while time.monotonic() - started < bound:
@@ -138,7 +161,7 @@ TRITON_STUB_LOCK_ABORT = "terminate called after throwing an instance of 'boost:
 def test_backend_fault_heals_under_load(supervised, fault):
     server, supervisor, lines = supervised
     with Load(server.http_url, fresh_rows(64, seed=41)) as load, Readiness(server) as readiness:
-        time.sleep(1.0)
+        _wait_running(load, readiness)
         pid = _stub_pid(server)
         started = time.monotonic()
         if fault == "kill-backend":
@@ -154,7 +177,7 @@ def test_backend_fault_heals_under_load(supervised, fault):
         _wait_broken(supervisor)
         _wait_answering(supervisor, RECOVERY_BOUND_S)
         recovery = time.monotonic() - started
-        time.sleep(1.0)
+        _wait_running(load, readiness, lines)
     down = readiness.not_ready()
     print(f"\n{fault}: answering again {recovery:.1f}s after the fault; not-ready for "
           f"{down[-1][0] - down[0][0] if down else 0:.1f}s; {load.sent} requests, "
@@ -183,7 +206,7 @@ def test_an_unloaded_ranker_is_not_ready_its_errors_are_retried_and_it_is_healed
     dense, cats = fresh_rows(4, seed=43)
     clients = [RankerClient(server.http_url, "http"), RankerClient(server.grpc_url, "grpc")]
     with Readiness(server) as readiness:
-        time.sleep(0.2)
+        _wait_ready(readiness, lines)
         supervisor.control.unload()
         for client in clients:
             with pytest.raises(InferenceServerException) as err:
@@ -195,7 +218,7 @@ def test_an_unloaded_ranker_is_not_ready_its_errors_are_retried_and_it_is_healed
         assert not is_transient(err.value), err.value  # a wrong model name is not retried
         unknown.close()
         _wait_answering(supervisor, RECOVERY_BOUND_S)
-        time.sleep(0.3)
+        _wait_ready(readiness, lines)
     assert readiness.not_ready() and readiness.seen[-1][1:] == (200, 200), readiness.seen[-5:]
     assert supervisor.heals >= 1, lines
     for client in clients:
@@ -208,14 +231,15 @@ def test_an_unloaded_ranker_is_not_ready_its_errors_are_retried_and_it_is_healed
 def test_server_killed_is_restarted_without_orphans(supervised):
     server, supervisor, lines = supervised
     with Load(server.http_url, fresh_rows(64, seed=41)) as load:
-        time.sleep(1.0)
+        _wait_running(load)
+        time.sleep(STEADY_LOAD_S)
         old = [server.process.pid, *server.stub_pids().values()]
         regions = _regions(server)
         started = time.monotonic()
         os.kill(server.process.pid, signal.SIGKILL)
         _wait_answering(supervisor, RECOVERY_BOUND_S + 15)
         recovery = time.monotonic() - started
-        time.sleep(1.0)
+        _wait_running(load, lines=lines)
     print(f"\ntritonserver killed: answering again {recovery:.1f}s after the fault; {load.sent} requests, "
           f"{load.failed} failed after retries; supervisor: {lines}")
     assert supervisor.restarts and server.process.pid not in old
@@ -236,13 +260,13 @@ def test_native_ranker_stalled_restarts_the_server(supervised):
     server, supervisor, lines = supervised
     assert server.stub_pids() == {}  # no backend process: the ranker is in tritonserver
     with Load(server.http_url, fresh_rows(64, seed=41)) as load, Readiness(server) as readiness:
-        time.sleep(1.0)
+        _wait_running(load, readiness)
         pid = server.process.pid
         started = time.monotonic()
         stop_process(pid)
         _wait_answering(supervisor, RECOVERY_BOUND_S + 15)
         recovery = time.monotonic() - started
-        time.sleep(1.0)
+        _wait_running(load, readiness, lines)
     print(f"\nnative ranker stalled: answering again {recovery:.1f}s after the fault; {load.sent} requests, "
           f"{load.failed} failed after retries; supervisor: {lines}")
     assert supervisor.restarts and server.process.pid != pid, lines

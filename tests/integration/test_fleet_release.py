@@ -20,7 +20,7 @@ from benchmarks.fleet_release import Client, _tritonserver_pid
 from ensemble import cli, schema
 from ensemble.fleet import release as fleet_release
 from ensemble.fleet.gateway import Replica, routes_version
-from ensemble.operate import declared
+from ensemble.repository import declared
 from ensemble.operate.deploy import DeployError
 from ensemble.operate.server import free_port
 from tests.helpers import ReleaseFleet, fresh_rows, release_fleet, run_clients

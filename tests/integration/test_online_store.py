@@ -3,8 +3,6 @@ TTL, unknown ids, staleness, authentication, and one round trip per lookup."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -84,7 +82,12 @@ def test_stale_entities_are_served_and_counted_or_refused(redis_url):
 
 
 def test_the_cache_is_bounded_and_expires(redis_url):
-    lookup = _lookup(redis_url, cache_entries=2, ttl_s=0.3)
+    now = [0.0]  # the cache's clock: an entry is served for ttl_s however slow the lookups are
+
+    def _cached():
+        return _lookup(redis_url, cache_entries=2, ttl_s=0.3, cache_clock=lambda: now[0])
+
+    lookup = _cached()
     first = lookup.rows(b"u1", [b"i1"])
     assert first.counts["store_hit"] == 2
     assert lookup.rows(b"u1", [b"i1"]).counts["cache_hit"] == 2 and lookup.counters()["round_trips"] == 2  # + meta
@@ -95,12 +98,14 @@ def test_the_cache_is_bounded_and_expires(redis_url):
     for name in ("context_dense", "context_categorical", "candidate_dense", "candidate_categorical"):
         assert getattr(mixed, name).tolist() == getattr(fresh, name).tolist() or name.endswith("dense") and \
             np.array_equal(getattr(mixed, name), getattr(fresh, name), equal_nan=True)
-    lookup = _lookup(redis_url, cache_entries=2, ttl_s=0.3)
+    lookup = _cached()
     lookup.rows(b"u1", [b"i1"])
     lookup.rows(b"u1", [b"i1"])
     lookup.rows(None, [b"i2", b"i3"])  # two more entities: u1 and i1 leave the cache
     assert lookup.rows(b"u1", [b"i3"]).counts == {**dict.fromkeys(online.REASONS, 0), "store_hit": 1, "cache_hit": 1}
-    time.sleep(0.35)
+    now[0] = 0.29  # within the TTL: both from the cache
+    assert lookup.rows(b"u1", [b"i3"]).counts["cache_hit"] == 2
+    now[0] = 0.31  # past it: both from the store again
     assert lookup.rows(b"u1", [b"i3"]).counts["store_hit"] == 2
     uncached = _lookup(redis_url, cache_entries=0)
     for _ in range(3):

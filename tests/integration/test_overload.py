@@ -24,7 +24,7 @@ from ensemble.serving.admission import BULK
 from ensemble.schema import Priority
 from ensemble.models.registry import Layout
 from ensemble.operate.server import ServerOptions, TritonServer, free_port
-from tests.helpers import fresh_rows, tree_thread_ticks
+from tests.helpers import fresh_rows, tree_thread_ticks, wait_until
 
 # Requests of 4,096 rows (batch scoring's size), more at once than one model call takes.
 ROWS = 4096
@@ -160,7 +160,9 @@ def test_a_bulk_flood_yields_to_interactive_requests(tight_server, pipeline):
         t.start()
     answered, refused = 0, 0
     try:
-        time.sleep(1.0)  # the flood's queue builds
+        # the flood has arrived: the bulk lane (the server's nice-19 thread) is scoring it
+        wait_until(lambda: _lane_busy(before, tree_thread_ticks(tight_server.process.pid)), 120,
+                   lambda: f"the bulk lane scored nothing; {len(bulk_answers)} bulk answers, {bulk_refusals[:3]}")
         client = RankerClient(tight_server.http_url, retry=Retry(attempts=1))
         for i in range(50):
             try:
@@ -179,11 +181,16 @@ def test_a_bulk_flood_yields_to_interactive_requests(tight_server, pipeline):
           f"{len(bulk_answers)} bulk answers, {len(bulk_refusals)} bulk refusals")
     assert answered >= 40, (answered, refused)
     assert bulk_answers and all(bulk_answers), f"{bulk_answers.count(False)} of {len(bulk_answers)} bulk answers wrong"
-    lane = {t: ticks - before.get(t, (0, 0))[1] for t, (nice, ticks) in after.items() if nice == 19}
-    assert any(busy > 0 for busy in lane.values()), after  # the lane scored bulk rows, at nice 19
+    assert _lane_busy(before, after), after  # the lane scored bulk rows, at nice 19
     assert all(BULK in text or "bulk lane" in text for text in bulk_refusals), bulk_refusals[:3]
     if tight_server.options.layout is Layout.NATIVE:
         assert _lane_counts(tight_server).get("scored", 0) > 0, _lane_counts(tight_server)
+
+
+def _lane_busy(before: dict[str, tuple[int, int]], now: dict[str, tuple[int, int]]) -> bool:
+    """Whether a server thread at nice 19 (the bulk lane) used CPU between two
+    :func:`tree_thread_ticks` of the server."""
+    return any(nice == 19 and ticks > before.get(thread, (0, 0))[1] for thread, (nice, ticks) in now.items())
 
 
 SENT_AT_ONCE = 128  # twice the lane's limit: more arrive than it drains meanwhile
@@ -222,7 +229,6 @@ def test_the_bulk_lane_holds_a_bounded_number_of_requests(tight_server, pipeline
 
     beside = threading.Thread(target=interactive, daemon=True)
     beside.start()
-    time.sleep(0.5)
     # The premise: interactive traffic is being served (an answer within the last moment) when the bulk
     # requests arrive; on a loaded machine the first interactive answers can take longer than the sleep.
     assert served.wait(60), "no interactive request was answered"

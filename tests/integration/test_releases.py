@@ -52,7 +52,7 @@ def test_deploy_and_rollback_under_load_fail_no_request(trained, served_copy, ca
 
 
 def test_a_server_started_later_serves_the_declared_release(trained, served_copy, tmp_path):
-    from ensemble.operate import declared
+    from ensemble.repository import declared
     from ensemble.operate.deploy import rollback
 
     repository, server = served_copy
@@ -71,8 +71,43 @@ def test_a_server_started_later_serves_the_declared_release(trained, served_copy
         assert Control.of(later.http_url).config()["version_policy"] == {"specific": {"versions": [first]}}
     finally:
         later.stop()
-    declared.write(repository, 999, "test")  # a release the repository no longer holds: the newest serves
-    assert declared.read(repository) is None
+
+
+def test_export_keeps_what_serves_and_a_server_refuses_a_declared_release_that_is_gone(trained, served_copy, tmp_path,
+                                                                                        capsys):
+    from ensemble.repository import declared
+    from ensemble.operate.deploy import available_releases
+    from ensemble.operate.server import ServerError
+    from ensemble.scoring.pipeline import release_versions
+
+    repository, server = served_copy
+    first = Control.of(server.http_url).serving_release()
+    steps = release_versions(repository, first)
+    export = ["export", "--workdir", str(trained.workdir), "--repository", str(repository), "--keep", "1"]
+    assert cli.main(export) == 0  # the server has `first` loaded: kept, and said
+    out = capsys.readouterr().out
+    assert f"kept ranker {first}: loaded by tritonserver {server.process.pid}" in out, out
+    assert first in available_releases(repository)
+    server.stop()
+    declared.write(repository, first, "rollback")  # the oldest release declared, no server running
+    assert cli.main(export) == 0
+    out = capsys.readouterr().out
+    assert f"kept ranker {first}: the declared release" in out, out
+    assert available_releases(repository)[0] == first and len(available_releases(repository)) == 2
+    assert all(folder.is_dir() for folder in steps.values())  # and the steps it names
+    later = TritonServer(ServerOptions(repository, http_port=free_port(), grpc_port=free_port(),
+                                       metrics_port=free_port(), log_file=tmp_path / "later.log", admin_key=ADMIN_KEY))
+    try:  # the declared release serves, not the newest export
+        later.start()
+        assert Control.of(later.http_url).ready_versions() == [first]
+    finally:
+        later.stop()
+    declared.write(repository, 999, "rollback")  # a release the repository does not hold: refused, named
+    refused = TritonServer(ServerOptions(repository, http_port=free_port(), grpc_port=free_port(),
+                                         metrics_port=free_port(), log_file=tmp_path / "refused.log", admin_key=ADMIN_KEY))
+    with pytest.raises(ServerError, match=r"not started: release 999, declared by rollback .*ensemble declare"):
+        refused.start()
+    assert refused.process is None
 
 
 def test_a_release_with_a_damaged_file_is_refused_and_the_serving_one_stays(trained, served_copy):

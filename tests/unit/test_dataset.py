@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ensemble import dataset, schema
+from ensemble import dataset, native, schema
 from ensemble.dataset import Kind, SpecError
 from ensemble.models.metrics import ranking_quality
 from ensemble.models.registry import Layout
@@ -212,14 +212,30 @@ def test_hash_buckets_are_parsed_and_checked():
             dataset.parse_spec(SPEC + f"\n[hash_buckets]\n{bad}\n")
 
 
-def test_hashed_columns_become_bucket_names_and_missing_stays_missing():
+def test_a_hashed_column_has_exactly_its_buckets_and_ids_from_the_hash_alone():
+    import zlib
+
+    from ensemble import native
+
     spec = dataset.parse_spec(SPEC + "\n[hash_buckets]\nuser = 4\n")
+    assert spec.hashed_columns == ("user",)
+    values = ["a", None, "", "b", "a", "c", float("nan")]
+    ids = native.hash_ids(values, 4)
+    assert ids.tolist() == [zlib.crc32(b"a") % 4, 0, 0, zlib.crc32(b"b") % 4, zlib.crc32(b"a") % 4,
+                            zlib.crc32(b"c") % 4, 0]  # missing: the empty value's row (crc32(b"") = 0)
+    assert native.hash_ids([b"a", "a"], 4).tolist() == [ids[0]] * 2  # bytes and text alike
     frame = _frame().assign(user=["a", None, "", "b", "a", "c"])
-    hashed = spec.hashed(frame)
-    assert hashed["user"].tolist()[1:3] == [None, None] and frame["user"].tolist()[0] == "a"  # a copy
-    assert hashed["user"][0] == hashed["user"][4] == dataset.bucket(b"a", 4).decode()
-    assert {int(v) for v in hashed["user"].dropna()} <= {0, 1, 2, 3}
-    assert dataset.parse_spec(SPEC).hashed(frame) is frame  # nothing hashed: the same frame
+    assert spec.prepared(frame) is frame  # values pass through; the features step hashes them
+
+
+def test_a_table_shape_hashes_every_column_into_its_rows():
+    shaped = dataset.with_table_shape(schema.CRITEO, "criteo-1tb")
+    assert shaped.hash_buckets == dataset.TABLE_SHAPES["criteo-1tb"] and sum(shaped.hash_buckets) == 204_184_588
+    assert shaped.hashed_columns == schema.CRITEO.categorical and dataset.with_table_shape(schema.CRITEO, None) is schema.CRITEO
+    with pytest.raises(SpecError, match="no table shape 'criteo-2tb'"):
+        dataset.with_table_shape(schema.CRITEO, "criteo-2tb")
+    with pytest.raises(SpecError, match="26 tables for 3 categorical columns"):
+        dataset.parse_spec(SPEC).with_hash_buckets(dataset.TABLE_SHAPES["criteo-1tb"])
 
 
 def test_lean_transform_of_a_hashed_column_equals_nvtabular(tmp_path):
@@ -233,13 +249,16 @@ def test_lean_transform_of_a_hashed_column_equals_nvtabular(tmp_path):
                           "price": rng.gamma(2, 10, n), "item": [f"i{v}" for v in rng.integers(0, 40, n)]})
     transforms.fit_workflow(train, tmp_path / "workflow", spec=spec)
     lean = transforms.LeanTransform.load(tmp_path / "workflow")
-    assert lean.hash_buckets == (16, 0, 0) and lean.cardinalities[0] <= transforms.FIRST_ID + 16
+    assert lean.hash_buckets == (16, 0, 0) and lean.cardinalities[0] == 16  # exactly its buckets
+    assert lean.lookups[0] == {}  # no vocabulary for it
     fresh = train.assign(user=[f"new{v}" for v in range(n)])  # never seen: still hashed into buckets
     fresh.loc[::9, "user"] = None
     want = transforms.nvtabular_transform(tmp_path / "workflow", fresh, spec=spec)
     got = lean(transforms.dense_array(fresh, spec.continuous), transforms.encode_categorical(fresh, spec.categorical))
     assert np.array_equal(got[1], want[1]) and np.allclose(got[0], want[0])
-    assert (got[1][1::9, 0] > transforms.OOV_ID).all()  # unseen users land in trained buckets
+    assert got[1][:, 0].max() < 16 and (got[1][::9, 0] == 0).all()  # missing: the empty value's bucket
+    wire = native.join_wire(transforms.encode_categorical(fresh, spec.categorical).reshape(-1).tolist())
+    assert np.array_equal(lean.ids_from_wire(wire, n), got[1])  # the C path from Triton's buffer
 
 
 MULTI_HOT = SPEC.replace('categorical = ["item"]', 'categorical = ["item"]\nmulti_hot = ["tags"]') + "\n[max_items]\ntags = 3\n"

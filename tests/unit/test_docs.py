@@ -211,3 +211,35 @@ def test_no_commit_hash_outside_the_results():
                              input="".join(f"{w}^{{commit}}\n" for w in sorted(words)))
     named = [w for w, line in zip(sorted(words), checked.stdout.splitlines()) if line.split()[1:2] == ["commit"]]
     assert {w: words[w] for w in named} == {}
+
+
+def _readme_layout() -> list[str]:
+    """The places (first column) of the README's Layout block, nested ones as ensemble/<name>/."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Layout\n"):text.index("\n## ", text.index("## Layout\n") + 1)]
+    _, code = _split(section)
+    places = []
+    for line in code[0][1]:
+        match = re.match(r"^( *)(\S+/)\s", line)
+        if match:
+            places.append(("ensemble/" if match.group(1) else "") + match.group(2))
+    return places
+
+
+def test_the_readme_layout_is_the_tree():
+    """Every top-level folder of the repository and every folder of the package is in the README's
+    Layout block, and everything it names exists; the package docstring names the same folders."""
+    import ensemble
+
+    import subprocess
+
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    documented = _readme_layout()
+    tracked = {f.split("/")[0] + "/" for f in files if "/" in f and not f.startswith(".")}
+    package = {"ensemble/" + f.split("/")[1] + "/" for f in files if f.startswith("ensemble/") and f.count("/") >= 2}
+    assert set(documented) == tracked | package, sorted(set(documented) ^ (tracked | package))
+    assert len(documented) == len(set(documented))
+    for folder in package:
+        assert f"``{folder.removeprefix('ensemble/')}``" in ensemble.__doc__, folder

@@ -11,7 +11,7 @@ import pytest
 
 from ensemble.fleet.gateway import (ARM_POINTS, Gateway, GatewayError, Replica, arm_bounds, arm_of, arm_point,
                                     check_arms, route_config, routes_version, write_routes)
-from ensemble.operate import declared
+from ensemble.repository import declared
 from ensemble.schema import Model
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from ensemble.fleet import release
+from ensemble.operate import records
 from ensemble.fleet.gateway import Gateway, Replica
 
 GATEWAY = Gateway((Replica(18100, 18101, "127.0.0.1"), Replica(18102, 18103, "127.0.0.1")), http_port=18000,
@@ -15,7 +16,7 @@ GATEWAY = Gateway((Replica(18100, 18101, "127.0.0.1"), Replica(18102, 18103, "12
 
 
 def test_a_recorded_fleet_is_found_by_its_gateway_port_while_its_process_lives(tmp_path, monkeypatch):
-    monkeypatch.setenv(release.RUN_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(records.RUN_DIR_ENV, str(tmp_path))
     assert release.find("127.0.0.1:18000") is None
     path = release.record(GATEWAY, tmp_path / "repo", "native", 4)
     found = release.find("http://127.0.0.1:18000/")

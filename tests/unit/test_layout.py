@@ -5,7 +5,8 @@ function-level import counts as much as one at the top of a file):
 
 0. ``ensemble.native``: the C modules and their Python faces, and the machine-level helpers beside them.
 1. the dataset's contract: ``dataset``, ``schema``.
-2. ``data``, 3. ``features``, 4. ``models`` (training and the scorers), 5. ``repository`` (releases).
+2. ``data``, 3. ``features``, 4. ``models`` (training and the scorers) and ``tables`` (the row store of tables
+   larger than memory), 5. ``repository`` (releases).
 6. ``scoring`` (the in-process scorer) and ``online`` (the feature store's lookup).
 7. ``serving``: what runs inside Triton's process.
 8. the operator's side of one server (``operate``), the store's tools, training runs, the README's figures.
@@ -53,7 +54,7 @@ def test_ensemble_imports_clients_and_loadtest_only_from_the_command_line_and_de
 def test_folders_are_the_roles_and_nesting_stops_at_one_level():
     folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
     assert folders == ["check", "data", "features", "fleet", "models", "native", "operate", "repository", "scoring",
-                       "serving"]
+                       "serving", "tables"]
     assert not [p for p in PACKAGE.glob("*/*/__init__.py")], "no package deeper than ensemble/<role>/"
 
 
@@ -62,7 +63,7 @@ LAYERS = {
     "ensemble.native": 0, "ensemble.pins": 0, "ensemble.machine": 0, "ensemble.console": 0, "ensemble.device": 0,
     "ensemble.grpc_polling": 0, "ensemble.model_size": 0,
     "ensemble.dataset": 1, "ensemble.schema": 1,
-    "ensemble.data": 2, "ensemble.features": 3, "ensemble.models": 4, "ensemble.repository": 5,
+    "ensemble.data": 2, "ensemble.features": 3, "ensemble.models": 4, "ensemble.tables": 4, "ensemble.repository": 5,
     "ensemble.scoring": 6, "ensemble.online": 6,
     "ensemble.serving": 7,
     "ensemble.operate": 8, "ensemble.materialize": 8, "ensemble.store_server": 8, "ensemble.training": 8,

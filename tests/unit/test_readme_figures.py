@@ -51,3 +51,16 @@ def test_check_compares_the_deterministic_figures_only():
 
 def test_the_real_readme_has_every_block():
     assert set(readme_figures.current(readme_figures.README.read_text())) == {"accuracy", "example", "demo"}
+
+
+def test_the_check_compares_at_the_readmes_precision_and_not_the_machine():
+    written = readme_figures.rewrite(README, readme_figures.render(SUMMARY))
+    elsewhere = {**SUMMARY, "machine": "x86_64, 2 cores (Intel Xeon (family 6 model 143; avx512f amx_tile)), 24 GiB, no GPU",
+                 "example": {**SUMMARY["example"], "score": 0.30538}}  # 0.305 at the README's three decimals
+    assert readme_figures.stale(written, elsewhere) == []
+    assert readme_figures.verdict(written, elsewhere) == "README figures match this build"
+    off = {**elsewhere, "example": {**SUMMARY["example"], "score": 0.3074},
+           "accuracy": {**SUMMARY["accuracy"], "blend": {"auc": 0.7321, "logloss": 0.47}}}
+    line = readme_figures.verdict(written, off)
+    assert readme_figures.stale(written, off) == ["accuracy", "example"]
+    assert "by up to 0.0021 in accuracy, 0.002 in example" in line and "AMD EPYC" in line and "Intel Xeon" in line

@@ -82,18 +82,26 @@ def test_wire_runner_scores_the_wire_buffer_like_the_fused_step(trained, pipelin
         assert np.array_equal(got[name], want[name]), name
 
 
-def test_no_wire_runner_when_a_column_is_hashed(trained):
+def test_a_hashed_column_is_hashed_from_the_wire_and_a_multi_hot_one_has_no_wire_runner(trained):
     import dataclasses
+
+    from ensemble import native
 
     fused = runtime.load_fused(runtime.latest_version(trained.repository / Model.RANKER.value))
     features = fused.fn.steps[Model.FEATURES]
     hashed = dataclasses.replace(features.fn, hash_buckets=(0,) * (len(features.fn.lookups) - 1) + (16,))
-    steps = {**fused.fn.steps, Model.FEATURES: runtime.StepRunner(features.step, hashed)}
+    cats = np.array([[f"v{r}-{c}".encode() for c in range(len(hashed.lookups))] for r in range(7)], dtype=object)
+    from_wire = hashed.ids_from_wire(native.join_wire(cats.reshape(-1).tolist()), 7)
+    assert np.array_equal(from_wire, hashed.transform_categorical(cats))  # C from the buffer == Python
+    assert from_wire[:, -1].tolist() == [native.hash_ids([f"v{r}-{len(hashed.lookups) - 1}".encode()], 16)[0]
+                                         for r in range(7)]
+    multi = dataclasses.replace(features.fn, max_items=(0,) * (len(features.fn.lookups) - 1) + (2,))
+    steps = {**fused.fn.steps, Model.FEATURES: runtime.StepRunner(features.step, multi)}
     pipeline = runtime.Pipeline(steps, widths=fused.fn.widths)
     assert pipeline.reads_wire is None
     assert runtime.wire_runner(runtime.StepRunner(fused.step, pipeline)) is None
-    with pytest.raises(ValueError, match="hashed or multi-hot"):
-        hashed.ids_from_wire(b"", 0)
+    with pytest.raises(ValueError, match="multi-hot"):
+        multi.ids_from_wire(b"", 0)
 
 
 @pytest.mark.parametrize("rows", [33, 300])

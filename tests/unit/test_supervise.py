@@ -1,5 +1,7 @@
-"""The supervisor's restart budget (the faults themselves are tested against the real server in
-tests/integration/test_faults.py)."""
+"""The supervisor's decisions, with stand-ins for tritonserver: ``sleep`` processes for its process
+and its backend processes, a silent socket for a server that never answers, recorders for probes and
+actions (what is stubbed and why: docs/development.md, "Set-up and tests"). The faults themselves are
+injected into a real server in tests/integration/test_faults.py."""
 
 import pytest
 
