@@ -40,9 +40,10 @@ test: system-test setup
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 	@$(MAKE) --no-print-directory sanitize
 
-# The C code that reads client bytes under AddressSanitizer and UndefinedBehaviorSanitizer: the C paths'
-# unit tests on a sanitized build (build/sanitize), then every libFuzzer target (clang) for
-# SANITIZE_SECONDS each; any report fails it (docs/fuzzing.md).
+# The C code under AddressSanitizer and UndefinedBehaviorSanitizer: the C paths' unit tests on a
+# sanitized build (build/sanitize), every libFuzzer target (clang) for SANITIZE_SECONDS each, then the
+# native backend inside the real tritonserver with leak detection on (its integration tests and failing
+# allocations); any report fails it (docs/fuzzing.md).
 SANITIZE_SECONDS ?= 25
 sanitize: system-test setup
 	$(BIN)/python -m tests.fuzz.sanitize --seconds $(SANITIZE_SECONDS)

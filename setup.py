@@ -70,13 +70,16 @@ def module(name: str, *flags: str, include: tuple[str, ...] = (), **kwargs) -> E
 # ensemble.native._tables reads cold rows through io_uring when liburing's headers are here (Debian's
 # liburing-dev, which `make setup` installs); without them it is built with pread and mmap only.
 URING = Path("/usr/include/liburing.h").is_file()
+# ... and from a Redis Cluster when hiredis's headers are here (Debian's libhiredis-dev): the cold tier of a fleet.
+HIREDIS = Path("/usr/include/hiredis/hiredis.h").is_file()
 
 MODULES = [
     module("_request", "-O2", libraries=["z"]),
     module("_admission", "-O2", "-ffp-contract=off"),
     module("_trees", "-O3"),
     module("_dlrm", "-O3", "-Wno-psabi"),
-    module("_tables", "-O2", *(["-DENSEMBLE_URING"] if URING else []), libraries=["z", *(["uring"] if URING else [])]),
+    module("_tables", "-O2", *(["-DENSEMBLE_URING"] if URING else []), *(["-DENSEMBLE_HIREDIS"] if HIREDIS else []),
+           libraries=["z", *(["uring"] if URING else []), *(["hiredis"] if HIREDIS else [])]),
 ]
 if OPENVINO_C:
     MODULES.append(module("_openvino", "-O2", include=(str(OPENVINO / "include"),),
@@ -88,7 +91,7 @@ if numpy is not None:
 # of Triton (backend_internal.h).
 BACKEND = Extension(
     "ensemble.native.libtriton_native",
-    [f"{NATIVE}/backend{part}.c" for part in ("", "_interpreter", "_plain", "_statistics", "_io", "_shadow", "_tables")],
+    [f"{NATIVE}/backend{part}.c" for part in ("", "_interpreter", "_plain", "_statistics", "_io", "_shadow", "_tables", "_built")],
     optional=not STRICT,
     depends=[f"{NATIVE}/{h}" for h in ("backend_internal.h", "triton_api.h", "backend_checks.h")] + API,
     include_dirs=[NATIVE], define_macros=[("PYTHON_LIBRARY", f'"{PYTHON_LIBRARY}"')],

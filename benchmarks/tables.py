@@ -13,11 +13,13 @@ meanwhile. Parts (``--parts``):
   page cache holds none of its rows, and the file mappings are not counted); then, one client sending
   sequential requests, for each key source (``zipf``: every large table's ids drawn Zipf with
   ``--alpha`` over its rows, ranks placed by a fixed permutation, as NVIDIA's DynamicEmb benchmark draws
-  them; ``counts``: ids drawn from training's own counts): a warm-up until the hit rate holds still, then
+  them; ``counts``: ids drawn from training's own counts): a warm-up of larger requests until the hit rate
+  holds still (each block's hit rate is kept: the curve), then
   1-row and 100-row requests: p50, p99, the hit rate on unique keys (the server's counters), cold rows and
   read time per request, and the cold reads' efficiency against fio's IOPS at the queue depth used.
-- ``throughput``: 100-row requests from N concurrent clients: the most rows per second whose p99 stays
-  under ``--p99-ms``.
+- ``throughput`` (with ``serve``, on its warmed server): 100-row requests from N concurrent clients: the
+  most rows per second whose p99 stays under ``--p99-ms``. A release without a row store (the seed's size
+  with vocabulary tables) runs the same parts on the synthetic data's rows, for comparison.
 - ``policies``: the admission policies (always, second) and the cold reads' I/O (uring, pread, mmap),
   each on its own server, Zipf keys: hit rate and latency (how the defaults were chosen).
 
@@ -155,7 +157,7 @@ class Keys:
         if source == "counts":
             with np.load(step / TABLES_DIR / COUNTS) as data:
                 self.counts = {t.name: (data[f"{t.name}.ids"], data[f"{t.name}.counts"]) for t in self.manifest.tables}
-        self.zipf_cdf = {}
+        self.forged: dict[int, bytes] = {}
 
     def _zipf(self, rows: int, n: int) -> np.ndarray:
         """Ranks 0.. with P(r) ~ (r + 1)^-alpha over ``rows`` ranks (by inverting the continuous CDF)."""
@@ -184,8 +186,15 @@ class Keys:
         ids = self.ids(n)
         dense = self.rng.lognormal(1.5, 1.2, (n, 13)).astype(np.float32)
         cats = np.empty(ids.shape, dtype=object)
+        forged = self.forged
         for (r, c), value in np.ndenumerate(ids):
-            cats[r, c] = forge(b"k", int(value))  # crc32 == id, so crc32 % rows == id
+            value = int(value)
+            text = forged.get(value)
+            if text is None:
+                if len(forged) > 2_000_000:
+                    forged.clear()
+                text = forged[value] = forge(b"k", value)  # crc32 == id, so crc32 % rows == id
+            cats[r, c] = text
         return dense, cats
 
 
@@ -232,7 +241,23 @@ def wait_warm(metrics_url: str, settle: float = 5.0, limit: float = 600.0) -> tu
     return limit, last
 
 
-def sequential(client, keys: Keys, rows: int, requests: int, metrics_url: str, big: set[str]) -> dict:
+class SyntheticKeys:
+    """Request rows of the synthetic Criteo data (a release without a row store: its vocabularies hold them)."""
+
+    def __init__(self, seed: int = 0, rows: int = 20_000):
+        from ensemble.data import criteo
+        from ensemble.features import transforms
+
+        frame = criteo.synthesize(criteo.SynthConfig(rows=rows, scale=1.0, seed=31 + seed)).frame
+        self.dense, self.cats = transforms.dense_array(frame), transforms.encode_categorical(frame)
+        self.rng = np.random.default_rng(seed)
+
+    def request(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        at = int(self.rng.integers(0, len(self.dense) - n))
+        return self.dense[at:at + n], self.cats[at:at + n]
+
+
+def sequential(client, keys, rows: int, requests: int, metrics_url: str, big: set[str]) -> dict:
     before = metrics(metrics_url)
     times = []
     for _ in range(requests):
@@ -241,102 +266,208 @@ def sequential(client, keys: Keys, rows: int, requests: int, metrics_url: str, b
         client.infer(dense, cats)
         times.append(time.perf_counter() - start)
     after = metrics(metrics_url)
+    return {"rows": rows, "requests": requests, "p50_ms": percentile(times, 0.5) * 1e3,
+            "p99_ms": percentile(times, 0.99) * 1e3, **counted(before, after, requests, big)}
+
+
+def counted(before: dict, after: dict, requests: int, big: set[str]) -> dict:
+    """The row store's counters between two scrapes, per request: hit rates on unique keys, cold rows, blocks
+    and read time (empty for a release without a row store)."""
     delta = lambda name, only=None: totals(after, name, only) - totals(before, name, only)  # noqa: E731
     unique, hits = delta("ensemble_table_unique_keys_total"), delta("ensemble_table_hot_hits_total")
+    if not unique:
+        return {}
     unique_big, hits_big = delta("ensemble_table_unique_keys_total", big), delta("ensemble_table_hot_hits_total", big)
-    cold = delta("ensemble_table_cold_rows_total")
-    read_seconds = delta("ensemble_table_read_seconds_sum")
-    return {"rows": rows, "requests": requests, "p50_ms": percentile(times, 0.5) * 1e3,
-            "p99_ms": percentile(times, 0.99) * 1e3, "hit_rate": hits / unique if unique else None,
-            "hit_rate_large_tables": hits_big / unique_big if unique_big else None,
-            "cold_rows_per_request": cold / requests,
+    return {"hit_rate": hits / unique, "hit_rate_large_tables": hits_big / unique_big if unique_big else None,
+            "unique_keys_per_request": unique / requests,
+            "cold_rows_per_request": delta("ensemble_table_cold_rows_total") / requests,
             "cold_blocks_per_request": delta("ensemble_table_cold_blocks_total") / requests,
-            "read_ms_per_request": read_seconds * 1e3 / requests}
+            "read_ms_per_request": delta("ensemble_table_read_seconds_sum") * 1e3 / requests,
+            "read_failures": delta("ensemble_table_read_failures_total")}
+
+
+def closed_loops(address: str, make_keys, rows: int, requests: int, clients: int) -> tuple[list[float], float]:
+    """``clients`` threads, each sending ``requests`` requests of ``rows`` rows back to back over gRPC (rows
+    drawn beforehand, so the clients' Python stays off the measured path as far as it can): each request's
+    seconds, and the wall time."""
+    import threading
+
+    from clients.triton import RankerClient
+
+    prepared = [[keys.request(rows) for _ in range(requests)] for keys in (make_keys(k) for k in range(clients))]
+    times: list[float] = []
+
+    def loop(k: int) -> None:
+        client = RankerClient(address, "grpc")
+        for dense, cats in prepared[k]:
+            start = time.perf_counter()
+            client.infer(dense, cats)
+            times.append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(clients)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return times, time.perf_counter() - started
+
+
+def warm_up(address: str, keys_of, args, metrics_url: str, big: set[str]) -> list[dict]:
+    """Blocks of ``--warm-rows``-row requests from two clients (the same key stream the measured requests draw
+    from, in larger requests so that the hot tier sees as many keys in far fewer calls) until a block's hit rate
+    moves by less than ``--warm-settle`` or ``--max-warm-blocks`` ran: each block's hit rate and time."""
+    curve, previous, sent = [], None, 0
+    for block in range(args.max_warm_blocks):
+        before = metrics(metrics_url)
+        times, wall = closed_loops(address, lambda k: keys_of(1000 + block * 2 + k), args.warm_rows,
+                                   args.warm_requests, 2)
+        sent += len(times) * args.warm_rows
+        point = {"block": block + 1, "rows_sent": sent, "seconds": wall,
+                 "hot_bytes": totals(metrics(metrics_url), "ensemble_table_hot_bytes"),
+                 **counted(before, metrics(metrics_url), len(times), big)}
+        curve.append(point)
+        print(f"warm-up block {block + 1}: {sent:,} rows sent, hit rate {point.get('hit_rate', 0):.4f} "
+              f"(large tables {point.get('hit_rate_large_tables') or 0:.4f}), {wall:.1f} s", flush=True)
+        if previous is not None and abs(point["hit_rate"] - previous) < args.warm_settle:
+            break
+        previous = point["hit_rate"]
+    return curve
 
 
 def serve(repository: Path, out: Path, args, fio_result: dict | None) -> dict:
+    """One server: ready and warm times, memory, then per key source the warm-up, sequential 1-row and 100-row
+    requests, and (part ``throughput``) closed loops of 100-row requests on the same warmed server."""
     from ensemble.grpc_polling import import_grpc
 
     import_grpc()
     from clients.triton import RankerClient
+    from ensemble.scoring.pipeline import release_versions
+    from ensemble.tables.files import has_tables
 
+    row_store = any(has_tables(f) for f in release_versions(repository, args.release).values())
     process, ports, ready = start_server(repository, out, args.cache_gib, args.server_args, args.server_cpus)
     metrics_url = f"http://127.0.0.1:{ports[2]}/metrics"
+    address = f"127.0.0.1:{ports[1]}"
     try:
-        warm_seconds, warm_bytes = wait_warm(metrics_url)
+        warm_seconds, warm_bytes = wait_warm(metrics_url) if row_store else (0.0, 0.0)
         pid = tritonserver_pid(process.pid)
-        result = {"ready_seconds": ready, "warm_seconds": warm_seconds, "warmed_hot_bytes": warm_bytes,
-                  "rss_anon_after_warm": rss_anon(pid), "cache_gib": args.cache_gib, "server_args": args.server_args}
-        client = RankerClient(f"127.0.0.1:{ports[1]}", "grpc")
-        keys_zipf = Keys(repository, args.release, "zipf", args.alpha)
-        big = {t.name for t in keys_zipf.manifest.tables if not t.small}
-        for source in args.sources:
-            keys = keys_zipf if source == "zipf" else Keys(repository, args.release, source, args.alpha, seed=1)
-            # warm-up: 100-row requests until the hit rate of a block moves by less than half a point
-            previous, used = None, 0
-            for used in range(1, args.max_warm_blocks + 1):  # noqa: B007 - the count is reported
-                block = sequential(client, keys, 100, args.warm_requests, metrics_url, big)
-                if previous is not None and abs(block["hit_rate"] - previous) < 0.005:
-                    break
-                previous = block["hit_rate"]
-            result[source] = {"warm_blocks": used, "warm_requests_each": args.warm_requests,
-                              "hot_bytes": totals(metrics(metrics_url), "ensemble_table_hot_bytes"),
-                              **{f"rows{n}": sequential(client, keys, n, args.requests, metrics_url, big) for n in (1, 100)}}
-            if fio_result:
-                point = result[source]["rows100"]
-                # the disk's time for this many reads at the queue depth used, from fio's IOPS
+        result = {"row_store": row_store, "ready_seconds": ready, "warm_file_seconds": warm_seconds,
+                  "warm_file_hot_bytes": warm_bytes, "rss_anon_after_load": rss_anon(pid),
+                  "cache_gib": args.cache_gib, "server_args": args.server_args}
+        client = RankerClient(address, "grpc")
+        big = set()
+        if row_store:
+            big = {t.name for t in Keys(repository, args.release, "zipf", args.alpha).manifest.tables if not t.small}
+        for source in (args.sources if row_store else ["synthetic"]):
+            def keys_of(seed: int, source=source):
+                if source == "synthetic":
+                    return SyntheticKeys(seed)
+                return Keys(repository, args.release, source, args.alpha, seed=seed)
+
+            keys = keys_of(0)
+            found = result[source] = {}
+            if row_store:
+                found["warm_up"] = warm_up(address, keys_of, args, metrics_url, big)
+            for n in (1, 100):
+                sequential(client, keys, n, 20, metrics_url, big)  # the connection and the path warmed
+                found[f"rows{n}"] = point = sequential(client, keys, n, args.requests, metrics_url, big)
+                print(f"{source} {n}-row: p50 {point['p50_ms']:.2f} ms, p99 {point['p99_ms']:.2f} ms, "
+                      f"hit rate {point.get('hit_rate') or 0:.4f}", flush=True)
+            point = found["rows100"]
+            if fio_result and point.get("cold_blocks_per_request"):
+                # the disk's own time for this many 4 KiB reads at the queue depth used, from fio's IOPS
                 fio_ms = point["cold_blocks_per_request"] / fio_result["fio_qd32"]["iops"] * 1e3
                 point["fio_ms_for_these_reads_qd32"] = fio_ms
-                point["read_time_over_fio"] = point["read_ms_per_request"] / fio_ms if fio_ms else None
+                point["read_time_over_fio"] = point["read_ms_per_request"] / fio_ms
+            if "throughput" in args.parts and source in ("zipf", "synthetic"):
+                points = []
+                for clients in args.clients:
+                    before = metrics(metrics_url)
+                    times, wall = closed_loops(address, lambda k: keys_of(100 + k), 100,
+                                               max(20, int(args.seconds * 40 / clients)), clients)
+                    points.append({"clients": clients, "rows_per_s": len(times) * 100 / wall,
+                                   "p50_ms": percentile(times, 0.5) * 1e3, "p99_ms": percentile(times, 0.99) * 1e3,
+                                   **counted(before, metrics(metrics_url), len(times), big)})
+                    print(f"{source} {clients} clients x 100 rows: {points[-1]['rows_per_s']:,.0f} rows/s, "
+                          f"p99 {points[-1]['p99_ms']:.1f} ms", flush=True)
+                inside = [p for p in points if p["p99_ms"] <= args.p99_ms]
+                found["throughput"] = {"points": points, "p99_bound_ms": args.p99_ms,
+                                       "best": max(inside, key=lambda p: p["rows_per_s"], default=None)}
         result["rss_anon_end"] = rss_anon(pid)
+        result["hot_bytes_end"] = totals(metrics(metrics_url), "ensemble_table_hot_bytes")
         return result
     finally:
         process.terminate()
         process.wait(60)
 
 
-def throughput(repository: Path, out: Path, args) -> dict:
-    """Closed loops of 100-row requests from 1..N client threads: rows/s and p99 at each."""
-    import threading
+def print_serve(result: dict) -> None:
+    """The serve part as a table."""
+    print(f"\nready {result['ready_seconds']:.1f} s; warm file {result['warm_file_seconds']:.1f} s "
+          f"({result['warm_file_hot_bytes'] / 2**20:,.0f} MiB); RssAnon after load "
+          f"{result['rss_anon_after_load'] / 2**30:.2f} GiB, at the end {result['rss_anon_end'] / 2**30:.2f} GiB; "
+          f"hot tier at the end {result['hot_bytes_end'] / 2**30:.2f} GiB")
+    print("| keys | rows | p50 ms | p99 ms | hit rate (large tables) | cold rows / request | read ms / request |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for source in ("zipf", "counts", "synthetic"):
+        for n in (1, 100):
+            point = result.get(source, {}).get(f"rows{n}")
+            if point:
+                hit = (f"{point['hit_rate']:.4f} ({point['hit_rate_large_tables'] or 0:.4f})"
+                       if "hit_rate" in point else "-")
+                print(f"| {source} | {n} | {point['p50_ms']:.2f} | {point['p99_ms']:.2f} | {hit} | "
+                      f"{point.get('cold_rows_per_request', 0):.1f} | {point.get('read_ms_per_request', 0):.2f} |")
+        loops = result.get(source, {}).get("throughput")
+        if loops:
+            for point in loops["points"]:
+                print(f"| {source} | 100 x {point['clients']} clients | {point['p50_ms']:.2f} | {point['p99_ms']:.2f} "
+                      f"| {point.get('hit_rate') or 0:.4f} | {point['rows_per_s']:,.0f} rows/s | |")
 
-    from ensemble.grpc_polling import import_grpc
 
-    import_grpc()
-    from clients.triton import RankerClient
+def policies(repository: Path, out: Path, args) -> dict:
+    """The admission policies' hit rate on unique keys, Zipf keys, at the hot tier's real size in rows: a copy of
+    one DLRM's tables with 4-wide rows (the same rows per table, the same ids; read through the page cache),
+    so that a long run of requests costs seconds, not the disk's hours. Each policy's Store runs the same key
+    sequence; the hit rate of every block of requests is reported, to see when it holds still."""
+    from ensemble.native import _tables
+    from ensemble.tables import files
 
-    process, ports, _ = start_server(repository, out, args.cache_gib, args.server_args, args.server_cpus)
-    try:
-        wait_warm(f"http://127.0.0.1:{ports[2]}/metrics")
-        points = []
-        for clients in args.clients:
-            keys = [Keys(repository, args.release, "zipf", args.alpha, seed=100 + k) for k in range(clients)]
-            prepared = [[k.request(100) for _ in range(40)] for k in keys]
-            times: list[float] = []
-            stop = time.monotonic() + args.seconds
-
-            def loop(k: int) -> None:
-                client = RankerClient(f"127.0.0.1:{ports[1]}", "grpc")
-                i = 0
-                while time.monotonic() < stop:
-                    dense, cats = prepared[k][i % len(prepared[k])]
-                    start = time.perf_counter()
-                    client.infer(dense, cats)
-                    times.append(time.perf_counter() - start)
-                    i += 1
-
-            threads = [threading.Thread(target=loop, args=(k,)) for k in range(clients)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            points.append({"clients": clients, "rows_per_s": len(times) * 100 / args.seconds,
-                           "p50_ms": percentile(times, 0.5) * 1e3, "p99_ms": percentile(times, 0.99) * 1e3})
-            print(points[-1], flush=True)
-        best = max((p for p in points if p["p99_ms"] <= args.p99_ms), key=lambda p: p["rows_per_s"], default=None)
-        return {"points": points, "p99_bound_ms": args.p99_ms, "best": best}
-    finally:
-        process.terminate()
-        process.wait(60)
+    keys = Keys(repository, args.release, "zipf", args.alpha)
+    manifest = keys.manifest
+    scratch = out / "policy-tables"
+    scratch.mkdir(parents=True, exist_ok=True)
+    specs = []
+    for t in manifest.tables:
+        path = scratch / f"{t.name}.rows"
+        if not path.is_file() or files.read_header(path).rows != t.rows:
+            files.write_table(path, t.rows, 4, "int8", t.seed)
+        specs.append((t.name, str(path), t.rows, 4, t.small, None, None))
+    real_slot = files.row_bytes(manifest.format, manifest.dim) + 9
+    slots = int(args.cache_gib * 2**30 / 2 / real_slot)  # one DLRM's share of the budget, in rows
+    budget = slots * (files.row_bytes("int8", 4) + 9)
+    found = {"slots": slots, "requests_per_block": args.policy_block, "blocks": args.policy_blocks}
+    start_state = keys.rng.bit_generator.state  # every policy sees the same keys
+    for policy in ("always", "second", "none"):
+        keys.rng.bit_generator.state = start_state
+        store = _tables.Store(specs, budget, policy, "mmap", 32)
+        out_rows = np.empty((100, len(specs), 4), np.float32)
+        trace = []
+        big = {t.name for t in manifest.tables if not t.small}
+        for block in range(args.policy_blocks):
+            before = store.stats()["tables"]
+            for _ in range(args.policy_block):
+                store.gather(keys.ids(100), out_rows)
+            after = store.stats()["tables"]
+            u = sum(after[n]["unique"] - before[n]["unique"] for n in after)
+            h = sum(after[n]["hits"] - before[n]["hits"] for n in after)
+            ub = sum(after[n]["unique"] - before[n]["unique"] for n in big)
+            hb = sum(after[n]["hits"] - before[n]["hits"] for n in big)
+            trace.append({"requests": (block + 1) * args.policy_block, "hit_rate": h / u, "hit_rate_large_tables": hb / ub,
+                          "hot_rows": store.stats()["hot_rows"]})
+            print(policy, trace[-1], flush=True)
+        found[policy] = trace
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -349,12 +480,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alpha", type=float, default=1.05)
     p.add_argument("--sources", nargs="+", default=["zipf", "counts"], choices=["zipf", "counts"])
     p.add_argument("--requests", type=int, default=1000, help="measured requests per size and key source")
-    p.add_argument("--warm-requests", type=int, default=500, help="requests per warm-up block")
-    p.add_argument("--max-warm-blocks", type=int, default=40)
+    p.add_argument("--warm-rows", type=int, default=2000, help="rows of a warm-up request")
+    p.add_argument("--warm-requests", type=int, default=25, help="warm-up requests per client per block")
+    p.add_argument("--warm-settle", type=float, default=0.002, help="a block's hit rate this close to the last ends it")
+    p.add_argument("--max-warm-blocks", type=int, default=400)
     p.add_argument("--clients", nargs="+", type=int, default=[1, 2, 4, 8])
-    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--seconds", type=float, default=20.0, help="throughput: about this long a point")
     p.add_argument("--p99-ms", type=float, default=50.0)
     p.add_argument("--server-cpus", default=None)
+    p.add_argument("--policy-block", type=int, default=2000, help="policies: requests per reported block")
+    p.add_argument("--policy-blocks", type=int, default=40, help="policies: blocks per policy")
     p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[])
     p.add_argument("--out", default="build/bench")
     args = p.parse_args(argv)
@@ -371,9 +506,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(found["capacity"], indent=1))
     if "serve" in args.parts:
         found["serve"] = serve(repository, out, args, fio_result)
-        print(json.dumps(found["serve"], indent=1, default=str))
-    if "throughput" in args.parts:
-        found["throughput"] = throughput(repository, out, args)
+        print_serve(found["serve"])
+    if "policies" in args.parts:
+        found["policies"] = policies(repository, out, args)
     for part, value in found.items():
         write_results(out, f"tables-{part}.json", "benchmarks.tables", machine, disk=fio_result, **{part: value})
     return 0

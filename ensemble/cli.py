@@ -133,7 +133,9 @@ def _tables_settings(args) -> dict[str, str]:
     found = {serving.CACHE_ENV: f"{getattr(args, 'embedding_cache_gib', serving.DEFAULT_CACHE_GIB):g}"}
     for env, value in ((serving.IO_ENV, getattr(args, "table_io", None)),
                        (serving.ADMISSION_ENV, getattr(args, "table_admission", None)),
-                       (serving.READ_TIMEOUT_ENV, getattr(args, "table_read_timeout_ms", None))):
+                       (serving.READ_TIMEOUT_ENV, getattr(args, "table_read_timeout_ms", None)),
+                       (serving.COLD_ENV, getattr(args, "table_cold", None)),
+                       (serving.REDIS_PREFIX_ENV, getattr(args, "table_redis_prefix", None))):
         if value is not None:
             found[env] = f"{value:g}" if isinstance(value, float) else str(value)
     return found
@@ -504,6 +506,14 @@ def cmd_tables(args) -> int:
     if not folders:
         print(f"release {release}: no DLRM keeps its tables in a row store (they are in the models)")
         return 0
+    if args.to_redis:  # a fleet's cold tier: the large tables' blocks into Redis
+        from ensemble.online import connect
+
+        client = connect(args.to_redis, timeout_s=30.0)
+        total = sum(files.to_redis(client, folder, step, args.redis_prefix) for step, folder in folders.items())
+        print(f"release {release}: {total / 1e9:.2f} GB written into {args.to_redis.split('@')[-1]} "
+              f"(prefix {args.redis_prefix})")
+        return 0
     budget = int(args.budget_gib * 2**30)
     manifests = {step: files.TablesManifest.load(f) for step, f in folders.items()}
     rows_by_step = {step: big_rows(m) for step, m in manifests.items()}
@@ -689,7 +699,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
                    help="hash every categorical column into a built-in shape's rows: criteo-1tb is the DLRM seed's "
                         "Criteo Terabyte model (ids capped at 40M: 204,184,588 rows per DLRM)")
     p.add_argument("--row-store", choices=["auto", "on", "off"], default="auto",
-                   help="keep the DLRMs' tables out of memory (docs/serving.md#tables-larger-than-memory): a step "
+                   help="keep the DLRMs' tables out of memory (docs/tables.md): a step "
                         "reads and updates its batch's rows only, the export writes every row to disk; auto: when "
                         "a table has 1,000,000 rows or more")
     p.add_argument("--table-budget-gib", type=float, default=8.0, metavar="GIB",
@@ -768,13 +778,19 @@ def _add_server(p: argparse.ArgumentParser) -> None:
                         "libtcmalloc-minimal4), else runs on the system's")
     p.add_argument("--embedding-cache-gib", type=float, default=6.0, metavar="GIB",
                    help="a row store release (tables larger than memory): the hot tier's RAM for every large table "
-                        "of both DLRMs (docs/serving.md#tables-larger-than-memory) (default: 6.0)")
+                        "of both DLRMs (docs/tables.md)")
     p.add_argument("--table-io", choices=["uring", "pread", "mmap"], default=None,
                    help="how cold rows are read: io_uring with a bounded queue depth (the default where built), one "
                         "pread at a time, or a shared mapping (the page cache's way)")
     p.add_argument("--table-admission", choices=["always", "second", "none"], default=None,
-                   help="which missed rows enter the hot tier: every one, one missed twice within the doorkeeper's "
-                        "window (the default, chosen by measurement), or none (only what the warm file put there)")
+                   help="which missed rows enter the hot tier: every one (the default, chosen by measurement: "
+                        "docs/tables.md), one missed twice within the doorkeeper's window, or none (only what the "
+                        "warm file put there)")
+    p.add_argument("--table-cold", default=None, metavar="URL",
+                   help="read the large tables' cold rows from Redis instead of the local disk: "
+                        "redis://host:port[,host:port...] (a cluster's nodes, or one node), filled by ensemble tables "
+                        "--to-redis; the release's small files stay local")
+    p.add_argument("--table-redis-prefix", default=None, help="the cold tier's key prefix (default: ensemble-tables)")
     p.add_argument("--table-read-timeout-ms", type=float, default=None, metavar="MS",
                    help="the longest a request's cold reads may take: past it the request is refused (503 / "
                         "UNAVAILABLE naming the table) (default: 1000)")
@@ -849,11 +865,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "tables", "a release's tables larger than memory: rows, format, bytes on disk, where they are "
                                 "served from, delta rows, and the hit rate training's counts predict for a hot tier budget "
-                                "(docs/serving.md#tables-larger-than-memory)")
+                                "(docs/tables.md)")
     p.add_argument("--repository", default="model_repository", help="the Triton model repository")
     p.add_argument("--release", type=int, default=None, help="the release (default: the declared one, else the newest)")
     p.add_argument("--budget-gib", type=float, default=6.0, metavar="GIB",
                    help="the hot tier's budget to predict for (ensemble serve --embedding-cache-gib)")
+    p.add_argument("--to-redis", default=None, metavar="URL",
+                   help="write the large tables' blocks into this Redis (a cluster's node, or one node): the cold tier "
+                        "a fleet shares (ensemble serve --table-cold)")
+    p.add_argument("--redis-prefix", default="ensemble-tables", help="the keys' prefix in Redis")
     p.set_defaults(func=cmd_tables)
 
     p = _command(sub, "serve", "run tritonserver on the repository until SIGINT/SIGTERM")

@@ -383,3 +383,21 @@ def run_clients(fleet: ReleaseFleet, action) -> tuple[list, float]:
         for client in clients:
             client.join(timeout=30)
     return clients, returned
+
+
+_DOCKERFILE_PARSE = ("import json, sys, dockerfile\n"
+                     "print(json.dumps([{f: getattr(c, f) for f in ('cmd', 'value', 'flags', 'original')} "
+                     "for c in dockerfile.parse_file(sys.argv[1])]))")
+
+
+def dockerfile_instructions(path: Path):
+    """The Dockerfile's instructions (cmd, value, flags, original), parsed by the `dockerfile` package in a
+    child process: its Go runtime crashes (SIGSEGV inside dockerfile.abi3.so) in a process that has
+    loaded OpenVINO's CPU runtime, as this one has once a release was exported."""
+    import json
+    import subprocess
+    import sys
+    import types
+
+    done = subprocess.run([sys.executable, "-c", _DOCKERFILE_PARSE, str(path)], capture_output=True, text=True, check=True)
+    return [types.SimpleNamespace(**c) for c in json.loads(done.stdout)]

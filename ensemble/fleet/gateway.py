@@ -17,13 +17,15 @@
   broken backend process) is retried up to ``retries`` times on replicas it has not tried yet, within
   a retry budget (a share of the requests in flight) so that retries cannot multiply true overload.
 - **Limits at the door.** A body larger than ``max_request_bytes`` (after gzip decompression at the
-  gateway, whose inflation ratio is bounded too) is refused with 413 before a replica sees it, on
-  its ``Content-Length`` header when it has one.
+  gateway, whose inflation ratio is bounded too) is refused with 413 (gRPC RESOURCE_EXHAUSTED)
+  before a replica sees it, on its ``Content-Length`` header when it has one.
   Other HTTP content encodings and compressed gRPC messages are refused (Triton would inflate them
   without a bound). Headers must arrive within 10 s and an idle connection closes after 5 minutes.
 - **JSON Triton can parse.** A POST whose JSON (the body, or a binary request's JSON header) nests
   deeper than :data:`MAX_JSON_DEPTH` is refused with 400: Triton 2.51's recursive parser dies of a
-  deep enough body. Triton's 500 answers to JSON it cannot parse or read are answered 400.
+  deep enough body. Triton's 500 answers to JSON it cannot parse or read are answered 400. The Lua
+  filters that do this, and pin gRPC requests, are files of their own (``ensemble/fleet/lua``,
+  :mod:`ensemble.fleet.lua_filters`), unit-tested and fuzzed in LuaJIT.
 - **Closed routes.** Only health, metadata, config, statistics and inference reach the replicas;
   model control (``/v2/repository/...``, gRPC ``Repository*``), shared-memory registration and trace
   or log settings are refused with 403 (gRPC PERMISSION_DENIED). Operators use a replica's own port.
@@ -45,6 +47,9 @@
   (gRPC UNAVAILABLE), before any replica parses the request. The bound follows the replicas'
   latency objective (:func:`requests_within_objective`): a request past it could not be answered
   within the objective even at the fastest rate measured here, so the replica would refuse it too.
+- **Statuses a gRPC client can act on.** Every answer the gateway gives itself carries, to a gRPC
+  client, the status its HTTP status means (:data:`GRPC_STATUS_OF_REFUSAL`: 400 INVALID_ARGUMENT,
+  403 PERMISSION_DENIED, 413 RESOURCE_EXHAUSTED, 503 UNAVAILABLE), not Envoy's default table's.
 """
 
 from __future__ import annotations
@@ -54,9 +59,11 @@ import math
 import os
 import re
 from dataclasses import dataclass
+from enum import Enum, IntEnum
 from pathlib import Path
 
 from ensemble import schema
+from ensemble.fleet import lua_filters
 from ensemble.operate.control import RELEASE_HEADER, SHADOW_HEADER
 from ensemble.operate.door import HTTP_MAX_INPUT_BYTES
 
@@ -239,7 +246,7 @@ def arm_bounds(release: int, arms: tuple[tuple[int, float], ...]) -> list[tuple[
 def arm_point(value: str | bytes, rounds: int = 3) -> int:
     """Where ``value`` (an arm key's value) falls in [0, ARM_POINTS): a polynomial hash of its bytes,
     mixed by ``rounds`` Lehmer steps (3 for the arm; 5 for the shadow sample, drawn from the request
-    id), all exact in doubles. The gateway's Lua computes the same (:data:`ARM_LUA`), so a key's arm
+    id), all exact in doubles. The gateway's Lua computes the same (``lua/arm.lua``), so a key's arm
     is known here, the same on every gateway and after restarts."""
     h = 0
     for byte in value.encode() if isinstance(value, str) else value:
@@ -363,365 +370,28 @@ def _refuse(status: int, text: str) -> dict:
 
 LUA_FILTER = "envoy.filters.http.lua"
 
-# The arm of a request, during an experiment: the route's metadata names the serving release
-# ("release"), the candidates with their upper bounds in ARM_POINTS ("arms": "4:1000;5:1500") and the
-# key ("key"). The key's value is the request header of that name or, when the request has no such
-# header, the request parameter of that name (key_wanted says when the body must be read for it, and
-# the filters pass what they found); a request with neither hashes Envoy's x-request-id (random per
-# request). The value is hashed as arm_point does; the request gets the release whose bound is the
-# first above its point, and the ``ensemble-release`` header naming it (the replicas pass it to the
-# models). Outside an experiment arm_of returns the pinned release, or nil. A client's own
-# ``ensemble-shadow`` header is always removed; a sample of the serving arm's requests ("shadow": its
-# share in ARM_POINTS, drawn from the request id) gets one naming the candidates ("candidates").
-ARM_LUA = r"""
-local KEY_PROBLEM = "the arm key parameter '%s' must be a string or an integer from 0 to 2^53 - 1"
-local function point_of(value, rounds)
-  local h = 0
-  for i = 1, #value do h = (h * 31 + value:byte(i)) % 2147483647 end
-  for _ = 1, rounds do h = (h * 48271 + 11) % 2147483647 end
-  return h % 10000
-end
-local function key_wanted(handle)
-  local meta = handle:metadata()
-  local key = meta:get("key")
-  if meta:get("arms") == nil or key == nil or key == "" then return nil end
-  if handle:headers():get(key) ~= nil then return nil end
-  return key
-end
-local function arm_of(handle, value)
-  local headers = handle:headers()
-  headers:remove("SHADOW_HEADER")
-  local meta = handle:metadata()
-  local release = meta:get("release")
-  local arms = meta:get("arms")
-  if release == nil or arms == nil then return release end
-  local key = meta:get("key")
-  local id = headers:get("x-request-id") or ""
-  if value == nil and key ~= nil and key ~= "" then value = headers:get(key) end
-  if value == nil then value = id end
-  local point = point_of(value, 3)
-  local chosen = release
-  for candidate, upto in string.gmatch(arms, "(%d+):(%d+)") do
-    if point < tonumber(upto) then chosen = candidate break end
-  end
-  headers:remove("RELEASE_HEADER")
-  headers:add("RELEASE_HEADER", chosen)
-  local shadow = tonumber(meta:get("shadow") or "0")
-  if chosen == release and shadow > 0 and point_of(id, 5) < shadow then
-    headers:add("SHADOW_HEADER", meta:get("candidates"))
-  end
-  return chosen
-end
-""".replace("RELEASE_HEADER", RELEASE_HEADER).replace("SHADOW_HEADER", SHADOW_HEADER)
-
-# Adds ``model_version`` (field 2 of Triton's ModelInferRequest) to a gRPC request for the ranker
-# that names no version: the release comes from the route's metadata (the request's arm, during an
-# experiment). The message's top-level fields are read only up to the first one past 2 (protobuf
-# writers emit fields in number order), or past 4 (``parameters``, a map of InferParameter) when the
-# arm key is to be read from a parameter: a string parameter's bytes, or an unsigned integer's
-# decimal digits, are its value; a parameter of another kind is refused (INVALID_ARGUMENT). A
-# compressed message is refused before this filter and anything it cannot read passes unchanged.
-PIN_VERSION_LUA = """
-local RANKER = "%(ranker)s"
-local function varint(s, pos)
-  local value, scale = 0, 1
-  while true do
-    local b = s:byte(pos)
-    if b == nil then return nil end
-    value = value + (b %% 128) * scale
-    pos = pos + 1
-    if b < 128 then return value, pos end
-    scale = scale * 128
-  end
-end
-local function encode(n)
-  local out = {}
-  while n >= 128 do
-    out[#out + 1] = string.char(n %% 128 + 128)
-    n = math.floor(n / 128)
-  end
-  out[#out + 1] = string.char(n)
-  return table.concat(out)
-end
--- one entry of the parameters map ({1: name, 2: InferParameter}): its value if its name is `name`
--- (nil otherwise), or nil and true when that parameter's kind cannot be a key
-local function parameter(entry, name)
-  local pos, key, value = 1, nil, nil
-  while pos <= #entry do
-    local tag, n
-    tag, pos = varint(entry, pos)
-    if tag ~= 10 and tag ~= 18 then return nil end
-    n, pos = varint(entry, pos)
-    if n == nil then return nil end
-    if tag == 10 then key = entry:sub(pos, pos + n - 1) else value = entry:sub(pos, pos + n - 1) end
-    pos = pos + n
-  end
-  if key ~= name then return nil end
-  local tag, at = varint(value or "", 1)
-  if tag == 26 then
-    local n
-    n, at = varint(value, at)
-    if n ~= nil then return value:sub(at, at + n - 1) end
-  elseif tag == 16 or tag == 40 then
-    local n = varint(value, at)
-    if n ~= nil and n < 9007199254740992 then return string.format("%%.0f", n) end
-  end
-  return nil, true
-end
-function envoy_on_request(handle)
-  local wanted = key_wanted(handle)
-  local release = nil
-  if wanted == nil then
-    release = arm_of(handle, nil)
-    if release == nil then return end
-  end
-  local body = handle:body()
-  local size = body and body:length() or 0
-  local frame = size >= 5 and body:getBytes(0, size) or ""
-  local named, name, value, bad = false, nil, nil, false
-  if size >= 5 then
-    local flag, b1, b2, b3, b4 = frame:byte(1, 5)
-    if flag == 0 and ((b1 * 256 + b2) * 256 + b3) * 256 + b4 == size - 5 then
-      local pos, last = 6, wanted == nil and 24 or 40
-      while pos <= size do
-        local tag, n
-        tag, pos = varint(frame, pos)
-        if tag == nil or tag %% 8 ~= 2 or tag >= last then break end
-        n, pos = varint(frame, pos)
-        if n == nil then name = nil break end
-        if tag == 10 then name = frame:sub(pos, pos + n - 1) end
-        if tag == 18 and n > 0 then named = true end
-        if tag == 34 and value == nil and not bad then value, bad = parameter(frame:sub(pos, pos + n - 1), wanted) end
-        pos = pos + n
-      end
-    end
-  end
-  if wanted ~= nil then
-    if bad then
-      handle:respond({[":status"] = "200", ["content-type"] = "application/grpc", ["grpc-status"] = "3",
-                      ["grpc-message"] = "refused at the gateway: " .. string.format(KEY_PROBLEM, wanted)}, "")
-      return
-    end
-    release = arm_of(handle, value)
-  end
-  if name ~= RANKER or named or release == nil then return end
-  local message = frame:sub(6) .. string.char(18) .. encode(#release) .. release
-  local m = #message
-  body:setBytes(string.char(0, math.floor(m / 16777216) %% 256, math.floor(m / 65536) %% 256,
-                            math.floor(m / 256) %% 256, m %% 256) .. message)
-  if handle:headers():get("content-length") ~= nil then
-    handle:headers():replace("content-length", tostring(m + 5))
-  end
-end
-""" % {"ranker": schema.Model.RANKER.value}
-PIN_VERSION_LUA = ARM_LUA + PIN_VERSION_LUA
-
-
 # The deepest JSON nesting the gateway passes to Triton. Triton 2.51's JSON parser recurses once per
 # level: a body of ~150,000 nested brackets (300 KB) kills tritonserver (SIGSEGV, seen on the AMD EPYC
 # VM), while a v2 inference request nests 4 levels plus its tensor's rank.
 MAX_JSON_DEPTH = 64
 
-# The HTTP listener's Lua filter. On the way in: the JSON a POST carries (the whole body, or the
-# first Inference-Header-Content-Length bytes of a binary request) nested deeper than MAX_JSON_DEPTH
-# is refused with 400 before Triton parses it; a first pass counts opening brackets (a C search, no
-# per-byte Lua), and only a body with more than the limit is walked bracket by bracket, strings
-# skipped. On the way out: Triton 2.51 answers JSON it cannot parse, or a field it cannot read (a
-# negative shape or timeout, or "parameters" that is no object), with 500; those are the client's
-# errors, answered 400 (only a 500's body is read). When the arm key is to be read from a parameter (key_wanted), the same JSON's
-# top-level ``parameters`` object gives it: a string's text (JSON escapes decoded, so the value is the
-# bytes gRPC would carry) or an unsigned integer's digits; a parameter of another kind is refused (400).
-CLIENT_ERROR_LUA = r"""
-local MAX_DEPTH = %(depth)d
-local MARKS = {"failed to parse the request JSON", "Unable to parse '", "attempt to get members for non-object"}
-local function too_deep(s)
-  local pos, opens = 1, 0
-  while true do
-    pos = string.find(s, "[%%[{]", pos)
-    if pos == nil then return false end
-    opens = opens + 1
-    if opens > MAX_DEPTH then break end
-    pos = pos + 1
-  end
-  local depth = 0
-  pos = 1
-  while true do
-    pos = string.find(s, '[%%[%%]{}"]', pos)
-    if pos == nil then return false end
-    local c = string.byte(s, pos)
-    if c == 34 then
-      local i = pos + 1
-      while true do
-        i = string.find(s, '["\\]', i)
-        if i == nil then return false end
-        if string.byte(s, i) == 92 then i = i + 2 else break end
-      end
-      pos = i + 1
-    else
-      if c == 91 or c == 123 then
-        depth = depth + 1
-        if depth > MAX_DEPTH then return true end
-      else
-        depth = depth - 1
-      end
-      pos = pos + 1
-    end
-  end
-end
-local ESCAPES = {['"'] = '"', ['\\'] = '\\', ['/'] = '/', b = '\b', f = '\f', n = '\n', r = '\r', t = '\t'}
-local function utf8_char(c)
-  if c < 128 then return string.char(c) end
-  if c < 2048 then return string.char(192 + math.floor(c / 64), 128 + c %% 64) end
-  if c < 65536 then return string.char(224 + math.floor(c / 4096), 128 + math.floor(c / 64) %% 64, 128 + c %% 64) end
-  return string.char(240 + math.floor(c / 262144), 128 + math.floor(c / 4096) %% 64, 128 + math.floor(c / 64) %% 64,
-                     128 + c %% 64)
-end
--- the JSON string that opens at pos: its text, escapes decoded, and the position after it (nil: unreadable)
-local function json_string(s, pos)
-  local parts, i = {}, pos + 1
-  while true do
-    local j = string.find(s, '["\\]', i)
-    if j == nil then return nil end
-    parts[#parts + 1] = string.sub(s, i, j - 1)
-    if string.byte(s, j) == 34 then return table.concat(parts), j + 1 end
-    local e = string.sub(s, j + 1, j + 1)
-    if e == "u" then
-      local c = string.match(s, "^%%x%%x%%x%%x", j + 2)
-      if c == nil then return nil end
-      c, i = tonumber(c, 16), j + 6
-      local low = string.match(s, "^\\u(%%x%%x%%x%%x)", i)
-      low = low and tonumber(low, 16)
-      if c >= 55296 and c < 56320 and low and low >= 56320 and low < 57344 then
-        c, i = 65536 + (c - 55296) * 1024 + (low - 56320), i + 6
-      end
-      parts[#parts + 1] = utf8_char(c)
-    else
-      if ESCAPES[e] == nil then return nil end
-      parts[#parts + 1], i = ESCAPES[e], j + 2
-    end
-  end
-end
--- the end of the JSON string that opens at pos (the closing quote's position; nil: unterminated)
-local function string_end(s, pos)
-  local close = pos + 1
-  while true do
-    close = string.find(s, '["\\]', close)
-    if close == nil then return nil end
-    if string.byte(s, close) ~= 92 then return close end
-    close = close + 2
-  end
-end
--- the member `name` of the JSON object that opens at `open`: its value (nil: absent), true when it is
--- of a kind that cannot be a key, and the position after the object (nil: unreadable); with
--- `object`, only where the member's value opens (nil: absent, or not an object). Strings are skipped
--- by a C search each; only a member name's text is decoded, and only when it holds an escape.
-local function json_member(s, open, name, object)
-  local depth, pos, value, bad = 0, open, nil, false
-  while true do
-    pos = string.find(s, '[%%[%%]{}"]', pos)
-    if pos == nil then return nil end
-    local c = string.byte(s, pos)
-    if c == 34 then
-      local close = string_end(s, pos)
-      if close == nil then return nil end
-      local _, colon = string.find(s, "^%%s*:%%s*", close + 1)
-      if colon ~= nil and depth == 1 and value == nil and not bad then
-        local text = string.sub(s, pos + 1, close - 1)
-        if string.find(text, "\\", 1, true) then text = json_string(s, pos) end
-        if text == name and object then
-          return string.match(s, "^%%s*:%%s*(){", close + 1)
-        elseif text == name then
-          if string.byte(s, colon + 1) == 34 then
-            value = json_string(s, colon + 1)
-          else
-            local digits = string.match(s, "^(%%d+)%%s*[,}]", colon + 1)
-            if digits ~= nil and tonumber(digits) < 9007199254740992 then
-              value = string.format("%%.0f", tonumber(digits))
-            else
-              bad = true
-            end
-          end
-        end
-      end
-      pos = close + 1
-    else
-      depth = (c == 91 or c == 123) and depth + 1 or depth - 1
-      pos = pos + 1
-      if depth == 0 then return value, bad, pos end
-    end
-  end
-end
--- the top-level parameter `name` of a v2 request's JSON: its value, or nil (absent, or unreadable:
--- Triton answers that), or nil and true (a kind that cannot be a key). tritonclient writes
--- "parameters" last, so the last "parameters" is tried first: an object there that only the
--- request's closing brace follows is the top-level one, read alone. Otherwise the request is walked
--- from its start to its top-level "parameters".
-local function json_parameter(s, name)
-  local last, at = nil, 1
-  while true do
-    local i = string.find(s, '"parameters"', at, true)
-    if i == nil then break end
-    last, at = i, i + 12
-  end
-  if last == nil then return nil end
-  local _, brace = string.find(s, "^%%s*:%%s*{", last + 12)
-  if brace ~= nil then
-    local value, bad, after = json_member(s, brace, name)
-    if after ~= nil and string.find(s, "^%%s*}%%s*$", after) then return value, bad end
-  end
-  local top = string.match(s, "^%%s*(){")
-  local open = top and json_member(s, top, "parameters", true)
-  if open == nil then return nil end
-  local value, bad = json_member(s, open, name)
-  return value, bad
-end
-local function route(handle, value)
-  local release = arm_of(handle, value)
-  if release ~= nil and handle:metadata():get("path") ~= nil then
-    handle:headers():replace(":path", handle:metadata():get("path") .. release .. "/infer")
-  end
-end
-function envoy_on_request(handle)
-  -- header values first: a header object is no longer valid once body() has waited for the body
-  -- (headers fetched again after it can still be changed: they have not gone on yet)
-  local wanted = key_wanted(handle)
-  if wanted == nil then route(handle, nil) end
-  local post = handle:headers():get(":method") == "POST"
-  local head = tonumber(handle:headers():get("inference-header-content-length") or "")
-  local body = post and handle:body() or nil
-  local size = body and body:length() or 0
-  local json = size
-  if head ~= nil and head > 0 and head < size then json = head end
-  local text = json > 0 and body:getBytes(0, json) or ""
-  if json > 0 and too_deep(text) then
-    handle:respond({[":status"] = "400", ["content-type"] = "text/plain"},
-                   "refused at the gateway: JSON nested deeper than " .. MAX_DEPTH .. " levels\n")
-    return
-  end
-  if wanted == nil then return end
-  local value, bad = nil, false
-  if json > 0 then value, bad = json_parameter(text, wanted) end
-  if bad then
-    handle:respond({[":status"] = "400", ["content-type"] = "text/plain"},
-                   "refused at the gateway: " .. string.format(KEY_PROBLEM, wanted) .. "\n")
-    return
-  end
-  route(handle, value)
-end
-function envoy_on_response(handle)
-  if handle:headers():get(":status") ~= "500" then return end
-  local body = handle:body()
-  if body == nil then return end
-  local text = body:getBytes(0, math.min(body:length(), 256))
-  for _, mark in ipairs(MARKS) do
-    if string.find(text, mark, 1, true) then
-      handle:headers():replace(":status", "400")
-      return
-    end
-  end
-end
-""" % {"depth": MAX_JSON_DEPTH}
-CLIENT_ERROR_LUA = ARM_LUA + CLIENT_ERROR_LUA
+
+class LuaFilter(str, Enum):
+    """The gateway's two Lua filters (``ensemble/fleet/lua/<value>.lua``, each after ``arm.lua``)."""
+
+    PIN_VERSION = "pin_version"  # the gRPC listener: ModelInfer requests get their arm's release as model_version
+    CLIENT_ERROR = "client_error"  # the HTTP listener: JSON too deep, the arm key parameter, Triton's 500s for bad JSON
+
+
+def lua_config() -> dict[str, str | int]:
+    """The values the Lua filters take from Python (their ``CONFIG`` table)."""
+    return {"ranker": schema.Model.RANKER.value, "release_header": RELEASE_HEADER, "shadow_header": SHADOW_HEADER,
+            "points": ARM_POINTS, "max_json_depth": MAX_JSON_DEPTH}
+
+
+def lua_source(which: LuaFilter) -> str:
+    """The Lua source Envoy runs for ``which`` (:func:`ensemble.fleet.lua_filters.program`)."""
+    return lua_filters.program(("arm", which.value), lua_config())
 
 
 def _has_lua(gateway: Gateway) -> bool:
@@ -730,7 +400,7 @@ def _has_lua(gateway: Gateway) -> bool:
 
 
 def _arm_metadata(gateway: Gateway, path: str | None) -> dict:
-    """A route's metadata for the Lua filters (:data:`ARM_LUA`): the serving release, and during an
+    """A route's metadata for the Lua filters (``lua/arm.lua``): the serving release, and during an
     experiment the arms and key; ``path``: the HTTP path the arm's version is appended to."""
     meta = {"release": str(gateway.release)}
     if gateway.arms:
@@ -809,6 +479,48 @@ def _grpc_route(path: str, gateway: Gateway) -> dict:
     return _lua_off(route) if _has_lua(gateway) else route
 
 
+class GrpcStatus(IntEnum):
+    """The gRPC status codes the gateway answers with itself (numbered as in gRPC's status.h)."""
+
+    INVALID_ARGUMENT = 3
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    UNIMPLEMENTED = 12
+    UNAVAILABLE = 14
+
+
+# What each HTTP status the gateway answers itself means to a gRPC client: a request Envoy will not
+# take (400: an encoded slash in the path), a closed route (403), a compressed message or body (404,
+# 415: gRPC's status for a compression the server does not take), the size limit (413), the overload
+# bound and no healthy replica (503). Left to itself, Envoy gives a local reply to a gRPC request the
+# grpc-status of its own table, which sends 413 to UNKNOWN and 400 to INTERNAL: statuses that
+# clients and retry policies cannot act on.
+GRPC_STATUS_OF_REFUSAL = {400: GrpcStatus.INVALID_ARGUMENT, 403: GrpcStatus.PERMISSION_DENIED,
+                          404: GrpcStatus.UNIMPLEMENTED, 413: GrpcStatus.RESOURCE_EXHAUSTED,
+                          415: GrpcStatus.UNIMPLEMENTED, 503: GrpcStatus.UNAVAILABLE}
+GRPC_CONTENT_TYPE = r"application/grpc([+;].*)?"  # the requests Envoy answers in gRPC's form
+
+
+def _local_replies(gateway: Gateway) -> dict:
+    """The ``local_reply_config`` of a listener: a gRPC request the gateway refuses itself gets the
+    grpc-status its HTTP status means (:data:`GRPC_STATUS_OF_REFUSAL`), and one past the size limit
+    is told the limit. Answers to HTTP requests, and the replicas' own answers, are left as they are."""
+    mappers = []
+    for status, grpc_status in GRPC_STATUS_OF_REFUSAL.items():
+        mapper = {"filter": {"and_filter": {"filters": [
+                      {"status_code_filter": {"comparison": {"op": "EQ", "value": {
+                          "default_value": status, "runtime_key": f"gateway.grpc_status_of_{status}"}}}},
+                      {"header_filter": {"header": {"name": "content-type", "string_match": {
+                          "safe_regex": {"regex": GRPC_CONTENT_TYPE}}}}}]}},
+                  "headers_to_add": [{"header": {"key": "grpc-status", "value": str(int(grpc_status))},
+                                      "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]}
+        if status == 413:
+            mapper["body"] = {"inline_string": f"refused at the gateway: the message is larger than "
+                                               f"{gateway.max_request_bytes} bytes"}
+        mappers.append(mapper)
+    return {"mappers": mappers}
+
+
 def _switch(key: str, on: bool) -> dict:
     return {"default_value": on, "runtime_key": key}
 
@@ -830,11 +542,11 @@ def _connection_manager(name: str, gateway: Gateway, grpc: bool) -> dict:
     if grpc and _has_lua(gateway):
         filters.append({"name": LUA_FILTER, "typed_config": {
             "@type": _TYPES + "extensions.filters.http.lua.v3.Lua",
-            "default_source_code": {"inline_string": PIN_VERSION_LUA}}})
+            "default_source_code": {"inline_string": lua_source(LuaFilter.PIN_VERSION)}}})
     if not grpc:
         filters.append({"name": LUA_FILTER, "typed_config": {
             "@type": _TYPES + "extensions.filters.http.lua.v3.Lua",
-            "default_source_code": {"inline_string": CLIENT_ERROR_LUA}}})
+            "default_source_code": {"inline_string": lua_source(LuaFilter.CLIENT_ERROR)}}})
     filters.append({"name": "envoy.filters.http.router", "typed_config": {
         "@type": _TYPES + "extensions.filters.http.router.v3.Router"}})
     if gateway.routes_dir is not None:
@@ -854,6 +566,7 @@ def _connection_manager(name: str, gateway: Gateway, grpc: bool) -> dict:
         "path_with_escaped_slashes_action": "REJECT_REQUEST",
         "request_headers_timeout": "10s",
         "common_http_protocol_options": {"idle_timeout": "300s", "headers_with_underscores_action": "REJECT_REQUEST"},
+        "local_reply_config": _local_replies(gateway),
         **routes,
         "http_filters": filters,
     }

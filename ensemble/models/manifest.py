@@ -86,9 +86,11 @@ def write(version_dir: Path, model: Model, extra: dict | None = None) -> Path:
     return path
 
 
-def verify(version_dir: Path, model: Model) -> dict:
+def verify(version_dir: Path, model: Model, remote_tables: bool = False) -> dict:
     """Raise :class:`ManifestError` unless every listed file is present and unchanged and the
-    schema is the one this code serves; warn when library versions differ."""
+    schema is the one this code serves; warn when library versions differ. ``remote_tables``: a row store's
+    block-checked table files may be absent (their blocks are read from a cold tier in Redis, which checks
+    each block and the table's header)."""
     path = version_dir / MANIFEST_FILE
     if not path.is_file():
         raise ManifestError(f"{version_dir}: no {MANIFEST_FILE}; export the model repository again")
@@ -99,6 +101,8 @@ def verify(version_dir: Path, model: Model) -> dict:
         raise ManifestError(f"{path}: tensor schema differs from this code's; export again")
     for rel, expected in body["files"].items():
         file = version_dir / rel
+        if not file.is_file() and remote_tables and expected.startswith("size:"):
+            continue
         if not file.is_file():
             raise ManifestError(f"{version_dir}: missing artifact {rel}")
         if _record(file) != expected:

@@ -126,7 +126,7 @@ def _load_row_store(version_dir: Path, step: str, threads: int, device: Device):
     """A DLRM whose tables are a row store's (:mod:`ensemble.tables`): its rows from RAM and disk, on the CPU."""
     if device is Device.GPU:
         raise RuntimeError(f"{version_dir}: {step} keeps its tables in a row store, which serves on the CPU only "
-                           "(docs/serving.md#tables-larger-than-memory says how a GPU cache would sit in front of it)")
+                           "(docs/tables.md#past-one-machine-and-on-a-gpu says how a GPU cache would sit in front of it)")
     from ensemble.tables.serving import TableScorer
 
     return TableScorer(version_dir, step, max(threads, 2))

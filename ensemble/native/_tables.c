@@ -43,6 +43,9 @@
 #ifdef ENSEMBLE_URING
 #include <liburing.h>
 #endif
+#ifdef ENSEMBLE_HIREDIS
+#include <hiredis/hiredis.h>
+#endif
 
 #include "api.h"
 
@@ -62,8 +65,9 @@ enum { FMT_FP32 = 0, FMT_FP16 = 1, FMT_INT8 = 2 };
 static const char *FORMAT_NAMES[] = {"fp32", "fp16", "int8"};
 enum { ADMIT_ALWAYS = 0, ADMIT_SECOND = 1, ADMIT_NONE = 2 };
 static const char *ADMISSION_NAMES[] = {"always", "second", "none"};
-enum { IO_URING = 0, IO_PREAD = 1, IO_MMAP = 2 };
-static const char *IO_NAMES[] = {"uring", "pread", "mmap"};
+enum { IO_URING = 0, IO_PREAD = 1, IO_MMAP = 2, IO_REDIS = 3 };
+static const char *IO_NAMES[] = {"uring", "pread", "mmap", "redis"};
+#define MAX_NODES 16
 
 static PyObject *TableError;
 
@@ -828,6 +832,7 @@ typedef struct {
 
 typedef struct {
     char name[64], path[1024];
+    char key[256];           /* the cold tier in Redis: this table's keys are key:header and key:<block> */
     uint64_t rows, blocks;
     int dim, format, row_bytes, per_block;
     int fd;                  /* big tables: the file, O_DIRECT where it can be */
@@ -1008,12 +1013,102 @@ static double now_s(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+/* ----- the cold tier in Redis ----- */
+
+#ifdef ENSEMBLE_HIREDIS
+/* Redis Cluster's key slot: CRC16 (XMODEM) of the key, or of its {hash tag} when it has one, mod 16384. */
+static uint16_t crc16(const char *p, size_t n) {
+    uint16_t crc = 0;
+    for (size_t i = 0; i < n; i++) {
+        crc ^= (uint16_t)((unsigned char)p[i] << 8);
+        for (int b = 0; b < 8; b++) crc = crc & 0x8000 ? (uint16_t)((crc << 1) ^ 0x1021) : (uint16_t)(crc << 1);
+    }
+    return crc;
+}
+
+static uint16_t key_slot(const char *key, size_t n) {
+    const char *open = memchr(key, '{', n);
+    if (open) {
+        const char *close = memchr(open + 1, '}', n - (size_t)(open + 1 - key));
+        if (close && close > open + 1) return crc16(open + 1, (size_t)(close - open - 1)) & 16383;
+    }
+    return crc16(key, n) & 16383;
+}
+
+/* This thread's connection to each node (hiredis contexts are not shared between threads). */
+typedef struct {
+    redisContext *ctx[MAX_NODES];
+    const void *store; /* the store they belong to: another store's call reconnects */
+} Links;
+static pthread_key_t links_key;
+static pthread_once_t links_once = PTHREAD_ONCE_INIT;
+static int links_key_made;
+static void links_free(void *p) {
+    Links *l = p;
+    if (l == NULL) return;
+    for (int k = 0; k < MAX_NODES; k++)
+        if (l->ctx[k]) redisFree(l->ctx[k]);
+    free(l);
+}
+static void links_key_make(void) { links_key_made = pthread_key_create(&links_key, links_free) == 0; }
+
+static struct timeval timeval_of(double seconds) {
+    if (seconds < 0.001) seconds = 0.001;
+    struct timeval tv = {(time_t)seconds, (suseconds_t)((seconds - (double)(time_t)seconds) * 1e6)};
+    return tv;
+}
+
+/* This thread's connection to node k of the store (NULL, failure_text set, when it cannot be made). */
+static redisContext *link_to(const void *store, const char (*hosts)[128], const int *ports, int k, double timeout) {
+    pthread_once(&links_once, links_key_make);
+    if (!links_key_made) return NULL;
+    Links *l = pthread_getspecific(links_key);
+    if (l == NULL) {
+        l = calloc(1, sizeof *l);
+        if (l == NULL || pthread_setspecific(links_key, l) != 0) {
+            free(l);
+            snprintf(failure_text, sizeof failure_text, "the cold tier: no memory for a connection");
+            return NULL;
+        }
+    }
+    if (l->store != store) { /* another store's (an earlier release's) links */
+        for (int i = 0; i < MAX_NODES; i++)
+            if (l->ctx[i]) {
+                redisFree(l->ctx[i]);
+                l->ctx[i] = NULL;
+            }
+        l->store = store;
+    }
+    if (l->ctx[k] && l->ctx[k]->err) {
+        redisFree(l->ctx[k]);
+        l->ctx[k] = NULL;
+    }
+    if (l->ctx[k] == NULL) {
+        l->ctx[k] = redisConnectWithTimeout(hosts[k], ports[k], timeval_of(timeout));
+        if (l->ctx[k] == NULL || l->ctx[k]->err) {
+            snprintf(failure_text, sizeof failure_text, "the cold tier: cannot reach redis://%s:%d (%s)", hosts[k], ports[k],
+                     l->ctx[k] ? l->ctx[k]->errstr : "no memory");
+            if (l->ctx[k]) redisFree(l->ctx[k]);
+            l->ctx[k] = NULL;
+            return NULL;
+        }
+    }
+    return l->ctx[k];
+}
+#endif
+
 /* ----- the store ----- */
 
 typedef struct {
     PyObject_HEAD
     int n_tables, dim, admission, io, depth;
     Table tables[MAX_TABLES];
+    /* The cold tier in Redis (io "redis"): its nodes, and which node holds each of the cluster's 16,384 slots
+     * (a node not in cluster mode holds them all). */
+    int n_nodes;
+    char node_host[MAX_NODES][128];
+    int node_port[MAX_NODES];
+    uint8_t slot_node[16384];
     Cache *cache;
     uint64_t budget;
     StoreStats stats;
@@ -1128,6 +1223,121 @@ static int table_open(Table *t, int in_memory, int io) {
     return 0;
 }
 
+/* The cold tier's nodes from "host:port[,host:port...]": a cluster's (CLUSTER SLOTS, asked of the first that
+ * answers) or one node's; -1 with an exception set when none answers. With the interpreter's lock held. */
+static int redis_nodes(Store *s, const char *list) {
+#ifdef ENSEMBLE_HIREDIS
+    char copy[1024];
+    snprintf(copy, sizeof copy, "%s", list);
+    char *path = strchr(copy, '/'); /* a database number after the nodes (a cluster has only 0): not used */
+    if (path) *path = 0;
+    if (strchr(copy, '@')) {
+        PyErr_SetString(TableError, "the cold tier: a password in the URL is not supported (a cluster on a private network)");
+        return -1;
+    }
+    char *save = NULL;
+    for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *colon = strrchr(item, ':');
+        if (colon == NULL) continue;
+        *colon = 0;
+        const char *host = item;
+        const int port = atoi(colon + 1);
+        redisContext *c = redisConnectWithTimeout(host, port, timeval_of(5.0));
+        if (c == NULL || c->err) {
+            if (c) redisFree(c);
+            continue;
+        }
+        redisSetTimeout(c, timeval_of(5.0));
+        redisReply *r = redisCommand(c, "CLUSTER SLOTS");
+        if (r && r->type == REDIS_REPLY_ARRAY) { /* a cluster: every slot range's master */
+            for (size_t i = 0; i < r->elements && s->n_nodes >= 0; i++) {
+                redisReply *range = r->element[i];
+                if (range->type != REDIS_REPLY_ARRAY || range->elements < 3 || range->element[2]->type != REDIS_REPLY_ARRAY ||
+                    range->element[2]->elements < 2)
+                    continue;
+                const char *h = range->element[2]->element[0]->str;
+                const int p = (int)range->element[2]->element[1]->integer;
+                int node = -1;
+                for (int k = 0; k < s->n_nodes; k++)
+                    if (strcmp(s->node_host[k], h && h[0] ? h : host) == 0 && s->node_port[k] == p) node = k;
+                if (node < 0) {
+                    if (s->n_nodes == MAX_NODES) {
+                        s->n_nodes = -1;
+                        break;
+                    }
+                    node = s->n_nodes++;
+                    snprintf(s->node_host[node], sizeof s->node_host[node], "%s", h && h[0] ? h : host);
+                    s->node_port[node] = p;
+                }
+                for (long long slot = range->element[0]->integer; slot <= range->element[1]->integer && slot < 16384; slot++)
+                    s->slot_node[slot] = (uint8_t)node;
+            }
+        } else { /* not a cluster: this node holds every key */
+            s->n_nodes = 1;
+            snprintf(s->node_host[0], sizeof s->node_host[0], "%s", host);
+            s->node_port[0] = port;
+            memset(s->slot_node, 0, sizeof s->slot_node);
+        }
+        if (r) freeReplyObject(r);
+        redisFree(c);
+        if (s->n_nodes > 0) return 0;
+        if (s->n_nodes < 0) {
+            PyErr_Format(TableError, "the cold tier %s: more than %d nodes", list, MAX_NODES);
+            return -1;
+        }
+    }
+    PyErr_Format(TableError, "the cold tier redis://%s: no node answered", list);
+    return -1;
+#else
+    PyErr_SetString(TableError, "this build has no Redis client");
+    return -1;
+#endif
+}
+
+/* A large table whose blocks are in Redis: its header (key:header) fetched and checked as a file's would be;
+ * -1 with an exception naming the table and the key. */
+static int redis_table_open(Store *s, Table *t) {
+#ifdef ENSEMBLE_HIREDIS
+    char key[300];
+    const int n = snprintf(key, sizeof key, "%s:header", t->key);
+    const int node = s->slot_node[key_slot(key, (size_t)n)];
+    redisContext *c = redisConnectWithTimeout(s->node_host[node], s->node_port[node], timeval_of(5.0));
+    if (c == NULL || c->err) {
+        PyErr_Format(TableError, "table %s: the cold tier redis://%s:%d does not answer", t->name, s->node_host[node],
+                     s->node_port[node]);
+        if (c) redisFree(c);
+        return -1;
+    }
+    redisSetTimeout(c, timeval_of(5.0));
+    redisReply *r = redisCommand(c, "GET %b", key, (size_t)n);
+    int ok = r && r->type == REDIS_REPLY_STRING && r->len == BLOCK;
+    Header h;
+    if (ok) {
+        memcpy(&h, r->str, sizeof h);
+        ok = memcmp(h.magic, MAGIC, 8) == 0 && block_crc(UINT64_MAX, (const unsigned char *)r->str) ==
+                                                    stored_crc((const unsigned char *)r->str) &&
+             h.version == FORMAT_VERSION && h.rows == t->rows && (int)h.dim == t->dim && h.format <= FMT_INT8 &&
+             (int)h.row_bytes == row_bytes_of((int)h.format, (int)h.dim) && (int)h.per_block == per_block_of((int)h.row_bytes);
+    }
+    const int missing = r && r->type == REDIS_REPLY_NIL;
+    if (r) freeReplyObject(r);
+    redisFree(c);
+    if (!ok) {
+        PyErr_Format(TableError, "table %s: the cold tier redis://%s:%d %s %s", t->name, s->node_host[node],
+                     s->node_port[node], missing ? "holds no" : "holds a foreign or mismatched", key);
+        return -1;
+    }
+    t->format = (int)h.format;
+    t->row_bytes = (int)h.row_bytes;
+    t->per_block = (int)h.per_block;
+    t->blocks = h.blocks;
+    return 0;
+#else
+    PyErr_SetString(TableError, "this build has no Redis client");
+    return -1;
+#endif
+}
+
 /* Store(tables, budget_bytes, admission="always", io="uring", depth=32)
  *   tables: a sequence of (name, path, rows, dim, in_memory, delta_ids int64 [n] or None, delta_rows bytes or None) */
 static PyObject *store_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
@@ -1158,15 +1368,23 @@ static PyObject *store_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     s->io = -1;
     for (int k = 0; k < 3; k++)
         if (strcmp(io, IO_NAMES[k]) == 0) s->io = k;
+    if (strncmp(io, "redis://", 8) == 0) s->io = IO_REDIS;
 #ifndef ENSEMBLE_URING
     if (s->io == IO_URING) s->io = -2;
 #endif
+#ifndef ENSEMBLE_HIREDIS
+    if (s->io == IO_REDIS) s->io = -3;
+#endif
     if (s->admission < 0 || s->io < 0 || depth < 1 || depth > MAX_DEPTH) {
-        PyErr_Format(PyExc_ValueError, s->io == -2 ? "io=uring: this build has no io_uring (liburing was missing at install)"
-                                                   : "admission must be always, second or none; io uring, pread or mmap; "
-                                                     "depth 1 to %d", MAX_DEPTH);
+        PyErr_Format(PyExc_ValueError, s->io == -2   ? "io=uring: this build has no io_uring (liburing was missing at install)"
+                                       : s->io == -3 ? "io=redis://: this build has no Redis client (hiredis was missing at "
+                                                       "install)"
+                                                     : "admission must be always, second or none; io uring, pread, mmap "
+                                                       "or redis://host:port[,host:port...]; depth 1 to %d",
+                     MAX_DEPTH);
         goto fail;
     }
+    if (s->io == IO_REDIS && redis_nodes(s, io + 8) < 0) goto fail;
     s->depth = depth;
     s->budget = budget;
     int big_bytes = 0;
@@ -1176,11 +1394,17 @@ static PyObject *store_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         unsigned long long rows;
         int dim, in_memory;
         PyObject *delta_ids, *delta_rows;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "ssKipOO", &name, &path, &rows, &dim, &in_memory,
-                              &delta_ids, &delta_rows))
+        const char *key = "";
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "ssKipOO|s", &name, &path, &rows, &dim, &in_memory,
+                              &delta_ids, &delta_rows, &key))
             goto fail;
         snprintf(t->name, sizeof t->name, "%s", name);
         snprintf(t->path, sizeof t->path, "%s", path);
+        snprintf(t->key, sizeof t->key, "%s", key);
+        if (s->io == IO_REDIS && !in_memory && !key[0]) {
+            PyErr_Format(PyExc_ValueError, "table %s: a large table read from Redis needs its key", name);
+            goto fail;
+        }
         t->rows = rows;
         t->dim = dim;
         s->n_tables = (int)i + 1;
@@ -1189,7 +1413,7 @@ static PyObject *store_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
             goto fail;
         }
         s->dim = dim;
-        if (table_open(t, in_memory, s->io) < 0) goto fail;
+        if ((s->io == IO_REDIS && !in_memory ? redis_table_open(s, t) : table_open(t, in_memory, s->io)) < 0) goto fail;
         if (!in_memory) {
             if (big_bytes && t->row_bytes != big_bytes) {
                 PyErr_SetString(PyExc_ValueError, "the large tables of a store share one format");
@@ -1263,6 +1487,81 @@ static void record_latency(Store *s, double seconds) {
     atomic_fetch_add_explicit(&s->stats.cold_calls, 1, memory_order_relaxed);
 }
 
+/* The blocks from the cold tier in Redis: per node, one pipeline of GETs, its replies read back by the deadline.
+ * 0, or -1 with failure_text set (a node that does not answer in time, a block it does not hold). */
+static int redis_read(Store *s, Scratch *sc, const int32_t *table_of, const int64_t *block, int32_t n, double deadline) {
+#ifdef ENSEMBLE_HIREDIS
+    uint8_t *node_of = malloc((size_t)(n ? n : 1));
+    if (node_of == NULL) {
+        snprintf(failure_text, sizeof failure_text, "the cold tier: no memory for %d reads", n);
+        return -1;
+    }
+    char key[300];
+    for (int32_t k = 0; k < n; k++) {
+        const int len = snprintf(key, sizeof key, "%s:%lld", s->tables[table_of[k]].key, (long long)block[k]);
+        node_of[k] = s->slot_node[key_slot(key, (size_t)len)];
+    }
+    int result = 0;
+    for (int j = 0; j < s->n_nodes && result == 0; j++) {
+        const double left = deadline > 0 ? deadline - now_s() : 5.0;
+        redisContext *c = link_to(s, s->node_host, s->node_port, j, left > 0 ? left : 0.001);
+        if (c == NULL) { /* said as the first table whose blocks that node holds, and counted as its read error */
+            for (int32_t k = 0; k < n; k++)
+                if (node_of[k] == j) {
+                    const Table *t = &s->tables[table_of[k]];
+                    atomic_fetch_add_explicit((atomic_uint_fast64_t *)&t->stats.read_errors, 1, memory_order_relaxed);
+                    char said[ENSEMBLE_ERROR_SIZE];
+                    snprintf(said, sizeof said, "%s", failure_text);
+                    snprintf(failure_text, sizeof failure_text, "table %.64s: %.400s", t->name, said);
+                    break;
+                }
+            result = -1;
+            break;
+        }
+        int32_t asked = 0;
+        for (int32_t k = 0; k < n; k++) {
+            if (node_of[k] != j) continue;
+            const int len = snprintf(key, sizeof key, "%s:%lld", s->tables[table_of[k]].key, (long long)block[k]);
+            redisAppendCommand(c, "GET %b", key, (size_t)len);
+            asked++;
+        }
+        if (asked == 0) continue;
+        redisSetTimeout(c, timeval_of(deadline > 0 ? deadline - now_s() : 5.0));
+        for (int32_t k = 0; k < n && result == 0; k++) {
+            if (node_of[k] != j) continue;
+            redisReply *r = NULL;
+            const Table *t = &s->tables[table_of[k]];
+            if (redisGetReply(c, (void **)&r) != REDIS_OK || r == NULL) {
+                const int late = deadline > 0 && now_s() >= deadline;
+                atomic_fetch_add_explicit((atomic_uint_fast64_t *)(late ? &t->stats.late : &t->stats.read_errors), 1,
+                                          memory_order_relaxed);
+                snprintf(failure_text, sizeof failure_text,
+                         late ? "table %s: cold reads did not finish within the request's deadline (redis://%s:%d)"
+                              : "table %s: the cold tier redis://%s:%d failed: %s",
+                         t->name, s->node_host[j], s->node_port[j], c->errstr);
+                c->err = c->err ? c->err : REDIS_ERR_IO; /* the connection's replies are out of step: made anew */
+                result = -1;
+            } else if (r->type != REDIS_REPLY_STRING || r->len != BLOCK) {
+                atomic_fetch_add_explicit((atomic_uint_fast64_t *)&t->stats.read_errors, 1, memory_order_relaxed);
+                snprintf(failure_text, sizeof failure_text, "table %s: the cold tier redis://%s:%d holds no block %lld (%s)",
+                         t->name, s->node_host[j], s->node_port[j], (long long)block[k],
+                         r->type == REDIS_REPLY_NIL ? "missing" : "not a block");
+                result = -1;
+                c->err = REDIS_ERR_OTHER; /* later replies of this pipeline are not read: the connection is made anew */
+            } else {
+                memcpy(sc->io + (size_t)k * BLOCK, r->str, BLOCK);
+            }
+            if (r) freeReplyObject(r);
+        }
+    }
+    free(node_of);
+    return result;
+#else
+    snprintf(failure_text, sizeof failure_text, "this build has no Redis client");
+    return -1;
+#endif
+}
+
 /* Reads blocks [k] (of tables table_of[k]) into buffers; 0, or -1 with failure_text set. */
 static int read_blocks(Store *s, Scratch *sc, const int32_t *table_of, const int64_t *block, int32_t n, double deadline) {
     for (int32_t k = 0; k < n; k++)
@@ -1271,6 +1570,7 @@ static int read_blocks(Store *s, Scratch *sc, const int32_t *table_of, const int
             memcpy(sc->io + (size_t)k * BLOCK, t->memory + (size_t)(block[k] + 1) * BLOCK, BLOCK);
         }
     if (s->io == IO_MMAP) return 0;
+    if (s->io == IO_REDIS) return redis_read(s, sc, table_of, block, n, deadline);
     if (s->io == IO_PREAD) {
         for (int32_t k = 0; k < n; k++) {
             const Table *t = &s->tables[table_of[k]];
@@ -1935,7 +2235,16 @@ static PyObject *py_has_uring(PyObject *self, PyObject *unused) {
 #endif
 }
 
+static PyObject *py_has_redis(PyObject *self, PyObject *unused) {
+#ifdef ENSEMBLE_HIREDIS
+    Py_RETURN_TRUE;
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyMethodDef methods[] = {
+    {"has_redis", py_has_redis, METH_NOARGS, "whether this build reads a cold tier in Redis (hiredis)"},
     {"init_rows", py_init_rows, METH_VARARGS, "init_rows(seed, first_row, dim, out float32 [n x dim]): rows nobody trained"},
     {"init_ids", py_init_ids, METH_VARARGS, "init_ids(seed, ids int64 [n], dim, out float32 [n x dim]): those rows of ids"},
     {"encode", py_encode, METH_VARARGS, "encode(rows float32 [n x dim], dim, format, out uint8 [n x row_bytes])"},

@@ -24,87 +24,46 @@ TRITONSERVER_Error *TRITONBACKEND_Initialize(TRITONBACKEND_Backend *backend) {
     return python_start();
 }
 
-TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
-    const char *name, *repository, *config_json;
-    uint64_t version;
-    size_t config_size;
-    TB_ArtifactType artifact;
-    TRITONSERVER_Message *config;
-    TRITONSERVER_Error *err;
-    if ((err = TRITONBACKEND_ModelName(model, &name))) return err;
-    if ((err = TRITONBACKEND_ModelVersion(model, &version))) return err;
-    if ((err = TRITONBACKEND_ModelRepository(model, &artifact, &repository))) return err;
-    if ((err = TRITONBACKEND_ModelConfig(model, 1, &config))) return err;
-    if ((err = TRITONSERVER_MessageSerializeToJson(config, &config_json, &config_size))) {
-        TRITONSERVER_MessageDelete(config);
-        return err;
+/* The model's input names (its input_names attribute: a tuple of str) copied into the state; false with a
+ * Python exception set when they cannot be (state->n_inputs counts the names copied, for freeing). */
+static bool copy_input_names(ModelState *state) {
+    PyObject *names = PyObject_GetAttrString(state->model, "input_names");
+    if (names == NULL) return false;
+    bool copied = PyTuple_Check(names);
+    if (!copied) PyErr_SetString(PyExc_TypeError, "the model's input_names is not a tuple");
+    const Py_ssize_t n = copied ? PyTuple_GET_SIZE(names) : 0;
+    if (copied && (state->input_names = calloc(n ? (size_t)n : 1, sizeof(char *))) == NULL) {
+        PyErr_NoMemory();
+        copied = false;
     }
-    PyGILState_STATE gil = PyGILState_Ensure();
-    ModelState *state = calloc(1, sizeof *state);
-    PyObject *module = PyImport_ImportModule(ENTRY_MODULE);
-    if (module) {
-        state->model = PyObject_CallMethod(module, "Model", "s#sK", config_json, (Py_ssize_t)config_size,
-                                           repository, (unsigned long long)version);
-        Py_DECREF(module);
+    for (Py_ssize_t i = 0; copied && i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(names, i);
+        const char *name = PyUnicode_Check(item) ? PyUnicode_AsUTF8(item) : NULL;
+        if (name == NULL && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "an input name is not a str");
+        if (name != NULL && (state->input_names[i] = strdup(name)) == NULL) PyErr_NoMemory();
+        copied = state->input_names[i] != NULL;
+        state->n_inputs += copied;
     }
-    TRITONSERVER_MessageDelete(config);
-    if (state->model) {
-        PyObject *names = PyObject_GetAttrString(state->model, "input_names");
-        if (names && PyTuple_Check(names)) {
-            state->n_inputs = (int)PyTuple_GET_SIZE(names);
-            state->input_names = calloc(state->n_inputs, sizeof(char *));
-            for (int i = 0; i < state->n_inputs; i++)
-                state->input_names[i] = strdup(PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i)));
-        }
-        Py_XDECREF(names);
-        if (state->input_names) plain_spec(state, name);
-        PyObject *nice = PyObject_GetAttrString(state->model, "thread_nice");
-        if (nice == NULL) PyErr_Clear(); /* a model without the attribute: threads left as they are */
-        else if (PyLong_Check(nice)) state->thread_nice = (int)PyLong_AsLong(nice);
-        Py_XDECREF(nice);
-        engine_metrics(state, name, version);
-        table_metrics_create(state, name, version);
-        create_path_metrics(state, name, version);
-        state->metric_updates = PyObject_GetAttrString(state->model, "metric_updates");
-        if (state->metric_updates == NULL) PyErr_Clear(); /* a model without counters of its own */
-        snprintf(state->metric_model, sizeof state->metric_model, "%s", name);
-        snprintf(state->metric_version, sizeof state->metric_version, "%llu", (unsigned long long)version);
-    }
-    if (state->model == NULL || state->input_names == NULL) {
-        char text[900];
-        python_error_text(text, sizeof text);
-        Py_XDECREF(state->model);
-        free(state);
-        PyGILState_Release(gil);
-        return fail(TS_ERROR_INTERNAL, "model '%s' version %llu did not load: %s", name,
-                    (unsigned long long)version, text);
-    }
-    shadow_register(state);
-    PyGILState_Release(gil);
-    state->score_output = -1;
-    for (int k = 0; k < state->n_outputs; k++)
-        if (strcmp(state->output_names[k], "score") == 0) state->score_output = k;
-    create_served_metrics(state);
-    return TRITONBACKEND_ModelSetState(model, state);
+    Py_DECREF(names);
+    return copied;
 }
 
-TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
-    void *raw;
-    TRITONSERVER_Error *err = TRITONBACKEND_ModelState(model, &raw);
-    if (err) return err;
-    ModelState *state = raw;
-    if (state == NULL) return NULL; /* Triton finalizes a model whose initialization failed, too */
+/* Everything a model's state holds let go (the model closed, Triton's series deleted) and the state freed:
+ * at unload, and after a load that failed part way (whatever was not made yet is NULL or not counted). */
+static void free_model_state(ModelState *state) {
     PyGILState_STATE gil = PyGILState_Ensure();
-    PyObject *result = PyObject_CallMethod(state->model, "close", NULL);
-    if (result == NULL) PyErr_Clear();
-    Py_XDECREF(result);
+    if (state->model != NULL) {
+        PyObject *result = PyObject_CallMethod(state->model, "close", NULL);
+        if (result == NULL) PyErr_Clear();
+        Py_XDECREF(result);
+    }
     Py_XDECREF(state->chain);
     Py_XDECREF(state->admission);
     Py_XDECREF(state->metric_updates);
     Py_XDECREF(state->shadow_updates);
     Py_XDECREF(state->shadow_chain);
     table_metrics_delete(state);
-    Py_DECREF(state->model);
+    Py_XDECREF(state->model);
     PyGILState_Release(gil);
     for (int k = 0; k < 2; k++) {
         if (state->path_metrics[k] == NULL) continue;
@@ -125,12 +84,95 @@ TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
     for (int i = 0; i < state->n_inputs; i++) free(state->input_names[i]);
     free(state->input_names);
     free(state);
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
+    const char *name, *repository, *config_json;
+    uint64_t version;
+    size_t config_size;
+    TB_ArtifactType artifact;
+    TRITONSERVER_Message *config;
+    TRITONSERVER_Error *err;
+    if ((err = TRITONBACKEND_ModelName(model, &name))) return err;
+    if ((err = TRITONBACKEND_ModelVersion(model, &version))) return err;
+    if ((err = TRITONBACKEND_ModelRepository(model, &artifact, &repository))) return err;
+    ModelState *state = calloc(1, sizeof *state);
+    if (state == NULL)
+        return fail(TS_ERROR_UNAVAILABLE, "model '%s' version %llu did not load: out of memory", name,
+                    (unsigned long long)version);
+    if ((err = TRITONBACKEND_ModelConfig(model, 1, &config))) {
+        free(state);
+        return err;
+    }
+    if ((err = TRITONSERVER_MessageSerializeToJson(config, &config_json, &config_size))) {
+        TRITONSERVER_MessageDelete(config);
+        free(state);
+        return err;
+    }
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *module = PyImport_ImportModule(ENTRY_MODULE);
+    if (module) {
+        state->model = PyObject_CallMethod(module, "Model", "s#sK", config_json, (Py_ssize_t)config_size,
+                                           repository, (unsigned long long)version);
+        Py_DECREF(module);
+    }
+    TRITONSERVER_MessageDelete(config);
+    if (state->model == NULL || !copy_input_names(state)) {
+        char text[900];
+        python_error_text(text, sizeof text);
+        PyGILState_Release(gil);
+        free_model_state(state);
+        return fail(TS_ERROR_INTERNAL, "model '%s' version %llu did not load: %s", name,
+                    (unsigned long long)version, text);
+    }
+    plain_spec(state, name);
+    PyObject *nice = PyObject_GetAttrString(state->model, "thread_nice");
+    if (nice == NULL) PyErr_Clear(); /* a model without the attribute: threads left as they are */
+    else if (PyLong_Check(nice)) state->thread_nice = (int)PyLong_AsLong(nice);
+    Py_XDECREF(nice);
+    c_module_metrics();
+    engine_metrics(state, name, version);
+    table_metrics_create(state, name, version);
+    create_path_metrics(state, name, version);
+    state->metric_updates = PyObject_GetAttrString(state->model, "metric_updates");
+    if (state->metric_updates == NULL) PyErr_Clear(); /* a model without counters of its own */
+    snprintf(state->metric_model, sizeof state->metric_model, "%s", name);
+    snprintf(state->metric_version, sizeof state->metric_version, "%llu", (unsigned long long)version);
+    shadow_register(state);
+    PyGILState_Release(gil);
+    state->score_output = -1;
+    for (int k = 0; k < state->n_outputs; k++)
+        if (strcmp(state->output_names[k], "score") == 0) state->score_output = k;
+    create_served_metrics(state);
+    if ((err = TRITONBACKEND_ModelSetState(model, state))) free_model_state(state); /* Triton will not finalize it */
+    return err;
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
+    void *raw;
+    TRITONSERVER_Error *err = TRITONBACKEND_ModelState(model, &raw);
+    if (err) return err;
+    if (raw != NULL) free_model_state(raw); /* NULL: Triton finalizes a model whose initialization failed, too */
     return NULL;
+}
+
+/* An instance's state let go: its lane answers every request it holds (reporting through the reporter), then
+ * the reporter makes every queued report, and both end. */
+static void free_instance(Instance *state) {
+    if (state->lane != NULL) lane_stop(state->lane);
+    Reporter *reporter = state->reporter;
+    if (reporter != NULL) {
+        if (reporter->running) stop_worker(&reporter->lock, &reporter->wake, &reporter->stop, reporter->thread);
+        pthread_cond_destroy(&reporter->wake);
+        pthread_mutex_destroy(&reporter->lock);
+        free(reporter);
+    }
+    free(state);
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance *instance) {
     Instance *state = calloc(1, sizeof *state);
-    if (state == NULL) return fail(TS_ERROR_INTERNAL, "out of memory for a model instance");
+    if (state == NULL) return fail(TS_ERROR_UNAVAILABLE, "out of memory for a model instance");
     Reporter *reporter = calloc(1, sizeof *reporter);
     if (reporter != NULL) { /* without one, statistics are reported on the answering thread */
         reporter->instance = instance;
@@ -139,25 +181,16 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
         reporter->running = pthread_create(&reporter->thread, NULL, reporter_main, reporter) == 0;
         state->reporter = reporter;
     }
-    return TRITONBACKEND_ModelInstanceSetState(instance, state);
+    TRITONSERVER_Error *err = TRITONBACKEND_ModelInstanceSetState(instance, state);
+    if (err) free_instance(state); /* Triton will not finalize it */
+    return err;
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance *instance) {
     void *raw = NULL;
     TRITONSERVER_Error *err = TRITONBACKEND_ModelInstanceState(instance, &raw);
     if (err) return err;
-    Instance *state = raw;
-    if (state == NULL) return NULL;
-    if (state->lane != NULL) lane_stop(state->lane); /* answers every request it holds, reporting through the reporter */
-    Reporter *reporter = state->reporter;
-    if (reporter != NULL) {
-        if (reporter->running) /* the reporter makes every queued report before it ends */
-            stop_worker(&reporter->lock, &reporter->wake, &reporter->stop, reporter->thread);
-        pthread_cond_destroy(&reporter->wake);
-        pthread_mutex_destroy(&reporter->lock);
-        free(reporter);
-    }
-    free(state);
+    if (raw != NULL) free_instance(raw);
     return NULL;
 }
 
@@ -187,6 +220,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
                                                        TRITONBACKEND_Request **requests,
                                                        uint32_t request_count) {
     uint64_t exec_start = now_ns();
+    FAULTS_ARM();
     TRITONBACKEND_Model *model;
     void *raw;
     TRITONSERVER_Error *err = TRITONBACKEND_ModelInstanceModel(instance, &model);
@@ -211,7 +245,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
     }
     /* The call's requests in the order they are scored: the plain ones first (the C path, when the model
      * has it), then every other (the model's execute), each group in arrival order; the flags below are
-     * indexed by that order. */
+     * indexed by that order. Without memory for `plain`, every request goes through the model's execute. */
     const size_t slots = request_count ? request_count : 1;
     TRITONBACKEND_Request **ordered = malloc(slots * sizeof *ordered);
     bool *answered = calloc(slots, sizeof(bool));
@@ -220,10 +254,13 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
     PlainRequest *plain = state->chain ? malloc(slots * sizeof *plain) : NULL;
     uint64_t compute_start = 0, compute_end = 0, rows = 0;
     char text[900] = "";
+    TS_ErrorCode code = TS_ERROR_INTERNAL; /* what a request no path answered gets, with `text` */
     uint32_t n_plain = 0;
     if (ordered == NULL || answered == NULL || succeeded == NULL || deferred == NULL) {
         snprintf(text, sizeof text, "out of memory for a call of %u requests", request_count);
-        if (ordered == NULL) ordered = requests; /* every request is still answered below */
+        code = TS_ERROR_UNAVAILABLE;
+        free(ordered);
+        ordered = requests; /* every request is still answered below, in arrival order */
     } else {
         uint32_t n_other = 0;
         for (uint32_t r = 0; r < request_count; r++) {
@@ -238,7 +275,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
         if (n_plain > 0) {
             compute_start = now_ns();
             native_execute(state, ordered, n_plain, plain, lane_of(owner, state, instance), exec_start, answered,
-                           succeeded, deferred, &rows, text, sizeof text);
+                           succeeded, deferred, &rows, text, sizeof text, &code);
             compute_end = now_ns();
             count_path(state, 0, n_plain);
         }
@@ -246,7 +283,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
             uint64_t python_start = 0;
             PyGILState_STATE gil = PyGILState_Ensure();
             python_execute(state, ordered + n_plain, n_other, exec_start, answered + n_plain, succeeded + n_plain,
-                           &python_start, &compute_end, text, sizeof text);
+                           &python_start, &compute_end, text, sizeof text, &code);
             PyObject *scored = PyObject_GetAttrString(state->model, "rows");
             if (scored && PyLong_Check(scored)) rows += PyLong_AsUnsignedLongLong(scored);
             if (scored == NULL || PyErr_Occurred()) PyErr_Clear();
@@ -262,13 +299,9 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
     for (uint32_t r = 0; r < request_count; r++) {
         if (deferred != NULL && deferred[r]) continue; /* the lane answers, reports and releases it */
         if (answered == NULL || !answered[r]) { /* its path failed as a whole: every request still gets an answer */
-            TRITONBACKEND_Response *response;
-            if (TRITONBACKEND_ResponseNew(&response, ordered[r]) == NULL) {
-                TRITONSERVER_Error *why = fail(TS_ERROR_INTERNAL, "the ranker failed: %s", text[0] ? text : "no answer");
-                TRITONSERVER_Error *send = TRITONBACKEND_ResponseSend(response, TS_RESPONSE_COMPLETE_FINAL, why);
-                if (send) TRITONSERVER_ErrorDelete(send);
-                TRITONSERVER_ErrorDelete(why);
-            }
+            char message[sizeof text + 32];
+            snprintf(message, sizeof message, "the ranker failed: %s", text[0] ? text : "no answer");
+            send_error(ordered[r], code, message);
         }
         Report item = {ordered[r], succeeded != NULL && succeeded[r], 0, exec_start, compute_start, compute_end, exec_end};
         report(reporter, instance, &item);

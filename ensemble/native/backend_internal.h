@@ -175,7 +175,7 @@ void plain_spec(ModelState *state, const char *name);
 void python_error_text(char *out, size_t size);
 void python_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_t request_count,
                     uint64_t exec_start, bool *answered, bool *succeeded, uint64_t *compute_start,
-                    uint64_t *compute_end, char *text, size_t text_size);
+                    uint64_t *compute_end, char *text, size_t text_size, TS_ErrorCode *code);
 TRITONSERVER_Error *python_start(void);
 
 /* backend_statistics.c: metrics and the statistics reported off the answering thread */
@@ -195,6 +195,9 @@ void report(Reporter *reporter, TRITONBACKEND_ModelInstance *instance, const Rep
 void *reporter_main(void *arg);
 void stop_worker(pthread_mutex_t *lock, pthread_cond_t *wake, bool *stop, pthread_t thread);
 
+/* backend_built.c: which C modules this install has, as a metric (once, at the first model load) */
+void c_module_metrics(void);
+
 /* backend_tables.c: a row store's metrics */
 typedef struct TableMetrics TableMetrics;
 void table_metrics_create(ModelState *state, const char *name, uint64_t version);
@@ -206,7 +209,7 @@ Lane *lane_of(Instance *owner, ModelState *state, TRITONBACKEND_ModelInstance *i
 void lane_stop(Lane *lane);
 void native_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_t count,
                     const PlainRequest *plain, Lane *lane, uint64_t handed_ns, bool *answered, bool *succeeded,
-                    bool *deferred, uint64_t *rows, char *text, size_t text_size);
+                    bool *deferred, uint64_t *rows, char *text, size_t text_size, TS_ErrorCode *code);
 bool plain_request(const ModelState *state, TRITONBACKEND_Request *request, PlainRequest *out);
 
 /* backend_shadow.c: shadow scoring during an experiment */
@@ -217,5 +220,25 @@ void shadow_run(ModelState *state, ShadowWork *work);
 void shadow_drop(ShadowWork *work);
 void shadow_python(ModelState *state);
 void shadow_series_delete(ModelState *state);
+
+/* ----- allocations that fail on demand -----
+ *
+ * Every allocation of the backend's own is checked: one that fails answers the requests it was for with
+ * an error (UNAVAILABLE when a call's memory ran out: the client may retry), never a crash. To test that,
+ * tests/fuzz/sanitize.py builds the backend with -DENSEMBLE_ALLOC_FAULTS; ENSEMBLE_ALLOC_FAULTS=N in the
+ * server's environment then fails every Nth malloc, calloc and strdup of this code from the first call on
+ * (a model loads as usual). Any other build calls the C library directly, at no cost. */
+#ifdef ENSEMBLE_ALLOC_FAULTS
+void faults_arm(void);
+void *fault_malloc(size_t size);
+void *fault_calloc(size_t count, size_t size);
+char *fault_strdup(const char *text);
+#define malloc(size) fault_malloc(size)
+#define calloc(count, size) fault_calloc(count, size)
+#define strdup(text) fault_strdup(text)
+#define FAULTS_ARM() faults_arm()
+#else
+#define FAULTS_ARM() ((void)0)
+#endif
 
 #endif

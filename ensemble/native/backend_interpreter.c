@@ -12,8 +12,8 @@ void python_error_text(char *out, size_t size) {
     PyObject *str = value ? PyObject_Str(value) : NULL;
     PyObject *name = type ? PyObject_GetAttrString(type, "__name__") : NULL;
     if (str && PyUnicode_Check(str)) text = PyUnicode_AsUTF8(str);
-    snprintf(out, size, "%s: %s", name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : "Error",
-             text ? text : "");
+    const char *kind = name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+    snprintf(out, size, "%s: %s", kind ? kind : "Error", text ? text : "");
     Py_XDECREF(str);
     Py_XDECREF(name);
     Py_XDECREF(type);
@@ -96,8 +96,9 @@ void plain_spec(ModelState *state, const char *name) {
     }
     for (Py_ssize_t k = 0; usable && k < PyTuple_GET_SIZE(outputs); k++) {
         const char *output = PyUnicode_Check(PyTuple_GET_ITEM(outputs, k)) ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(outputs, k)) : NULL;
-        usable = output != NULL;
-        if (output) state->output_names[state->n_outputs++] = strdup(output);
+        char *copy = output ? strdup(output) : NULL; /* NULL (no memory): no C path, every call through execute */
+        usable = copy != NULL;
+        if (copy) state->output_names[state->n_outputs++] = copy;
     }
     PyErr_Clear();
     const EnsembleChainApi *chain_api = usable ? PyCapsule_Import(ENSEMBLE_CHAIN_CAPSULE, 0) : NULL;
@@ -200,13 +201,22 @@ void engine_metrics(ModelState *state, const char *name, uint64_t version) {
     Py_DECREF(engines);
 }
 
+/* The pending Python exception as `problem` (and cleared), and the code a request that met it is answered
+ * with: UNAVAILABLE when memory ran out (the client may retry), else INTERNAL. */
+static int python_problem(char *problem, size_t problem_size) {
+    const int code = PyErr_ExceptionMatches(PyExc_MemoryError) ? TS_ERROR_UNAVAILABLE : TS_ERROR_INTERNAL;
+    python_error_text(problem, problem_size);
+    return code;
+}
+
 /* One input as Python sees it: (datatype, shape, buffer) or None when the request lacks it. The
  * buffer is a read-only view of Triton's memory (valid until the request is released) or, when the
  * tensor arrived in pieces, a bytes copy. NULL with `problem` set when the input is there but cannot
- * be read here (a buffer in GPU memory, pieces that do not add up to its size, no memory for the copy):
- * the request is then answered with that error. */
+ * be read here: the request is then answered with that error, of the request's own making (*code left
+ * INVALID_ARG: a buffer in GPU memory, pieces that do not add up to its size) or not (no memory for
+ * the copy, see python_problem). */
 static PyObject *input_object(TRITONBACKEND_Request *request, const char *name, PyObject **view, char *problem,
-                              size_t problem_size) {
+                              size_t problem_size, int *code) {
     TRITONBACKEND_Input *input;
     TRITONSERVER_Error *err = TRITONBACKEND_RequestInput(request, name, &input);
     if (err) {
@@ -251,7 +261,8 @@ static PyObject *input_object(TRITONBACKEND_Request *request, const char *name, 
             *view = Py_NewRef(data);
         } else {
             if (data == NULL && (data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size)) == NULL) goto no_memory;
-            memcpy(PyBytes_AS_STRING(data) + offset, buffer, (size_t)buffer_size);
+            /* an empty piece may have no address */
+            if (buffer_size > 0) memcpy(PyBytes_AS_STRING(data) + offset, buffer, (size_t)buffer_size);
         }
         offset += buffer_size;
     }
@@ -272,7 +283,7 @@ static PyObject *input_object(TRITONBACKEND_Request *request, const char *name, 
     if (result != NULL) return result;
     data = NULL; /* taken by Py_BuildValue, failed or not */
 no_memory:
-    python_error_text(problem, problem_size);
+    *code = python_problem(problem, problem_size);
 fail:
     Py_XDECREF(data);
     if (problem[0] == '\0') snprintf(problem, problem_size, "input '%s' could not be read", name);
@@ -280,15 +291,15 @@ fail:
 }
 
 /* (inputs, timeout_us, bulk, requested_outputs, release or None) for one request; NULL with `problem`
- * set when the request cannot be handed to Python (see input_object). */
+ * and its *code set when the request cannot be handed to Python (see input_object). */
 static PyObject *request_object(ModelState *state, TRITONBACKEND_Request *request, PyObject *views, char *problem,
-                                size_t problem_size) {
+                                size_t problem_size, int *code) {
     PyObject *inputs = PyTuple_New(state->n_inputs), *outputs = NULL;
     for (int i = 0; inputs != NULL && i < state->n_inputs; i++) {
         PyObject *view = NULL;
-        PyObject *value = input_object(request, state->input_names[i], &view, problem, problem_size);
+        PyObject *value = input_object(request, state->input_names[i], &view, problem, problem_size, code);
         if (view && PyList_Append(views, view) < 0) { /* not released after the call: released now */
-            python_error_text(problem, problem_size);
+            *code = python_problem(problem, problem_size);
             PyObject *released = PyObject_CallMethod(view, "release", NULL);
             if (released == NULL) PyErr_Clear();
             Py_XDECREF(released);
@@ -326,10 +337,10 @@ static PyObject *request_object(ModelState *state, TRITONBACKEND_Request *reques
     PyObject *result = Py_BuildValue("(NKONNN)", inputs, (unsigned long long)timeout_us, bulk ? Py_True : Py_False,
                                      outputs, release_object, shadow_object);
     if (result != NULL) return result;
-    python_error_text(problem, problem_size); /* Py_BuildValue took inputs and outputs */
+    *code = python_problem(problem, problem_size); /* Py_BuildValue took inputs and outputs */
     return NULL;
 no_memory:
-    python_error_text(problem, problem_size);
+    *code = python_problem(problem, problem_size);
 fail:
     Py_XDECREF(inputs);
     Py_XDECREF(outputs);
@@ -348,8 +359,12 @@ static const char *named_release(TRITONBACKEND_Request *request) {
  * and per release when the request names one (exec_start: the call's start). */
 static bool send_answer(ModelState *state, TRITONBACKEND_Request *request, PyObject *answer, uint64_t exec_start) {
     const char *kind = PyUnicode_AsUTF8(PyTuple_GET_ITEM(answer, 0));
-    if (strcmp(kind, "error") == 0) {
-        send_error(request, (int)PyLong_AsLong(PyTuple_GET_ITEM(answer, 1)), PyUnicode_AsUTF8(PyTuple_GET_ITEM(answer, 2)));
+    if (kind == NULL || strcmp(kind, "error") == 0) {
+        /* the message's UTF-8 copy may need memory (then it is NULL, and send_error says "error") */
+        long code = kind ? PyLong_AsLong(PyTuple_GET_ITEM(answer, 1)) : TS_ERROR_UNAVAILABLE;
+        const char *message = kind ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(answer, 2)) : "out of memory for the answer";
+        if (PyErr_Occurred()) PyErr_Clear();
+        send_error(request, code >= 0 && code <= TS_ERROR_CANCELLED ? (int)code : TS_ERROR_INTERNAL, message);
         count_arm(state, named_release(request), false, now_ns() - exec_start, NULL, 0);
         return false;
     }
@@ -365,6 +380,11 @@ static bool send_answer(ModelState *state, TRITONBACKEND_Request *request, PyObj
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tensors) && problem == NULL; i++) {
         PyObject *pair = PyTuple_GET_ITEM(tensors, i);
         const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(pair, 0));
+        if (name == NULL) { /* its UTF-8 copy needed memory */
+            PyErr_Clear();
+            problem = fail(TS_ERROR_UNAVAILABLE, "out of memory for an output's name");
+            break;
+        }
         Py_buffer view;
         if (PyObject_GetBuffer(PyTuple_GET_ITEM(pair, 1), &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND) != 0) {
             PyErr_Clear();
@@ -408,25 +428,26 @@ static bool send_answer(ModelState *state, TRITONBACKEND_Request *request, PyObj
 /* Any other call, with the interpreter's lock held: the model's execute answers each request. */
 void python_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_t request_count,
                     uint64_t exec_start, bool *answered, bool *succeeded, uint64_t *compute_start,
-                    uint64_t *compute_end, char *text, size_t text_size) {
+                    uint64_t *compute_end, char *text, size_t text_size, TS_ErrorCode *code) {
     PyObject *views = PyList_New(0);
     PyObject *batch = PyList_New(0);
     uint32_t *request_at = malloc((request_count ? request_count : 1) * sizeof *request_at); /* batch -> call */
     if (views == NULL || batch == NULL || request_at == NULL) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
-        python_error_text(text, text_size);
+        *code = (TS_ErrorCode)python_problem(text, text_size);
         goto done;
     }
     /* A request whose inputs cannot be read here is answered now with why; the rest go to Python. */
     for (uint32_t r = 0; r < request_count; r++) {
         char problem[400] = "";
-        PyObject *item = request_object(state, requests[r], views, problem, sizeof problem);
+        int problem_code = TS_ERROR_INVALID_ARG;
+        PyObject *item = request_object(state, requests[r], views, problem, sizeof problem, &problem_code);
         if (item != NULL && PyList_Append(batch, item) < 0) {
-            python_error_text(problem, sizeof problem);
+            problem_code = python_problem(problem, sizeof problem);
             Py_CLEAR(item);
         }
         if (item == NULL) {
-            send_error(requests[r], TS_ERROR_INVALID_ARG, problem);
+            send_error(requests[r], problem_code, problem);
             count_arm(state, named_release(requests[r]), false, now_ns() - exec_start, NULL, 0);
             answered[r] = true;
             continue;
@@ -441,7 +462,7 @@ void python_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_
     PyObject *answers =
         handed ? PyObject_CallMethod(state->model, "execute", "Od", batch, (double)exec_start * 1e-9) : NULL;
     if (answers == NULL) {
-        if (handed) python_error_text(text, text_size);
+        if (handed) *code = (TS_ErrorCode)python_problem(text, text_size);
     } else {
         PyObject *item;
         while ((item = PyIter_Next(answers)) != NULL) {
@@ -453,7 +474,7 @@ void python_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_
             }
             Py_DECREF(item);
         }
-        if (PyErr_Occurred()) python_error_text(text, text_size);
+        if (PyErr_Occurred()) *code = (TS_ErrorCode)python_problem(text, text_size);
         Py_DECREF(answers);
     }
     *compute_end = now_ns();

@@ -58,7 +58,8 @@ TRITONSERVER_Error *add_output(TRITONBACKEND_Response *response, const char *nam
     int64_t memory_id = 0;
     TRITONSERVER_Error *err = TRITONBACKEND_ResponseOutput(response, &output, name, datatype, shape, dims);
     if (err == NULL) err = TRITONBACKEND_OutputBuffer(output, &buffer, size, &memory, &memory_id);
-    if (err == NULL) memcpy(buffer, data, (size_t)size);
+    /* an empty tensor (a ranking request's `dropped` when none was) may get no buffer: nothing to copy */
+    if (err == NULL && size > 0) memcpy(buffer, data, (size_t)size);
     return err;
 }
 
@@ -86,3 +87,31 @@ void send_error(TRITONBACKEND_Request *request, int code, const char *message) {
     TRITONSERVER_ErrorDelete(answer_error);
     if (err) TRITONSERVER_ErrorDelete(err);
 }
+
+#ifdef ENSEMBLE_ALLOC_FAULTS
+/* Allocations that fail on demand (see backend_internal.h): the parenthesised names below call the C
+ * library's functions, not the macros. Counted over every thread, once the first call has armed them. */
+static uint64_t fault_every; /* ENSEMBLE_ALLOC_FAULTS; 0: none fail */
+static uint64_t fault_count;
+static bool fault_armed;
+static pthread_once_t fault_once = PTHREAD_ONCE_INIT;
+
+static void fault_read(void) {
+    const char *every = getenv("ENSEMBLE_ALLOC_FAULTS");
+    fault_every = every ? strtoull(every, NULL, 10) : 0;
+    __atomic_store_n(&fault_armed, true, __ATOMIC_RELEASE);
+}
+
+void faults_arm(void) { pthread_once(&fault_once, fault_read); }
+
+static bool fault_now(void) {
+    return __atomic_load_n(&fault_armed, __ATOMIC_ACQUIRE) && fault_every > 0 &&
+           __atomic_add_fetch(&fault_count, 1, __ATOMIC_RELAXED) % fault_every == 0;
+}
+
+void *fault_malloc(size_t size) { return fault_now() ? NULL : (malloc)(size); }
+
+void *fault_calloc(size_t count, size_t size) { return fault_now() ? NULL : (calloc)(count, size); }
+
+char *fault_strdup(const char *text) { return fault_now() ? NULL : (strdup)(text); }
+#endif

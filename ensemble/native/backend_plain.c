@@ -145,7 +145,7 @@ static void answer_alone(ModelState *state, TRITONBACKEND_Request **requests, co
         const PlainRequest *p = &plain[r];
         float *scores = malloc((size_t)(p->rows ? p->rows : 1) * (size_t)state->n_outputs * sizeof(float));
         char text[ENSEMBLE_ERROR_SIZE] = "";
-        int failed = -1;
+        int failed = -2; /* stays so without memory for the scores: UNAVAILABLE, the client may retry */
         if (scores == NULL) {
             snprintf(text, sizeof text, "out of memory for %lld rows", (long long)p->rows);
         } else {
@@ -226,7 +226,7 @@ static int lane_answer(Lane *lane, const LaneItem *item) {
         const int64_t rows = p->rows;
         float *scores = malloc((size_t)rows * (size_t)state->n_outputs * sizeof(float));
         if (scores == NULL) {
-            send_error(item->request, TS_ERROR_INTERNAL, "out of memory for a bulk request's scores");
+            send_error(item->request, TS_ERROR_UNAVAILABLE, "out of memory for a bulk request's scores");
         } else {
             compute_start = now_ns();
             const int failed = state->chain_api->score(state->chain, 1, &dense, &wire, &wire_size, &rows,
@@ -364,10 +364,11 @@ void lane_stop(Lane *lane) {
  * pipeline splits a batch too; each taken request answered from the score array, the call recorded
  * for the admission's fits (as execute, score_plain and finish_plain do).
  * Adds the rows scored to *rows (the caller's 0); a request left unanswered gets `text` as its error from
- * the caller; one handed to the lane is marked in `deferred` (the lane answers, reports and releases it). */
+ * the caller, with *code (UNAVAILABLE when memory ran out; else the caller's INTERNAL); one handed to the
+ * lane is marked in `deferred` (the lane answers, reports and releases it). */
 void native_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_t count,
                     const PlainRequest *plain, Lane *lane, uint64_t handed_ns, bool *answered, bool *succeeded,
-                    bool *deferred, uint64_t *rows, char *text, size_t text_size) {
+                    bool *deferred, uint64_t *rows, char *text, size_t text_size, TS_ErrorCode *code) {
     const EnsembleAdmissionApi *policy = state->admission ? state->admission_api : NULL;
     const double started = policy ? policy->now() : 0.0;
     int32_t *lists = malloc(3 * (size_t)count * sizeof(int32_t));
@@ -384,6 +385,7 @@ void native_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_
     if (lists == NULL || kept == NULL || refused == NULL || dense == NULL || wire == NULL || wire_size == NULL ||
         part_rows == NULL || (policy && (message == NULL || admitted == NULL))) {
         snprintf(text, text_size, "out of memory for a call of %u requests", count);
+        *code = TS_ERROR_UNAVAILABLE;
         goto done;
     }
     /* Beside interactive traffic the bulk requests go to the lane (see "the bulk lane"); the plan then
@@ -425,6 +427,7 @@ void native_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_
         }
         if (policy->plan(state->admission, admitted, n, started, &plan) < 0) {
             snprintf(text, text_size, "out of memory planning a call of %u requests", count);
+            *code = TS_ERROR_UNAVAILABLE;
             goto done;
         }
         for (int32_t k = 0; k < n; k++) {
@@ -459,6 +462,7 @@ void native_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_
         scores = malloc((size_t)(total ? total : 1) * (size_t)state->n_outputs * sizeof(float));
         if (scores == NULL) {
             snprintf(text, text_size, "out of memory for %lld rows", (long long)total);
+            *code = TS_ERROR_UNAVAILABLE;
             break;
         }
         double deadline = 0.0; /* the part's soonest client deadline: what its row store reads may not pass */

@@ -85,14 +85,18 @@ static TRITONSERVER_Metric *series(ModelState *state, int kind, uint64_t candida
             found = labelled(family, names, values, 4, 0.0);
         } else if (family != NULL) {
             const TRITONSERVER_Parameter *labels[3];
-            for (int k = 0; k < 3; k++) labels[k] = TRITONSERVER_ParameterNew(names[k], TS_PARAMETER_STRING, values[k]);
+            bool made = true; /* every label made (Triton may have no memory for one) */
+            for (int k = 0; k < 3; k++) {
+                labels[k] = TRITONSERVER_ParameterNew(names[k], TS_PARAMETER_STRING, values[k]);
+                made = made && labels[k] != NULL;
+            }
             TRITONSERVER_MetricArgs *args = NULL;
-            TRITONSERVER_Error *err = TRITONSERVER_MetricArgsNew(&args);
+            TRITONSERVER_Error *err = made ? TRITONSERVER_MetricArgsNew(&args) : NULL;
             const double *bounds = kind == SHADOW_DIFFERENCE ? difference_buckets : overlap_buckets;
             const uint64_t n = kind == SHADOW_DIFFERENCE ? sizeof difference_buckets / sizeof(double)
                                                          : sizeof overlap_buckets / sizeof(double);
-            if (err == NULL) err = TRITONSERVER_MetricArgsSetHistogram(args, bounds, n);
-            if (err == NULL) err = TRITONSERVER_MetricNewWithArgs(&found, family, labels, 3, args);
+            if (made && err == NULL) err = TRITONSERVER_MetricArgsSetHistogram(args, bounds, n);
+            if (made && err == NULL) err = TRITONSERVER_MetricNewWithArgs(&found, family, labels, 3, args);
             if (err) {
                 TRITONSERVER_ErrorDelete(err);
                 found = NULL;
@@ -101,7 +105,8 @@ static TRITONSERVER_Metric *series(ModelState *state, int kind, uint64_t candida
                 err = TRITONSERVER_MetricArgsDelete(args);
                 if (err) TRITONSERVER_ErrorDelete(err);
             }
-            for (int k = 0; k < 3; k++) TRITONSERVER_ParameterDelete((TRITONSERVER_Parameter *)labels[k]);
+            for (int k = 0; k < 3; k++)
+                if (labels[k]) TRITONSERVER_ParameterDelete((TRITONSERVER_Parameter *)labels[k]);
         }
         if (found != NULL) {
             state->shadow[state->n_shadow].kind = kind;

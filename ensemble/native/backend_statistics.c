@@ -97,10 +97,17 @@ TRITONSERVER_Metric *model_series(ModelState *state, int family, const char *lab
 TRITONSERVER_Metric *labelled(TRITONSERVER_MetricFamily *family, const char *const *names,
                               const char *const *values, int count, double value) {
     const TRITONSERVER_Parameter *labels[5];
-    for (int k = 0; k < count; k++) labels[k] = TRITONSERVER_ParameterNew(names[k], TS_PARAMETER_STRING, values[k]);
+    if (count > 5) return NULL;
+    bool made = true; /* every label made: a value may be missing, and Triton may have no memory for one */
+    for (int k = 0; k < count; k++) {
+        labels[k] = values[k] ? TRITONSERVER_ParameterNew(names[k], TS_PARAMETER_STRING, values[k]) : NULL;
+        made = made && labels[k] != NULL;
+    }
     TRITONSERVER_Metric *metric = NULL;
-    TRITONSERVER_Error *err = TRITONSERVER_MetricNew(&metric, family, labels, (uint64_t)count);
-    for (int k = 0; k < count; k++) TRITONSERVER_ParameterDelete((TRITONSERVER_Parameter *)labels[k]);
+    TRITONSERVER_Error *err = made ? TRITONSERVER_MetricNew(&metric, family, labels, (uint64_t)count) : NULL;
+    for (int k = 0; k < count; k++)
+        if (labels[k]) TRITONSERVER_ParameterDelete((TRITONSERVER_Parameter *)labels[k]);
+    if (!made) return NULL;
     if (err) {
         TRITONSERVER_ErrorDelete(err);
         return NULL;

@@ -7,15 +7,21 @@ tcmalloc answered 1.10x the rows a second of glibc's allocator with 100-row requ
 connections (jemalloc 1.08x), the same within the VM's noise with 1-row requests, for ~4% more
 resident memory (docs/serving.md, "The allocator"). So ``ensemble serve`` preloads tcmalloc when the
 machine has it (Debian and Ubuntu: ``libtcmalloc-minimal4``) and says so when it starts; without it,
-or with ``--allocator system``, Triton runs on the system's allocator.
+with ``--allocator system``, or under AddressSanitizer, Triton runs on the system's allocator.
 """
 
 from __future__ import annotations
 
 import ctypes.util
+import os
+import re
+from collections.abc import Mapping
 from enum import Enum
 
 PACKAGE = "libtcmalloc-minimal4"  # Debian's and Ubuntu's
+# AddressSanitizer's runtime (gcc's or clang's) in LD_PRELOAD, as tests/fuzz/sanitize.py runs tritonserver:
+# it brings its own malloc, and tcmalloc preloaded beside it would take allocations ASan must see.
+SANITIZER_RUNTIME = re.compile(r"lib(clang_rt\.)?asan")
 
 
 class Allocator(str, Enum):
@@ -24,14 +30,18 @@ class Allocator(str, Enum):
     SYSTEM = "system"
 
 
-def library(choice: Allocator | str) -> str | None:
-    """The library to preload for ``choice`` (None: the system's allocator).
+def library(choice: Allocator | str, environment: Mapping[str, str] | None = None) -> str | None:
+    """The library to preload for ``choice`` (None: the system's allocator). ``auto`` is the system's
+    too when ``environment`` (this process's if None) preloads AddressSanitizer's runtime.
 
     Raises:
         FileNotFoundError: ``tcmalloc`` asked for and not installed.
     """
     choice = Allocator(choice)
     if choice is Allocator.SYSTEM:
+        return None
+    preload = (os.environ if environment is None else environment).get("LD_PRELOAD", "")
+    if choice is Allocator.AUTO and SANITIZER_RUNTIME.search(preload):
         return None
     found = ctypes.util.find_library("tcmalloc_minimal")
     if found is None and choice is Allocator.TCMALLOC:
@@ -41,7 +51,7 @@ def library(choice: Allocator | str) -> str | None:
 
 def preloaded(environment: dict[str, str], choice: Allocator | str) -> dict[str, str]:
     """``environment`` with the allocator's library first in ``LD_PRELOAD``."""
-    found = library(choice)
+    found = library(choice, environment)
     if found is None:
         return environment
     rest = environment.get("LD_PRELOAD", "")

@@ -29,6 +29,9 @@ STORE_METRIC_PREFIX = "ensemble_store_"
 # that name their release: backend_statistics.c); its served-score panel, what the native backend counts.
 EXPERIMENT_METRIC_PREFIXES = ("ensemble_shadow_", "ensemble_arm_")
 NATIVE_METRIC_PREFIX = "ensemble_served_score_"
+# Its tables row reads a row store's counters (a release whose DLRMs keep their tables out of memory:
+# ensemble/native/backend_tables.c), which only such a release exports.
+TABLE_METRIC_PREFIX = "ensemble_table_"
 
 # p50 / p90 / p95 / p99 with the rank error Prometheus' best practices suggest for each: the
 # tighter the error, the more samples the server keeps per window.

@@ -94,9 +94,11 @@ def load_step(model: Model | str, version_dir: str | Path, threads: int = 1,
         device: where the step computes (see :mod:`ensemble.device`).
         widths: the dataset's input widths (None: the features step's own workflow, else Criteo's).
     """
+    from ensemble.tables.serving import cold_is_remote
+
     component = BY_MODEL[Model(model)]
     layout, version_dir = Layout(layout), Path(version_dir)
-    manifest.verify(version_dir, component.model)
+    manifest.verify(version_dir, component.model, remote_tables=cold_is_remote())
     if widths is None:
         widths = workflow_widths(version_dir) if component.model is Model.FEATURES else schema.CRITEO_WIDTHS
     fn = component.load(version_dir, threads, Device(device))

@@ -351,3 +351,43 @@ def predicted_hit_rates(version_dir: Path, budget_bytes: int) -> dict[str, float
         total += lookups
     found["overall"] = total_hits / total if total else 1.0
     return found
+
+
+def cold_key(prefix: str, step: str, version_dir: Path, entry: TableEntry) -> str:
+    """A large table's keys in the cold tier in Redis (``<key>:header``, ``<key>:<block>``): named after the
+    version folder whose file it is, so that releases sharing a file share its keys."""
+    return f"{prefix}:{step}:{entry.shared_from or Path(version_dir).name}:{entry.name}"
+
+
+def to_redis(client, version_dir: Path, step: str, prefix: str, log=print, chunk_blocks: int = 256) -> int:
+    """Write a step's large tables into Redis (a client of redis-py, one node or a cluster): each table's header
+    and blocks, as they are on disk (their checksums with them), under :func:`cold_key`. A table whose header is
+    already there (a file shared with a release written before) is skipped. Returns the bytes written."""
+    manifest = TablesManifest.load(version_dir)
+    written = 0
+    for entry in manifest.tables:
+        if entry.small:
+            continue
+        key = cold_key(prefix, step, version_dir, entry)
+        path = Path(version_dir) / entry.file
+        header = path.read_bytes()[:BLOCK] if path.stat().st_size >= BLOCK else b""
+        if client.get(f"{key}:header") == header:
+            log(f"{step} {entry.name}: already in the cold tier ({key})")
+            continue
+        with open(path, "rb") as handle:
+            handle.seek(BLOCK)
+            block = 0
+            while True:
+                data = handle.read(chunk_blocks * BLOCK)
+                if not data:
+                    break
+                pipe = client.pipeline(transaction=False)
+                for k in range(len(data) // BLOCK):
+                    pipe.set(f"{key}:{block + k}", data[k * BLOCK:(k + 1) * BLOCK])
+                pipe.execute()
+                block += len(data) // BLOCK
+                written += len(data)
+        client.set(f"{key}:header", header)  # last: a reader finds the table only once every block is there
+        written += BLOCK
+        log(f"{step} {entry.name}: {block:,} blocks into the cold tier ({key})")
+    return written

@@ -11,7 +11,10 @@ Two halves, both against real servers:
   the public ports. Chunked bodies of any chunk size are answered as unchunked ones; the body that
   crashes Triton 2.51 (3 million one-byte chunks) is answered at the door with tritonserver's pid and
   memory unchanged; every restricted API is refused at the door, key or not; deploy and rollback
-  through the door's address fail no request; a killed tritonserver is restarted behind it.
+  through the door's address fail no request; a killed tritonserver is restarted behind it. Each
+  kind of refusal the gateway answers itself has its HTTP status and, over gRPC, the status that
+  HTTP status means (413 RESOURCE_EXHAUSTED, 400 INVALID_ARGUMENT, 403 PERMISSION_DENIED, 503
+  UNAVAILABLE).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ import pytest
 from clients.triton import RankerClient
 from clients.wire import serialize_bytes
 from ensemble import schema
-from ensemble.repository import declared, processes
+from ensemble.operate import processes
+from ensemble.repository import declared
 from ensemble.operate.control import ADMIN_HEADER, GRPC_ADMIN_HEADER, Control
 from ensemble.operate.server import free_ports
 from tests.helpers import ADMIN_KEY, Load, fresh_rows, http_announce, http_post, start_serving, stop_serving, two_releases
@@ -294,6 +298,113 @@ def test_a_million_candidates_are_refused_at_once(door):
     assert status == 413 and time.monotonic() - started < 5, reply[:200]
 
 
+# --- refusals: what each answer the gateway gives itself says over HTTP and over gRPC ----------------------------
+
+
+@pytest.fixture(scope="module")
+def closed_door(tmp_path_factory):
+    """A gateway in front of a replica that does not answer (nothing listens on its ports): (HTTP, gRPC)."""
+    from ensemble.fleet.envoy import Envoy
+    from ensemble.fleet.gateway import Gateway, Replica
+
+    http, grpc, admin, replica_http, replica_grpc = free_ports(5)
+    envoy = Envoy(Gateway((Replica(replica_http, replica_grpc),), http_port=http, grpc_port=grpc, admin_port=admin),
+                  log_file=tmp_path_factory.mktemp("closed-door") / "envoy.log").start()
+    yield f"127.0.0.1:{http}", f"127.0.0.1:{grpc}"
+    envoy.stop()
+
+
+def _grpc_status(call) -> tuple[str, str]:
+    """(status, message) of a gRPC call through tritonclient or grpcio that should fail."""
+    import grpc
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        call()
+    except InferenceServerException as exc:
+        return str(exc.status()), exc.message()
+    except grpc.RpcError as exc:
+        return str(exc.code()), exc.details() or ""
+    return "StatusCode.OK", ""
+
+
+def _too_large(address: str) -> None:
+    """A ranker request of a 1 MiB string in each of the 26 columns: 26 MiB, past the 16 MiB limit."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(address)
+    dense = grpcclient.InferInput(schema.DENSE.name, [1, schema.N_DENSE], "FP32")
+    dense.set_data_from_numpy(np.zeros((1, schema.N_DENSE), np.float32))
+    categorical = grpcclient.InferInput(schema.CATEGORICAL.name, [1, schema.N_CATEGORICAL], "BYTES")
+    categorical.set_data_from_numpy(np.full((1, schema.N_CATEGORICAL), b"x" * 2**20, object))
+    try:
+        client.infer("ranker", [dense, categorical], client_timeout=60)
+    finally:
+        client.close()
+
+
+def _encoded_slash(address: str) -> None:
+    """A gRPC method path with an encoded slash, which the gateway refuses to read (grpcio: tritonclient
+    has no way to send it)."""
+    import grpc
+
+    with grpc.insecure_channel(address) as channel:
+        channel.unary_unary("/inference.GRPCInferenceService%2FServerLive")(b"", timeout=30)
+
+
+def _grpc_client_call(address: str, method: str) -> None:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(address)
+    try:
+        getattr(client, method)()
+    finally:
+        client.close()
+
+
+# kind -> (door, HTTP status, the HTTP requests that get it, gRPC status, the gRPC calls that get it). The door:
+# "open", the exposed server's; "closed", a gateway whose one replica does not answer.
+REFUSALS = {
+    "past the 16 MiB limit": (
+        "open", 413, [lambda a: http_announce(a, schema.RANKER_INFER_PATH, 16 * 2**20 + 1)[0]],
+        "RESOURCE_EXHAUSTED", [_too_large]),
+    "a request the gateway will not read": (
+        "open", 400, [lambda a: _call(a, "POST", schema.RANKER_INFER_PATH, b"[" * 100)[0],
+                      lambda a: _call(a, "GET", "/v2/models/ranker%2Fversions/1/ready")[0]],
+        "INVALID_ARGUMENT", [_encoded_slash]),
+    "a closed API": (
+        "open", 403, [lambda a: _call(a, "POST", "/v2/repository/index", b"{}")[0]],
+        "PERMISSION_DENIED", [lambda a: _grpc_client_call(a, "get_model_repository_index")]),
+    "no replica to answer": (
+        "closed", 503, [lambda a: _call(a, "GET", "/v2/health/ready")[0]],
+        "UNAVAILABLE", [lambda a: _grpc_client_call(a, "is_server_ready")]),
+}
+
+
+@pytest.mark.parametrize("kind", list(REFUSALS))
+def test_each_refusal_at_the_door_has_the_status_it_means_over_both_protocols(request, kind):
+    """Envoy's own table would answer a gRPC client 413 as UNKNOWN and 400 as INTERNAL; the gateway
+    answers the gRPC status the HTTP one means."""
+    which, http_status, http_requests, grpc_status, grpc_calls = REFUSALS[kind]
+    if which == "open":
+        door = request.getfixturevalue("door")
+        http, grpc = door.http, door.grpc
+    else:
+        http, grpc = request.getfixturevalue("closed_door")
+    for send in http_requests:
+        assert send(http) == http_status, kind
+    for call in grpc_calls:
+        status, message = _grpc_status(lambda: call(grpc))
+        assert status == f"StatusCode.{grpc_status}", (kind, status, message)
+        if http_status == 413:
+            assert f"larger than {16 * 2**20} bytes" in message, message
+    if which == "open":  # and the replica behind it still scores
+        dense, cats = fresh_rows(2, seed=31)
+        client = RankerClient(grpc, "grpc")
+        assert np.isfinite(client.score(dense, cats)).all()
+        client.close()
+
+
 def test_deploy_and_rollback_through_the_door_fail_no_request(door):
     first, second = door.releases
     with Load(door.http, fresh_rows(64, seed=44), attempts=1) as load:
@@ -351,6 +462,9 @@ HOSTILE = {
     "JSON nested 200,000 deep": ("ranker", b"[" * 200_000 + b"]" * 200_000, {}, None, {400}),
     "binary header nested 100,000 deep": ("ranker", b"{" * 100_000, {"Inference-Header-Content-Length": "100000"},
                                           None, {400}),
+    # Triton reads the header with atoi (200,000 bytes of JSON); read as a Lua number it is 2 bytes
+    "binary header length written 200000e-5": ("ranker", b"[" * 200_000,
+                                               {"Inference-Header-Content-Length": "200000e-5"}, None, {400}),
     "dense shape whose byte size wraps": ("ranker", *_binary([2**62, schema.N_DENSE], b"", [1, schema.N_CATEGORICAL],
                                                              _ONE_WIRE), {400}, {400}),
     "categorical shape whose size wraps": ("ranker", *_binary(*_ONE[:2], [2**62, schema.N_CATEGORICAL], b""),

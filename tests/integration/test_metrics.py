@@ -9,7 +9,7 @@ import urllib.request
 from ensemble.models.registry import Layout
 from ensemble.schema import Model
 from ensemble.operate.monitoring import (DEFAULT_QUANTILES, GATEWAY_METRIC_PREFIX, NATIVE_METRIC_PREFIX,
-                                         EXPERIMENT_METRIC_PREFIXES, STORE_METRIC_PREFIX,
+                                         EXPERIMENT_METRIC_PREFIXES, STORE_METRIC_PREFIX, TABLE_METRIC_PREFIX,
                                          dashboard_metric_names,
                                          parse_exposition)
 from tests.helpers import fresh_rows
@@ -51,8 +51,9 @@ def test_every_dashboard_metric_is_exported(layout_server):
         after = _scrape(layout_server)
 
     # the gateway's: a fleet's; the store's: a server with an online store's (tests/integration/test_rank_ids.py);
-    # the shadow panels': an experiment's (test_experiments.py); the served scores: the native layout's
-    elsewhere = (GATEWAY_METRIC_PREFIX, STORE_METRIC_PREFIX, *EXPERIMENT_METRIC_PREFIXES)
+    # the shadow panels': an experiment's (test_experiments.py); the tables': a row store release's
+    # (test_tables.py); the served scores: the native layout's
+    elsewhere = (GATEWAY_METRIC_PREFIX, STORE_METRIC_PREFIX, TABLE_METRIC_PREFIX, *EXPERIMENT_METRIC_PREFIXES)
     if layout_server.options.layout is not Layout.NATIVE:
         elsewhere += (NATIVE_METRIC_PREFIX,)
     names = {n for n in dashboard_metric_names() if not n.startswith(elsewhere)}
@@ -64,6 +65,12 @@ def test_every_dashboard_metric_is_exported(layout_server):
         expected_models |= {m.value for m in COMPOSING}
     for name in names - HOST_METRICS:
         assert expected_models <= _models(after[name]), f"{name}: no samples for {expected_models - _models(after[name])}"
+
+    # the native layout says which C modules the install has, as built() reads them
+    if layout_server.options.layout is Layout.NATIVE:
+        from ensemble.native.built import built
+        said = {labels["module"]: value for labels, value in after.get("ensemble_c_module_built", [])}
+        assert said == {name: float(found) for name, found in built().items()}
 
     # the summaries observe each request once, as the success counter counts it
     assert count(after, "nv_inference_request_success") - count(before, "nv_inference_request_success") == REQUESTS

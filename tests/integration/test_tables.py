@@ -105,6 +105,11 @@ def test_a_row_store_release_serves_the_pipelines_scores_reading_cold_rows_from_
         assert 0 < hits < unique and _total(metrics, "ensemble_table_read_seconds_count") >= 3
         budget = 0.0005 * 2**30
         assert 0 < _total(metrics, "ensemble_table_hot_bytes") <= budget  # the tier holds rows, within its budget
+        from ensemble.operate.monitoring import TABLE_METRIC_PREFIX, dashboard_metric_names
+
+        panels = {n for n in dashboard_metric_names() if n.startswith(TABLE_METRIC_PREFIX)}
+        exported = {k.split("{")[0] for k in metrics}
+        assert len(panels) >= 6 and panels <= exported, panels - exported  # the dashboard's tables row reads them
     finally:
         server.stop()
 
@@ -261,3 +266,44 @@ def test_a_release_changing_a_few_rows_shares_the_table_files_and_deploys_under_
                        atol=1e-5)
     finally:
         server.stop()
+
+
+def test_a_fleets_cold_tier_in_a_redis_cluster_gives_the_disks_answers(row_store, tmp_path):
+    """The large tables' blocks in a real Redis Cluster (three nodes), the release's large files gone from the
+    server's folder: the same scores as from the disk; a node that goes away: UNAVAILABLE naming the table."""
+    from clients.triton import RankerClient
+    from ensemble import cli
+    from ensemble.native import _tables
+    from ensemble.store_server import LocalRedisCluster, cluster_ports
+
+    if not _tables.has_redis():
+        pytest.fail("this build has no Redis client: install libhiredis-dev (make setup does)")
+    repository, _, _, _ = row_store
+    cluster = LocalRedisCluster(cluster_ports(3), tmp_path / "redis").start()
+    copy = tmp_path / "repository"
+    shutil.copytree(repository, copy)
+    servers = []
+    try:
+        assert cli.main(["tables", "--repository", str(copy), "--to-redis", cluster.url]) == 0
+        for step in ("dlrm_torch", "dlrm_tf"):  # the server's folder keeps only the small files
+            (_newest(copy / step) / "tables" / "C1.rows").unlink()
+        disk = _server(repository, tmp_path / "disk.log")
+        remote = _server(copy, tmp_path / "redis.log", ENSEMBLE_TABLE_COLD=cluster.url)
+        servers = [disk, remote]
+        for server in servers:
+            server.start()
+        dense, cats = _rows(100, 31)
+        from_disk = RankerClient(disk.grpc_url, "grpc").infer(dense, cats, all_scores=True)
+        from_redis = RankerClient(remote.grpc_url, "grpc").infer(dense, cats, all_scores=True)
+        for name in from_disk:
+            assert np.array_equal(from_disk[name], from_redis[name]), name
+        assert _total(_metrics(remote), "ensemble_table_cold_rows_total", "C1") > 50
+        for node in cluster.nodes:  # the cold tier goes away
+            node.kill()
+        with pytest.raises(Exception, match=r"table C1: (the cold tier(:| redis://)|cold reads did not finish)"):
+            RankerClient(remote.grpc_url, "grpc").infer(*_rows(100, 32))
+        assert remote.alive() and _total(_metrics(remote), "ensemble_table_read_failures_total", "C1") >= 1
+    finally:
+        for server in servers:
+            server.stop()
+        cluster.stop()

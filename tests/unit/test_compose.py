@@ -6,7 +6,6 @@ check-jsonschema vendors); the Dockerfiles are parsed with BuildKit's own parser
 """
 
 import fnmatch
-import json
 import re
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 import yaml
 
 from ensemble.repository import configs
+from tests.helpers import dockerfile_instructions
 from ensemble.models import triton_releases
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,19 +165,7 @@ def test_locust_and_baseline(compose):
     assert services["naive"]["command"][:3] == ["baseline-serve", "--kind", "naive"]
 
 
-_PARSE = ("import dataclasses, json, sys, dockerfile\n"
-          "print(json.dumps([{f: getattr(c, f) for f in ('cmd', 'value', 'flags', 'original')} "
-          "for c in dockerfile.parse_file(sys.argv[1])]))")
-
-
-def _instructions(path: Path):
-    """The Dockerfile's instructions (cmd, value, flags, original), parsed by the `dockerfile` package in a
-    child process: its Go runtime crashes (SIGSEGV inside dockerfile.abi3.so) in a process that has
-    loaded OpenVINO's CPU runtime, as this one has once a release was exported."""
-    import types
-
-    done = subprocess.run([sys.executable, "-c", _PARSE, str(path)], capture_output=True, text=True, check=True)
-    return [types.SimpleNamespace(**c) for c in json.loads(done.stdout)]
+_instructions = dockerfile_instructions
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)

@@ -222,7 +222,7 @@ def test_a_pinned_gateway_names_the_release_in_every_ranker_request():
     assert [f["name"] for f in manager["grpc"]["http_filters"]][-2:] == [gw.LUA_FILTER, "envoy.filters.http.router"]
     http_lua = [f["typed_config"]["default_source_code"]["inline_string"] for f in manager["http"]["http_filters"]
                 if f["name"] == gw.LUA_FILTER]
-    assert http_lua == [gw.CLIENT_ERROR_LUA]  # the HTTP listener's only Lua: a 500 for a non-JSON body is a 400
+    assert http_lua == [gw.lua_source(gw.LuaFilter.CLIENT_ERROR)]  # the HTTP listener's only Lua (JSON depth, 500s)
     unpinned = gw.envoy_config(TWO)
     assert "/v2/models/ranker/infer" not in [r["match"].get("path") for r in _routes(unpinned, "http")]
 
@@ -249,3 +249,19 @@ def test_routes_from_files_switch_by_rename(tmp_path):
     forwarded = [r for r in unpinned["virtual_hosts"][0]["routes"] if "route" in r]
     assert forwarded and all(r["typed_per_filter_config"][gw.LUA_FILTER]["disabled"] for r in forwarded)
     assert "request_headers_to_add" not in unpinned["virtual_hosts"][0]
+
+
+def test_a_grpc_client_is_told_the_status_each_refusal_means():
+    """Envoy's own table would answer a gRPC client 413 as UNKNOWN and 400 as INTERNAL; the gateway
+    gives each of its own answers the gRPC status its HTTP status means (tests/integration/test_door.py
+    sends them)."""
+    config = gw.envoy_config(TWO)
+    for listener in config["static_resources"]["listeners"][:2]:
+        manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        mapped = {}
+        for mapper in manager["local_reply_config"]["mappers"]:
+            status, grpc_only = mapper["filter"]["and_filter"]["filters"]
+            assert grpc_only["header_filter"]["header"]["name"] == "content-type"  # HTTP answers are left alone
+            mapped[status["status_code_filter"]["comparison"]["value"]["default_value"]] = \
+                mapper["headers_to_add"][0]["header"]["value"]
+        assert mapped == {400: "3", 403: "7", 404: "12", 413: "8", 415: "12", 503: "14"}, listener["name"]

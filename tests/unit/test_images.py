@@ -60,9 +60,9 @@ def _imports(code: str) -> list[str]:
 
 
 def _instructions(path: Path):
-    import dockerfile
+    from tests.helpers import dockerfile_instructions  # in a child process: see there
 
-    return dockerfile.parse_file(str(path))
+    return dockerfile_instructions(path)
 
 
 def _python_steps(path: Path) -> list[list[str]]:
