@@ -89,7 +89,12 @@ def fio(path: Path, depth: int, seconds: int = 10, size: str = "4G") -> dict:
 
 
 def disk(repository: Path) -> dict:
-    return {"fio_qd1": fio(repository, 1), "fio_qd32": fio(repository, 32), "file_system": _df(repository)}
+    """fio at queue depth 1, 32 and the cold reads' own depth (each thread's: ``ENSEMBLE_TABLE_DEPTH``)."""
+    from ensemble.tables.serving import Settings
+
+    depth = Settings.from_environment().depth
+    found = {f"fio_qd{d}": fio(repository, d) for d in sorted({1, 32, depth})}
+    return {**found, "serving_depth": depth, "file_system": _df(repository)}
 
 
 def _df(path: Path) -> str:
@@ -286,23 +291,37 @@ def counted(before: dict, after: dict, requests: int, big: set[str]) -> dict:
             "read_failures": delta("ensemble_table_read_failures_total")}
 
 
-def closed_loops(address: str, make_keys, rows: int, requests: int, clients: int) -> tuple[list[float], float]:
+def closed_loops(address: str, make_keys, rows: int, requests: int, clients: int,
+                 refused: list | None = None) -> tuple[list[float], float]:
     """``clients`` threads, each sending ``requests`` requests of ``rows`` rows back to back over gRPC (rows
-    drawn beforehand, so the clients' Python stays off the measured path as far as it can): each request's
-    seconds, and the wall time."""
+    drawn beforehand, so the clients' Python stays off the measured path as far as it can): each answered
+    request's seconds, and the wall time. A request the server refuses as it asks (UNAVAILABLE: its
+    admission predicts a missed objective, or cold reads past the deadline) is sent again after 50 ms, as a
+    client retrying with backoff does; each refusal is appended to ``refused``."""
     import threading
 
     from clients.triton import RankerClient
+    from tritonclient.utils import InferenceServerException
 
     prepared = [[keys.request(rows) for _ in range(requests)] for keys in (make_keys(k) for k in range(clients))]
     times: list[float] = []
+    refused = refused if refused is not None else []
 
     def loop(k: int) -> None:
         client = RankerClient(address, "grpc")
         for dense, cats in prepared[k]:
-            start = time.perf_counter()
-            client.infer(dense, cats)
-            times.append(time.perf_counter() - start)
+            while True:
+                start = time.perf_counter()
+                try:
+                    client.infer(dense, cats)
+                except InferenceServerException as exc:
+                    if "UNAVAILABLE" not in str(exc.status()) and "UNAVAILABLE" not in str(exc):
+                        raise
+                    refused.append(str(exc)[:200])
+                    time.sleep(0.05)
+                    continue
+                times.append(time.perf_counter() - start)
+                break
 
     threads = [threading.Thread(target=loop, args=(k,)) for k in range(clients)]
     started = time.perf_counter()
@@ -320,10 +339,11 @@ def warm_up(address: str, keys_of, args, metrics_url: str, big: set[str]) -> lis
     curve, previous, sent = [], None, 0
     for block in range(args.max_warm_blocks):
         before = metrics(metrics_url)
+        refused: list[str] = []
         times, wall = closed_loops(address, lambda k: keys_of(1000 + block * 2 + k), args.warm_rows,
-                                   args.warm_requests, 2)
+                                   args.warm_requests, 2, refused)
         sent += len(times) * args.warm_rows
-        point = {"block": block + 1, "rows_sent": sent, "seconds": wall,
+        point = {"block": block + 1, "rows_sent": sent, "seconds": wall, "refused": len(refused),
                  "hot_bytes": totals(metrics(metrics_url), "ensemble_table_hot_bytes"),
                  **counted(before, metrics(metrics_url), len(times), big)}
         curve.append(point)
@@ -376,17 +396,20 @@ def serve(repository: Path, out: Path, args, fio_result: dict | None) -> dict:
                       f"hit rate {point.get('hit_rate') or 0:.4f}", flush=True)
             point = found["rows100"]
             if fio_result and point.get("cold_blocks_per_request"):
-                # the disk's own time for this many 4 KiB reads at the queue depth used, from fio's IOPS
-                fio_ms = point["cold_blocks_per_request"] / fio_result["fio_qd32"]["iops"] * 1e3
-                point["fio_ms_for_these_reads_qd32"] = fio_ms
+                # the disk's own time for this many 4 KiB reads at the queue depth used, from fio's IOPS; the read
+                # time is the two DLRM steps' summed (they read at once, each its own ring: a request waits less)
+                depth = fio_result["serving_depth"]
+                fio_ms = point["cold_blocks_per_request"] / fio_result[f"fio_qd{depth}"]["iops"] * 1e3
+                point["fio_ms_for_these_reads"] = fio_ms
                 point["read_time_over_fio"] = point["read_ms_per_request"] / fio_ms
             if "throughput" in args.parts and source in ("zipf", "synthetic"):
                 points = []
                 for clients in args.clients:
                     before = metrics(metrics_url)
+                    refused = []
                     times, wall = closed_loops(address, lambda k: keys_of(100 + k), 100,
-                                               max(20, int(args.seconds * 40 / clients)), clients)
-                    points.append({"clients": clients, "rows_per_s": len(times) * 100 / wall,
+                                               max(20, int(args.seconds * 40 / clients)), clients, refused)
+                    points.append({"clients": clients, "rows_per_s": len(times) * 100 / wall, "refused": len(refused),
                                    "p50_ms": percentile(times, 0.5) * 1e3, "p99_ms": percentile(times, 0.99) * 1e3,
                                    **counted(before, metrics(metrics_url), len(times), big)})
                     print(f"{source} {clients} clients x 100 rows: {points[-1]['rows_per_s']:,.0f} rows/s, "
@@ -418,6 +441,11 @@ def print_serve(result: dict) -> None:
                        if "hit_rate" in point else "-")
                 print(f"| {source} | {n} | {point['p50_ms']:.2f} | {point['p99_ms']:.2f} | {hit} | "
                       f"{point.get('cold_rows_per_request', 0):.1f} | {point.get('read_ms_per_request', 0):.2f} |")
+        point = result.get(source, {}).get("rows100") or {}
+        if point.get("fio_ms_for_these_reads"):
+            print(f"| {source} | 100: cold reads | {point['cold_blocks_per_request']:.0f} blocks | "
+                  f"{point['read_ms_per_request']:.2f} ms (both steps) | fio's time {point['fio_ms_for_these_reads']:.2f} ms "
+                  f"| x{point['read_time_over_fio']:.2f} | |")
         loops = result.get(source, {}).get("throughput")
         if loops:
             for point in loops["points"]:
@@ -480,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alpha", type=float, default=1.05)
     p.add_argument("--sources", nargs="+", default=["zipf", "counts"], choices=["zipf", "counts"])
     p.add_argument("--requests", type=int, default=1000, help="measured requests per size and key source")
-    p.add_argument("--warm-rows", type=int, default=2000, help="rows of a warm-up request")
+    p.add_argument("--warm-rows", type=int, default=1000, help="rows of a warm-up request")
     p.add_argument("--warm-requests", type=int, default=25, help="warm-up requests per client per block")
     p.add_argument("--warm-settle", type=float, default=0.002, help="a block's hit rate this close to the last ends it")
     p.add_argument("--max-warm-blocks", type=int, default=400)
@@ -496,21 +524,27 @@ def main(argv: list[str] | None = None) -> int:
     repository, out = Path(args.repository), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     machine = summary()
-    found: dict = {}
     fio_result = None
-    if "disk" in args.parts:
-        fio_result = found["disk"] = disk(repository)
-        print(json.dumps(fio_result, indent=1))
-    if "capacity" in args.parts:
-        found["capacity"] = capacity(repository, args.release)
-        print(json.dumps(found["capacity"], indent=1))
-    if "serve" in args.parts:
-        found["serve"] = serve(repository, out, args, fio_result)
-        print_serve(found["serve"])
-    if "policies" in args.parts:
-        found["policies"] = policies(repository, out, args)
-    for part, value in found.items():
+
+    def written(part: str, value) -> None:  # each part's file as soon as it is measured (the disk is in every file)
         write_results(out, f"tables-{part}.json", "benchmarks.tables", machine, disk=fio_result, **{part: value})
+
+    if "disk" in args.parts:
+        fio_result = disk(repository)
+        print(json.dumps(fio_result, indent=1))
+        if args.parts == ["disk"]:
+            written("disk", fio_result)
+    if "capacity" in args.parts:
+        written("capacity", capacity(repository, args.release))
+    if "serve" in args.parts:
+        result = serve(repository, out, args, fio_result)
+        print_serve(result)
+        if fio_result:  # the disk drifts: measured again after the serving figures
+            result["disk_after"] = disk(repository)
+            print(json.dumps(result["disk_after"], indent=1))
+        written("serve", result)
+    if "policies" in args.parts:
+        written("policies", policies(repository, out, args))
     return 0
 
 

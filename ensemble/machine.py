@@ -137,6 +137,8 @@ PACKAGES = (
             file="/usr/include/zlib.h"),
     Package("liburing-dev", "io_uring's library: the row store reads cold rows through it (docs/tables.md)", (SETUP,),
             file="/usr/include/liburing.h"),
+    Package("libhiredis-dev", "hiredis's headers: the row store's cold tier in a Redis Cluster (docs/fleet.md)", (SETUP,),
+            file="/usr/include/hiredis/hiredis.h"),
     Package("libtcmalloc-minimal4", "`ensemble serve` runs tritonserver on tcmalloc (docs/serving.md#the-allocator)",
             (DEMO, TEST), library="libtcmalloc_minimal.so.4"),
     Package("redis-server", "the online store the tests of ranking by ids start", (TEST,), command="redis-server"),
