@@ -393,7 +393,7 @@ def serve(repository: Path, out: Path, args, fio_result: dict | None) -> dict:
                 sequential(client, keys, n, 20, metrics_url, big)  # the connection and the path warmed
                 found[f"rows{n}"] = point = sequential(client, keys, n, args.requests, metrics_url, big)
                 print(f"{source} {n}-row: p50 {point['p50_ms']:.2f} ms, p99 {point['p99_ms']:.2f} ms, "
-                      f"hit rate {point.get('hit_rate') or 0:.4f}", flush=True)
+                      f"hit rate {'-' if point.get('hit_rate') is None else format(point['hit_rate'], '.4f')}", flush=True)
             point = found["rows100"]
             if fio_result and point.get("cold_blocks_per_request"):
                 # the disk's own time for this many 4 KiB reads at the queue depth used, from fio's IOPS; the read
@@ -449,8 +449,9 @@ def print_serve(result: dict) -> None:
         loops = result.get(source, {}).get("throughput")
         if loops:
             for point in loops["points"]:
+                hit = "-" if point.get("hit_rate") is None else f"{point['hit_rate']:.4f}"
                 print(f"| {source} | 100 x {point['clients']} clients | {point['p50_ms']:.2f} | {point['p99_ms']:.2f} "
-                      f"| {point.get('hit_rate') or 0:.4f} | {point['rows_per_s']:,.0f} rows/s | |")
+                      f"| {hit} | {point['rows_per_s']:,.0f} rows/s | |")
 
 
 def policies(repository: Path, out: Path, args) -> dict:

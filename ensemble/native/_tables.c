@@ -1737,15 +1737,15 @@ static int64_t store_gather(Store *s, const int64_t *ids, int64_t B, float *out,
         for (int32_t u = 0; u < unique; u++) {
             const int64_t id = sc->keys[u];
             float *dst = out + (size_t)sc->first[u] * (size_t)dim;
-            if (t->memory && !t->mapped) { /* a small table, in RAM */
-                const uint64_t b = (uint64_t)id / (uint64_t)t->per_block, k = (uint64_t)id % (uint64_t)t->per_block;
-                decode_row(t->format, dim, t->memory + b * BLOCK + k * (uint64_t)t->row_bytes, dst);
+            const int64_t d = t->n_delta ? delta_find(t, id) : -1;
+            if (d >= 0) { /* a row this release changed (of a small table or a large one): in RAM */
+                decode_row(t->format, dim, t->delta_rows + (size_t)d * (size_t)t->row_bytes, dst);
                 hits++;
                 continue;
             }
-            const int64_t d = t->n_delta ? delta_find(t, id) : -1;
-            if (d >= 0) { /* a row this release changed: in RAM */
-                decode_row(t->format, dim, t->delta_rows + (size_t)d * (size_t)t->row_bytes, dst);
+            if (t->memory && !t->mapped) { /* a small table, in RAM */
+                const uint64_t b = (uint64_t)id / (uint64_t)t->per_block, k = (uint64_t)id % (uint64_t)t->per_block;
+                decode_row(t->format, dim, t->memory + b * BLOCK + k * (uint64_t)t->row_bytes, dst);
                 hits++;
                 continue;
             }

@@ -77,11 +77,14 @@ def _publish(model_dir: Path, version: int, fill) -> Path:
     return final
 
 
+def _versions(model_dir: Path) -> list[int]:
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
 def _prune(model_dir: Path, keep: int, kept: dict[int, str], log: Callable[[str], None]) -> None:
     """Remove all but the newest ``keep`` versions, except those in ``kept`` (version -> why), which
     are named in one line each."""
-    versions = sorted((p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()),
-                      key=lambda p: int(p.name))
+    versions = [model_dir / str(v) for v in _versions(model_dir)]
     for old in versions[:-keep] if keep > 0 else []:
         why = kept.get(int(old.name))
         if why is not None:
@@ -156,6 +159,11 @@ def export_repository(artifacts: TrainedArtifacts, repository: str | Path, keep:
     for release in sorted(kept.get(Model.RANKER.value, {})):  # a loaded release's steps are loaded too
         for model_name, version in declared.release_steps(repository, release).items():
             kept.setdefault(model_name, {}).setdefault(version, f"a step of release {release}")
+    # the releases the count keeps (one to roll back to) keep their steps: a step model may hold more versions
+    # than the ranker (an export that stopped part way left some), so the newest of each are not enough
+    for release in _versions(ranker_dir)[-keep:] if keep > 0 else []:
+        for model_name, version in declared.release_steps(repository, release).items():
+            kept.setdefault(model_name, {}).setdefault(version, f"a step of release {release}, kept to roll back to")
     for model in written:
         _prune(repository / model.value, keep, kept.get(model.value, {}), log)
     return written

@@ -7,10 +7,12 @@ the held-out rows allow, sharing what did not change with the release before.
    hold is not chosen; when none fits, the export stops and says how much it needed.
 2. The tables (:func:`write_tables`): a table whose release was trained from the one before
    (``ensemble train --init-from``) and changed few of its rows shares that release's file (a hard
-   link: no copy) and writes only the changed rows (``<table>.delta.rows``); any other table is written
-   whole. ``tables.json`` says which, and what was written against what was shared.
+   link: no copy) and writes only the changed rows (``<table>.delta.rows``, held in RAM by the server),
+   small tables as large ones; any other table is written whole. ``tables.json`` says which, and what was
+   written (every file of the export's tables) against what was shared.
 3. The warm file: the large tables' trained rows, most touched first, which the server reads at load to
-   fill its hot tier; ``counts.npz``: what ``ensemble tables`` predicts hit rates from.
+   fill its hot tier (a row in its table's delta is not repeated there: the delta is in RAM already);
+   ``counts.npz``: what ``ensemble tables`` predicts hit rates from.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from ensemble.tables.files import Delta, TableEntry, TablesManifest
 from ensemble.tables.mlp import MlpWeights
 
 LOG = logging.getLogger(__name__)
-# A table shares the file of the release before when at most this share of its rows changed.
-DELTA_SHARE = 0.25
+# A table shares the file of the release before when at most this share of its rows changed. A small table
+# is in RAM either way: up to half, so that an export writes at most twice the changed rows' bytes. A large
+# table's delta sits in RAM beside the hot tier: up to a quarter.
+DELTA_SHARE = {"small": 0.5, "large": 0.25}
 SPACE_MARGIN = 1 << 30  # free bytes an export leaves on the disk
 INIT_FROM = "init_from.json"  # in a training run's model folder: the release its rows started from
 
@@ -124,30 +128,49 @@ def export_tables(staging: Path, step: str, held_out=None, log=LOG.info) -> Tabl
     weights = MlpWeights.load(staging)
     init_from, source = _init_source(staging, touched, dim)
     shapes = [t.shape for t in touched]
-    bytes_of = lambda fmt: sum(files.file_bytes(s.rows, fmt, dim) for s in shapes)  # noqa: E731
-    fmt, accuracy = choose_format(weights, touched, dim, held_out, init_from, bytes_of)
     previous = _previous(staging)
     base = TablesManifest.load(previous) if previous is not None and files.has_tables(previous) else None
-    shareable = (base is not None and source is not None and source.resolve() == previous.resolve()
-                 and base.format == fmt and base.dim == dim
-                 and [(t.name, t.rows, t.seed) for t in base.tables] == [(s.name, s.rows, s.seed) for s in shapes])
+    shares = (base is not None and source is not None and source.resolve() == previous.resolve()
+              and base.dim == dim
+              and [(t.name, t.rows, t.seed) for t in base.tables] == [(s.name, s.rows, s.seed) for s in shapes])
+
+    def bytes_of(fmt: str) -> int:
+        """What the export would write in this format: a table that may share the release before's file
+        counts its delta at most (every touched row and the earlier delta's), any other its whole file."""
+        total = 0
+        for table in touched:
+            rows = table.shape.rows
+            before = next(t for t in base.tables if t.name == table.shape.name) if shares and base.format == fmt \
+                else None
+            if before is not None and len(table.ids) <= _delta_share(rows) * rows:
+                earlier = before.delta.rows if before.delta is not None else 0
+                total += files.file_bytes(len(table.ids) + earlier, fmt, dim) + 8 * (len(table.ids) + earlier)
+            else:
+                total += files.file_bytes(rows, fmt, dim)
+        return total
+
+    fmt, accuracy = choose_format(weights, touched, dim, held_out, init_from, bytes_of)
+    shareable = shares and base.format == fmt
     folder = staging / files.TABLES_DIR
     folder.mkdir(exist_ok=True)
-    entries, written, shared = [], 0, 0
+    entries, written, shared, changed_rows = [], 0, 0, 0
+    in_delta: dict[str, np.ndarray] = {}  # table -> its delta's ids
     for table in touched:
         shape = table.shape
         name = f"{files.TABLES_DIR}/{shape.name}.rows"
         small = files.is_small(shape.rows)
         before = next(t for t in base.tables if t.name == shape.name) if shareable else None
-        if before is not None and not small:
+        if before is not None:
             changed_ids, changed = _changed(previous, before, fmt, dim, table)
-            if len(changed_ids) <= DELTA_SHARE * shape.rows:
+            changed_rows += len(changed_ids)
+            if len(changed_ids) <= _delta_share(shape.rows) * shape.rows:
                 os.link(previous / before.file, staging / name)
                 delta = _merge_delta(previous, before, fmt, dim, changed_ids, changed)
                 d_rows, d_ids = f"{files.TABLES_DIR}/{shape.name}.delta.rows", f"{files.TABLES_DIR}/{shape.name}.delta.ids.npy"
                 written += files.write_rows_file(staging / d_rows, delta[1], fmt, dim)
                 np.save(staging / d_ids, delta[0])
                 written += (staging / d_ids).stat().st_size
+                in_delta[shape.name] = delta[0]
                 shared += before.bytes
                 entries.append(TableEntry(shape.name, shape.rows, shape.seed, name, small, before.bytes,
                                           Delta(d_rows, d_ids, int(len(delta[0]))),
@@ -155,21 +178,28 @@ def export_tables(staging: Path, step: str, held_out=None, log=LOG.info) -> Tabl
                 log(f"{step} {shape.name}: {len(changed_ids):,} rows changed, {len(delta[0]):,} in its delta; the "
                     f"rest shared with version {previous.name}")
                 continue
+        if before is None:
+            changed_rows += shape.rows
         if source is not None:  # rows from the release training started from, the trained ones over them
             written += _write_over(source, staging / name, shape, fmt, dim, table)
         else:
             written += files.write_table(staging / name, shape.rows, dim, fmt, shape.seed, table.ids, table.rows)
         entries.append(TableEntry(shape.name, shape.rows, shape.seed, name, small, files.file_bytes(shape.rows, fmt, dim)))
-    written += _write_warm(staging, touched, fmt, dim)
+    written += _write_warm(staging, touched, fmt, dim, in_delta)
     np.savez(staging / files.TABLES_DIR / files.COUNTS, **{f"{t.shape.name}.ids": t.ids for t in touched},
              **{f"{t.shape.name}.counts": t.counts for t in touched})
+    written += (staging / files.TABLES_DIR / files.COUNTS).stat().st_size
     warm_rows = int(len(np.load(staging / files.TABLES_DIR / files.WARM_KEYS)))
-    manifest = TablesManifest(fmt, dim, tuple(entries), warm_rows, accuracy, written, shared)
+    manifest = TablesManifest(fmt, dim, tuple(entries), warm_rows, accuracy, written, shared, changed_rows)
     manifest.save(staging)
     shutil.rmtree(staging / training.TOUCHED)
     log(f"{step}: {len(entries)} tables in {fmt} ({manifest.disk_bytes() / 1e9:.2f} GB); wrote {written / 1e9:.2f} GB, "
-        f"shared {shared / 1e9:.2f} GB")
+        f"shared {shared / 1e9:.2f} GB; {changed_rows:,} rows changed")
     return manifest
+
+
+def _delta_share(rows: int) -> float:
+    return DELTA_SHARE["small" if files.is_small(rows) else "large"]
 
 
 def _changed(previous: Path, before: TableEntry, fmt: str, dim: int, table: training.Touched):
@@ -218,15 +248,18 @@ def _write_over(source: Path, path: Path, shape, fmt: str, dim: int, table: trai
     return files.write_table(path, shape.rows, dim, fmt, shape.seed, table.ids, table.rows, base=base)
 
 
-def _write_warm(staging: Path, touched: list[training.Touched], fmt: str, dim: int) -> int:
-    """The large tables' trained rows, the most looked-up first (ties by table and id)."""
+def _write_warm(staging: Path, touched: list[training.Touched], fmt: str, dim: int,
+                in_delta: dict[str, np.ndarray]) -> int:
+    """The large tables' trained rows, the most looked-up first (ties by table and id), but those in their
+    table's delta (in RAM at load already)."""
     keys, rows, counts = [], [], []
     for c, table in enumerate(touched):
         if files.is_small(table.shape.rows) or not len(table.ids):
             continue
-        keys.append((np.int64(c) << files.KEY_SHIFT) | table.ids)
-        rows.append(table.rows)
-        counts.append(table.counts)
+        keep = ~np.isin(table.ids, in_delta[table.shape.name]) if table.shape.name in in_delta else slice(None)
+        keys.append((np.int64(c) << files.KEY_SHIFT) | table.ids[keep])
+        rows.append(table.rows[keep])
+        counts.append(table.counts[keep])
     folder = staging / files.TABLES_DIR
     if not keys:
         np.save(folder / files.WARM_KEYS, np.zeros(0, np.int64))

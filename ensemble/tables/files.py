@@ -254,6 +254,8 @@ class TablesManifest:
     accuracy: dict = field(default_factory=dict)  # held-out AUC per format, and the one chosen
     written_bytes: int = 0  # what the export wrote for this step's tables
     shared_bytes: int = 0  # what it shares with the release before
+    changed_rows: int = 0  # rows whose stored bytes differ from the shared release's (all of a table written whole
+    # without one to compare with)
 
     def save(self, version_dir: Path) -> Path:
         path = Path(version_dir) / MANIFEST
@@ -267,7 +269,7 @@ class TablesManifest:
         raw = json.loads((Path(version_dir) / MANIFEST).read_text())
         return cls(raw["format"], int(raw["dim"]), tuple(TableEntry.of(t) for t in raw["tables"]),
                    int(raw.get("warm_rows", 0)), raw.get("accuracy", {}), int(raw.get("written_bytes", 0)),
-                   int(raw.get("shared_bytes", 0)))
+                   int(raw.get("shared_bytes", 0)), int(raw.get("changed_rows", 0)))
 
     @property
     def names(self) -> tuple[str, ...]:

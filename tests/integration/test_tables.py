@@ -253,6 +253,7 @@ def test_a_release_changing_a_few_rows_shares_the_table_files_and_deploys_under_
             c1 = next(t for t in manifest.tables if t.name == "C1")
             assert c1.shared_from is not None and c1.delta is not None and c1.delta.rows > 0
             assert manifest.written_bytes < 0.2 * manifest.shared_bytes  # the changed rows, not the table
+            assert 0 < manifest.changed_rows < sum(t.rows for t in manifest.tables)
         dense, cats = _rows(64, 21)
         with Load(server.http_url, (dense, cats), attempts=1) as load:
             deploy(server.http_url, copy, log=lambda _: None, grpc_url=server.grpc_url)

@@ -61,3 +61,19 @@ def test_pipeline_scores_are_probabilities(pipeline):
 def test_training_report_has_every_model(trained):
     assert set(trained.report["test"]) == {"xgb", "dlrm_torch", "dlrm_tf", "blend"}
     assert trained.report["test"]["xgb"]["auc"] > 0.55
+
+
+def test_a_release_kept_to_roll_back_to_keeps_its_steps_when_an_export_stopped_part_way(trained, tmp_path):
+    """An export that stopped after some steps leaves their versions with no release naming them; the next
+    export's pruning by count must still keep the steps of the release before (the one to roll back to)."""
+    repo = tmp_path / "repo"
+    shutil.copytree(trained.repository, repo)
+    shutil.copytree(repo / "features" / "1", repo / "features" / "2")  # what a stopped export left
+    shutil.copytree(repo / "xgb" / "1", repo / "xgb" / "2")
+    logged = []
+    export_repository(TrainedArtifacts.under(trained.workdir), repo, keep=2, log=logged.append)
+    steps = json.loads((repo / "ranker" / "1" / "release.json").read_text())["versions"]
+    for model, version in steps.items():
+        assert (repo / model / str(version)).is_dir(), (model, version)
+    assert any("kept features 1: a step of release 1, kept to roll back to" in line for line in logged), logged
+

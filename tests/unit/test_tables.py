@@ -148,6 +148,17 @@ def test_a_delta_overrides_the_shared_file_and_stays_in_ram(tmp_path):
         _tables.Store([("big", str(big), 100_000, 16, False, delta_ids[::-1].copy(), delta)], 1 << 20)
 
 
+def test_a_small_tables_delta_overrides_its_rows_in_ram(tmp_path):
+    small, _, _ = _table(tmp_path, 1000, 16, "fp16", name="small.rows")
+    before = files.read_rows(small, np.array([2, 3], np.int64))
+    delta = files.encode(np.full((1, 16), -0.25, np.float32), "fp16")
+    store = _tables.Store([("small", str(small), 1000, 16, True, np.array([3], np.int64), delta)], 0, io="pread")
+    out = np.empty((2, 1, 16), np.float32)
+    store.gather(np.array([[2], [3]], np.int64), out)
+    assert np.allclose(out[0, 0], before[0]) and np.allclose(out[1, 0], -0.25) and not np.allclose(before[1], -0.25)
+    assert store.stats()["tables"]["small"]["hits"] == 2
+
+
 @pytest.mark.parametrize("io", IO_MODES)
 def test_a_block_failing_its_checksum_is_never_scored_and_the_rest_still_is(tmp_path, io):
     big, _, _ = _table(tmp_path, 50_000, 16, "int8", name="big.rows")
