@@ -86,6 +86,38 @@ static ov_tensor_t *wrap(ov_element_type_e type, int64_t rows, int64_t width, co
     return tensor;
 }
 
+/* One inference: the dense rows and the second input (ids, or a row store's pooled rows) in, one score a row
+ * out. -1 done, -2 out of memory, -3 the runtime failed (its message on stderr). */
+static int64_t run(Engine *e, const float *dense, ov_element_type_e second_type, int64_t second_width,
+                   const void *second, int64_t rows, float *out) {
+    int slot;
+    ov_infer_request_t *request = take_request(e, &slot);
+    if (request == NULL) return -2;
+    ov_tensor_t *d = wrap(F32, rows, e->n_dense, dense), *x = wrap(second_type, rows, second_width, second);
+    ov_tensor_t *result = NULL;
+    int64_t status = -1;
+    ov_status_e s = d && x ? OK : NOT_ALLOCATED;
+    if (s == OK) s = ov_infer_request_set_input_tensor_by_index(request, e->dense_index, d);
+    if (s == OK) s = ov_infer_request_set_input_tensor_by_index(request, e->ids_index, x);
+    if (s == OK) s = ov_infer_request_infer(request);
+    if (s == OK) s = ov_infer_request_get_output_tensor_by_index(request, 0, &result);
+    void *data = NULL;
+    size_t size = 0;
+    if (s == OK) s = ov_tensor_get_size(result, &size);
+    if (s == OK) s = ov_tensor_data(result, &data);
+    if (s == OK && size == (size_t)rows) {
+        memcpy(out, data, sizeof(float) * (size_t)rows);
+    } else {
+        fprintf(stderr, "ensemble: OpenVINO engine failed (%s: %s)\n", ov_get_error_info(s), ov_get_last_err_msg());
+        status = s == NOT_ALLOCATED ? -2 : -3;
+    }
+    if (result) ov_tensor_free(result);
+    if (d) ov_tensor_free(d);
+    if (x) ov_tensor_free(x);
+    give_request(e, request, slot);
+    return status;
+}
+
 /* api.h's forward: -1 done, -2 out of memory, -3 the runtime failed (its message on stderr),
  * else the flat index of an id outside its table (nothing scored). */
 static int64_t engine_forward(PyObject *obj, const float *dense, const int64_t *ids, int64_t rows, float *out) {
@@ -97,31 +129,7 @@ static int64_t engine_forward(PyObject *obj, const float *dense, const int64_t *
         for (int64_t c = 0; c < e->n_ids; c++)
             if (row[c] < 0 || row[c] >= e->limits[c]) return r * e->n_ids + c;
     }
-    int slot;
-    ov_infer_request_t *request = take_request(e, &slot);
-    if (request == NULL) return -2;
-    ov_tensor_t *d = wrap(F32, rows, e->n_dense, dense), *i = wrap(I64, rows, e->n_ids, ids), *result = NULL;
-    int64_t status = -1;
-    ov_status_e s = d && i ? OK : NOT_ALLOCATED;
-    if (s == OK) s = ov_infer_request_set_input_tensor_by_index(request, e->dense_index, d);
-    if (s == OK) s = ov_infer_request_set_input_tensor_by_index(request, e->ids_index, i);
-    if (s == OK) s = ov_infer_request_infer(request);
-    if (s == OK) s = ov_infer_request_get_output_tensor_by_index(request, 0, &result);
-    void *data = NULL;
-    size_t size = 0;
-    if (s == OK) s = ov_tensor_get_size(result, &size);
-    if (s == OK) s = ov_tensor_data(result, &data);
-    if (s == OK && size == (size_t)rows) {
-        memcpy(out, data, sizeof(float) * (size_t)rows);
-    } else {
-        fprintf(stderr, "ensemble: OpenVINO engine failed (%s: %s)\n", ov_get_error_info(s), ov_get_last_err_msg());
-        status = s == NOT_ALLOCATED ? -2 : -3;
-    }
-    if (result) ov_tensor_free(result);
-    if (d) ov_tensor_free(d);
-    if (i) ov_tensor_free(i);
-    give_request(e, request, slot);
-    return status;
+    return run(e, dense, I64, e->n_ids, ids, rows, out);
 }
 
 /* api.h's forward_pooled, for a model whose second input is the gathered rows (a row store's DLRM):
@@ -130,31 +138,7 @@ static int64_t engine_forward_pooled(PyObject *obj, const float *dense, const fl
     Engine *e = (Engine *)obj;
     if (rows <= 0) return -1;
     if (e->pooled_width <= 0) return -3;
-    int slot;
-    ov_infer_request_t *request = take_request(e, &slot);
-    if (request == NULL) return -2;
-    ov_tensor_t *d = wrap(F32, rows, e->n_dense, dense), *p = wrap(F32, rows, e->pooled_width, pooled), *result = NULL;
-    int64_t status = -1;
-    ov_status_e s = d && p ? OK : NOT_ALLOCATED;
-    if (s == OK) s = ov_infer_request_set_input_tensor_by_index(request, e->dense_index, d);
-    if (s == OK) s = ov_infer_request_set_input_tensor_by_index(request, e->ids_index, p);
-    if (s == OK) s = ov_infer_request_infer(request);
-    if (s == OK) s = ov_infer_request_get_output_tensor_by_index(request, 0, &result);
-    void *data = NULL;
-    size_t size = 0;
-    if (s == OK) s = ov_tensor_get_size(result, &size);
-    if (s == OK) s = ov_tensor_data(result, &data);
-    if (s == OK && size == (size_t)rows) {
-        memcpy(out, data, sizeof(float) * (size_t)rows);
-    } else {
-        fprintf(stderr, "ensemble: OpenVINO engine failed (%s: %s)\n", ov_get_error_info(s), ov_get_last_err_msg());
-        status = s == NOT_ALLOCATED ? -2 : -3;
-    }
-    if (result) ov_tensor_free(result);
-    if (d) ov_tensor_free(d);
-    if (p) ov_tensor_free(p);
-    give_request(e, request, slot);
-    return status;
+    return run(e, dense, F32, e->pooled_width, pooled, rows, out);
 }
 
 static int64_t engine_n_dense(PyObject *obj) { return ((Engine *)obj)->n_dense; }

@@ -343,63 +343,47 @@ static PyObject *py_init_ids(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* encode(rows: float32 [n x dim], format, out: uint8 [n x row_bytes]) */
-static PyObject *py_encode(PyObject *self, PyObject *args) {
-    PyObject *rows, *out;
+/* encode(rows: float32 [n x dim], dim, format, out: uint8 [n x row_bytes]) and decode(data: uint8 [n x row_bytes],
+ * dim, format, out: float32 [n x dim]): one body, the direction its flag. */
+static PyObject *convert_rows(PyObject *args, int encoding) {
+    PyObject *in, *out;
     const char *fname;
     int dim;
-    if (!PyArg_ParseTuple(args, "OisO", &rows, &dim, &fname, &out)) return NULL;
+    if (!PyArg_ParseTuple(args, "OisO", &in, &dim, &fname, &out)) return NULL;
     const int format = format_of(fname);
     if (format < 0) return NULL;
     const int rb = row_bytes_of(format, dim);
+    const Py_ssize_t in_row = encoding ? 4 * (Py_ssize_t)dim : rb, out_row = encoding ? rb : 4 * (Py_ssize_t)dim;
     Buffer b[2] = {0};
-    if (take(rows, &b[0], "rows", 4, 0) < 0 || take(out, &b[1], "out", 1, 1) < 0) {
+    if (take(in, &b[0], encoding ? "rows" : "data", encoding ? 4 : 1, 0) < 0 ||
+        take(out, &b[1], "out", encoding ? 1 : 4, 1) < 0) {
         give_back(b, 2);
         return NULL;
     }
-    const Py_ssize_t n = dim > 0 ? b[0].view.len / (4 * dim) : 0;
-    if (dim <= 0 || b[0].view.len != n * 4 * dim || b[1].view.len != n * rb) {
+    const Py_ssize_t n = dim > 0 && in_row > 0 ? b[0].view.len / in_row : 0;
+    if (dim <= 0 || b[0].view.len != n * in_row || b[1].view.len != n * out_row) {
         give_back(b, 2);
-        PyErr_SetString(PyExc_ValueError, "rows must be [n x dim] float32 and out [n x row_bytes] uint8");
+        PyErr_SetString(PyExc_ValueError, encoding ? "rows must be [n x dim] float32 and out [n x row_bytes] uint8"
+                                                   : "data must be [n x row_bytes] uint8 and out [n x dim] float32");
         return NULL;
     }
-    const float *src = b[0].view.buf;
+    const unsigned char *src = b[0].view.buf;
     unsigned char *dst = b[1].view.buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t r = 0; r < n; r++) encode_row(format, dim, src + r * dim, dst + r * rb);
+    for (Py_ssize_t r = 0; r < n; r++) {
+        if (encoding)
+            encode_row(format, dim, (const float *)(src + r * in_row), dst + r * out_row);
+        else
+            decode_row(format, dim, src + r * in_row, (float *)(dst + r * out_row));
+    }
     Py_END_ALLOW_THREADS
     give_back(b, 2);
     Py_RETURN_NONE;
 }
 
-/* decode(data: uint8 [n x row_bytes], dim, format, out: float32 [n x dim]) */
-static PyObject *py_decode(PyObject *self, PyObject *args) {
-    PyObject *data, *out;
-    const char *fname;
-    int dim;
-    if (!PyArg_ParseTuple(args, "OisO", &data, &dim, &fname, &out)) return NULL;
-    const int format = format_of(fname);
-    if (format < 0) return NULL;
-    const int rb = row_bytes_of(format, dim);
-    Buffer b[2] = {0};
-    if (take(data, &b[0], "data", 1, 0) < 0 || take(out, &b[1], "out", 4, 1) < 0) {
-        give_back(b, 2);
-        return NULL;
-    }
-    const Py_ssize_t n = rb > 0 ? b[0].view.len / rb : 0;
-    if (dim <= 0 || b[0].view.len != n * rb || b[1].view.len != n * 4 * dim) {
-        give_back(b, 2);
-        PyErr_SetString(PyExc_ValueError, "data must be [n x row_bytes] uint8 and out [n x dim] float32");
-        return NULL;
-    }
-    const unsigned char *src = b[0].view.buf;
-    float *dst = b[1].view.buf;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t r = 0; r < n; r++) decode_row(format, dim, src + r * rb, dst + r * dim);
-    Py_END_ALLOW_THREADS
-    give_back(b, 2);
-    Py_RETURN_NONE;
-}
+static PyObject *py_encode(PyObject *self, PyObject *args) { return convert_rows(args, 1); }
+
+static PyObject *py_decode(PyObject *self, PyObject *args) { return convert_rows(args, 0); }
 
 /* pack(rows: uint8 [n x row_bytes], row_bytes, first_block, out: uint8 [blocks x 4096]): rows into blocks,
  * padding zeroed, each block's CRC in its last 4 bytes; n must fill the blocks but for the last. */
