@@ -560,8 +560,9 @@ static void map_dealloc(PyObject *obj) {
 }
 
 /* Map.add(keys: int64 [n], out: int32 [n]) -> how many keys were new: each key's value, new keys numbered
- * from the map's size on (the slots of a growing arena). */
-static PyObject *map_add(PyObject *obj, PyObject *args) {
+ * from the map's size on (the slots of a growing arena); Map.find(keys, out): each key's value, -1 when
+ * absent. One body, `adding` telling which. */
+static PyObject *map_lookup(PyObject *obj, PyObject *args, int adding) {
     Map *m = (Map *)obj;
     PyObject *keys, *out;
     if (!PyArg_ParseTuple(args, "OO", &keys, &out)) return NULL;
@@ -583,6 +584,10 @@ static PyObject *map_add(PyObject *obj, PyObject *args) {
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n && !failed; i++) {
+        if (!adding) {
+            o[i] = (int32_t)map_find(m, (uint64_t)k[i]);
+            continue;
+        }
         const uint32_t v = map_get_or_add(m, (uint64_t)k[i], &next);
         if (v == UINT32_MAX) failed = 1;
         o[i] = (int32_t)v;
@@ -590,33 +595,13 @@ static PyObject *map_add(PyObject *obj, PyObject *args) {
     Py_END_ALLOW_THREADS
     give_back(b, 2);
     if (failed) return PyErr_NoMemory();
+    if (!adding) Py_RETURN_NONE;
     return PyLong_FromUnsignedLongLong(m->size - before);
 }
 
-/* Map.find(keys: int64 [n], out: int32 [n]): each key's value, -1 when absent */
-static PyObject *map_find_py(PyObject *obj, PyObject *args) {
-    Map *m = (Map *)obj;
-    PyObject *keys, *out;
-    if (!PyArg_ParseTuple(args, "OO", &keys, &out)) return NULL;
-    Buffer b[2] = {0};
-    if (take(keys, &b[0], "keys", 8, 0) < 0 || take(out, &b[1], "out", 4, 1) < 0) {
-        give_back(b, 2);
-        return NULL;
-    }
-    const Py_ssize_t n = b[0].view.len / 8;
-    if (b[1].view.len != n * 4) {
-        give_back(b, 2);
-        PyErr_SetString(PyExc_ValueError, "out must be int32 [len(keys)]");
-        return NULL;
-    }
-    const int64_t *k = b[0].view.buf;
-    int32_t *o = b[1].view.buf;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) o[i] = (int32_t)map_find(m, (uint64_t)k[i]);
-    Py_END_ALLOW_THREADS
-    give_back(b, 2);
-    Py_RETURN_NONE;
-}
+static PyObject *map_add(PyObject *obj, PyObject *args) { return map_lookup(obj, args, 1); }
+
+static PyObject *map_find_py(PyObject *obj, PyObject *args) { return map_lookup(obj, args, 0); }
 
 /* Map.keys(out: int64 [len]): every key, in the order of their values */
 static PyObject *map_keys(PyObject *obj, PyObject *args) {
