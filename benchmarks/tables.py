@@ -22,6 +22,10 @@ meanwhile. Parts (``--parts``):
   with vocabulary tables) runs the same parts on the synthetic data's rows, for comparison.
 - ``policies``: the admission policies (always, second) and the cold reads' I/O (uring, pread, mmap),
   each on its own server, Zipf keys: hit rate and latency (how the defaults were chosen).
+- ``reads`` (with ``disk``): the cold read path alone, in this process: one DLRM's store with a 1 MiB
+  tier (admission ``none``), calls of ``--read-rows`` Zipf rows at each queue depth of ``--read-depths``
+  (io_uring): microseconds a cold block, against fio's at the same depth (how the depth was chosen).
+  It runs before fio: on the build VM the disk reads slower for minutes after fio's bursts.
 
 Values reach the server as strings: a large table's id is ``crc32(value) % rows``, so each drawn id is
 sent as a string whose CRC-32 is that id (:func:`forge`). ::
@@ -444,7 +448,7 @@ def print_serve(result: dict) -> None:
         point = result.get(source, {}).get("rows100") or {}
         if point.get("fio_ms_for_these_reads"):
             print(f"| {source} | 100: cold reads | {point['cold_blocks_per_request']:.0f} blocks | "
-                  f"{point['read_ms_per_request']:.2f} ms (both steps) | fio's time {point['fio_ms_for_these_reads']:.2f} ms "
+                  f"{point['read_ms_per_request']:.2f} ms (calls summed) | fio {point['fio_ms_for_these_reads']:.2f} ms "
                   f"| x{point['read_time_over_fio']:.2f} | |")
         loops = result.get(source, {}).get("throughput")
         if loops:
@@ -499,12 +503,45 @@ def policies(repository: Path, out: Path, args) -> dict:
     return found
 
 
+def reads(repository: Path, args) -> dict:
+    """The cold read path's cost a block: ``Store.gather`` of mostly cold rows, each queue depth in turn,
+    alternating (fio's microseconds a block at that depth are set beside them once fio has run)."""
+    import dataclasses
+
+    from ensemble.scoring.pipeline import release_versions
+    from ensemble.tables import serving
+    from ensemble.tables.files import TablesManifest
+
+    step = next(f for m, f in release_versions(repository, args.release).items() if m.value == "dlrm_torch")
+    manifest = TablesManifest.load(step)
+    keys = Keys(repository, args.release, "zipf", args.alpha, seed=5)
+    points = []
+    for turn in range(args.read_turns):
+        for depth in args.read_depths:
+            settings = dataclasses.replace(serving.Settings.from_environment(), io="uring", depth=depth,
+                                           admission="none")
+            store = serving.open_store(step, manifest, 1 << 20, settings)
+            times = []
+            for _ in range(args.read_calls):
+                ids = np.ascontiguousarray(keys.ids(args.read_rows))
+                out = np.empty((len(ids), ids.shape[1], manifest.dim), np.float32)
+                start = time.perf_counter()
+                store.gather(ids, out)
+                times.append(time.perf_counter() - start)
+            blocks = sum(t.get("cold_blocks", 0) for t in store.stats()["tables"].values())
+            point = {"turn": turn + 1, "depth": depth, "calls": args.read_calls, "blocks_per_call": blocks / args.read_calls,
+                     "p50_ms_per_call": float(np.median(times)) * 1e3, "us_per_block": sum(times) / blocks * 1e6}
+            points.append(point)
+            print(f"reads depth {depth} turn {turn + 1}: {point['blocks_per_call']:.0f} blocks a call, "
+                  f"{point['us_per_block']:.1f} us a block", flush=True)
+    return {"step": str(step), "rows_per_call": args.read_rows, "tier_bytes": 1 << 20, "points": points}
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repository", required=True)
     p.add_argument("--release", type=int, default=None)
     p.add_argument("--parts", nargs="+", default=["disk", "capacity", "serve"],
-                   choices=["disk", "capacity", "serve", "throughput", "policies"])
+                   choices=["disk", "capacity", "serve", "throughput", "policies", "reads"])
     p.add_argument("--cache-gib", type=float, default=6.0)
     p.add_argument("--alpha", type=float, default=1.05)
     p.add_argument("--sources", nargs="+", default=["zipf", "counts"], choices=["zipf", "counts"])
@@ -519,6 +556,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-cpus", default=None)
     p.add_argument("--policy-block", type=int, default=2000, help="policies: requests per reported block")
     p.add_argument("--policy-blocks", type=int, default=40, help="policies: blocks per policy")
+    p.add_argument("--read-rows", type=int, default=100, help="reads: rows a call")
+    p.add_argument("--read-calls", type=int, default=30, help="reads: calls a point")
+    p.add_argument("--read-depths", nargs="+", type=int, default=[32, 128], help="reads: queue depths")
+    p.add_argument("--read-turns", type=int, default=3, help="reads: rounds over the depths")
     p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[])
     p.add_argument("--out", default="build/bench")
     args = p.parse_args(argv)
@@ -530,6 +571,9 @@ def main(argv: list[str] | None = None) -> int:
     def written(part: str, value) -> None:  # each part's file as soon as it is measured (the disk is in every file)
         write_results(out, f"tables-{part}.json", "benchmarks.tables", machine, disk=fio_result, **{part: value})
 
+    read_result = None
+    if "reads" in args.parts:  # before fio: the disk reads slower for minutes after fio's bursts on the build VM
+        read_result = reads(repository, args)
     if "disk" in args.parts:
         fio_result = disk(repository)
         print(json.dumps(fio_result, indent=1))
@@ -546,6 +590,14 @@ def main(argv: list[str] | None = None) -> int:
         written("serve", result)
     if "policies" in args.parts:
         written("policies", policies(repository, out, args))
+    if read_result is not None:
+        for point in read_result["points"]:
+            fio_at = (fio_result or {}).get(f"fio_qd{point['depth']}")
+            point["fio_us_per_block"] = 1e6 / fio_at["iops"] if fio_at else None
+            point["over_fio"] = point["us_per_block"] / point["fio_us_per_block"] if fio_at else None
+            print(f"reads depth {point['depth']} turn {point['turn']}: {point['us_per_block']:.1f} us a block"
+                  + (f", fio {point['fio_us_per_block']:.1f} us (x{point['over_fio']:.2f})" if fio_at else ""))
+        written("reads", read_result)
     return 0
 
 
