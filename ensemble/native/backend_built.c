@@ -31,14 +31,10 @@ static void make_series(void) {
         if (line != NULL) log_line(TS_LOG_WARN, line);
         else PyErr_Clear();
     }
-    TRITONSERVER_Error *err = TRITONSERVER_MetricFamilyNew(
-        &family, TS_METRIC_GAUGE, "ensemble_c_module_built",
+    family = new_family(
+        TS_METRIC_GAUGE, "ensemble_c_module_built",
         "1 for a C module of this install that is built, 0 for one that is not (the log says what serves instead)");
-    if (err) {
-        TRITONSERVER_ErrorDelete(err);
-        family = NULL;
-        log_line(TS_LOG_WARN, "the ensemble_c_module_built metric could not be created");
-    }
+    if (family == NULL) log_line(TS_LOG_WARN, "the ensemble_c_module_built metric could not be created");
     PyObject *key, *value;
     Py_ssize_t at = 0;
     while (family != NULL && n_series < MODULE_SERIES && PyDict_Next(found, &at, &key, &value)) {

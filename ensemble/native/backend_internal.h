@@ -188,6 +188,7 @@ void count_scores(TRITONSERVER_Metric *const *series, const float *scores, int64
 void count_arm(ModelState *state, const char *release, bool answered, uint64_t nanoseconds, const float *scores,
                int64_t rows);
 void delete_served_metrics(ModelState *state);
+TRITONSERVER_MetricFamily *new_family(TS_MetricKind kind, const char *name, const char *help);
 TRITONSERVER_Metric *labelled(TRITONSERVER_MetricFamily *family, const char *const *names,
                               const char *const *values, int count, double value);
 TRITONSERVER_Metric *model_series(ModelState *state, int family, const char *label);

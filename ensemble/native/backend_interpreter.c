@@ -169,15 +169,14 @@ void engine_metrics(ModelState *state, const char *name, uint64_t version) {
         Py_XDECREF(engines);
         return;
     }
-    TRITONSERVER_Error *err = NULL;
-    if (engine_info_family == NULL &&
-        (err = TRITONSERVER_MetricFamilyNew(&engine_info_family, TS_METRIC_GAUGE, "ensemble_engine_info",
-         "1 per DLRM step: the engine that scores it here and the one its "
-                                            "release declares")) == NULL)
-        err = TRITONSERVER_MetricFamilyNew(&engine_undeclared_family, TS_METRIC_GAUGE, "ensemble_engine_undeclared",
-                                           "1 when a DLRM step does not score with the engine its release declares");
-    if (err) {
-        TRITONSERVER_ErrorDelete(err);
+    if (engine_info_family == NULL) {
+        engine_info_family = new_family(TS_METRIC_GAUGE, "ensemble_engine_info",
+                                        "1 per DLRM step: the engine that scores it here and the one its release declares");
+        if (engine_info_family != NULL)
+            engine_undeclared_family = new_family(TS_METRIC_GAUGE, "ensemble_engine_undeclared",
+                                                  "1 when a DLRM step does not score with the engine its release declares");
+    }
+    if (engine_info_family == NULL || engine_undeclared_family == NULL) {
         log_line(TS_LOG_WARN, "the engine metrics could not be created");
         Py_DECREF(engines);
         return;

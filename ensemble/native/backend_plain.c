@@ -112,20 +112,12 @@ static TRITONSERVER_MetricFamily *lane_waiting_family, *lane_total_family;
 static pthread_once_t lane_families_once = PTHREAD_ONCE_INIT;
 
 static void lane_families(void) {
-    TRITONSERVER_Error *err = TRITONSERVER_MetricFamilyNew(
-        &lane_waiting_family, TS_METRIC_GAUGE, "ensemble_bulk_lane_waiting",
+    lane_waiting_family = new_family(
+        TS_METRIC_GAUGE, "ensemble_bulk_lane_waiting",
         "bulk requests the native ranker's bulk lane holds now (handed to it beside interactive traffic)");
-    if (err) {
-        TRITONSERVER_ErrorDelete(err);
-        lane_waiting_family = NULL;
-    }
-    err = TRITONSERVER_MetricFamilyNew(&lane_total_family, TS_METRIC_COUNTER, "ensemble_bulk_lane_requests_total",
-                                       "bulk requests handed to the bulk lane, by outcome: scored, failed, "
-                                       "refused_full (the lane held its limit), refused_late (past their timeout)");
-    if (err) {
-        TRITONSERVER_ErrorDelete(err);
-        lane_total_family = NULL;
-    }
+    lane_total_family = new_family(TS_METRIC_COUNTER, "ensemble_bulk_lane_requests_total",
+                                   "bulk requests handed to the bulk lane, by outcome: scored, failed, "
+                                   "refused_full (the lane held its limit), refused_late (past their timeout)");
 }
 
 /* When a request must be answered: its call's start and its client's timeout (CLOCK_MONOTONIC seconds; 0: no

@@ -44,14 +44,8 @@ static void families(void) {
          "requests shadowed during an experiment, by outcome: scored, missing (the candidate is not loaded "
          "here), failed"},
     };
-    for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++) {
-        TRITONSERVER_Error *err = TRITONSERVER_MetricFamilyNew(specs[k].family, specs[k].kind, specs[k].name,
-                                                               specs[k].help);
-        if (err) {
-            TRITONSERVER_ErrorDelete(err);
-            *specs[k].family = NULL;
-        }
-    }
+    for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++)
+        *specs[k].family = new_family(specs[k].kind, specs[k].name, specs[k].help);
 }
 
 void shadow_register(ModelState *state) {

@@ -53,27 +53,27 @@ static const ModelFamily arm_specs[5] = {
     {"ensemble_arm_request_seconds_total", "seconds from the call's start to the answer, by the release a request named"},
 };
 
+/* A metric family, or NULL when Triton cannot make it (its error dropped: the series are then left out). */
+TRITONSERVER_MetricFamily *new_family(TS_MetricKind kind, const char *name, const char *help) {
+    TRITONSERVER_MetricFamily *family = NULL;
+    TRITONSERVER_Error *err = TRITONSERVER_MetricFamilyNew(&family, kind, name, help);
+    if (err) {
+        TRITONSERVER_ErrorDelete(err);
+        return NULL;
+    }
+    return family;
+}
+
 /* Counter families named and described by `specs` (NULL where one cannot be made). */
 static void counter_families(TRITONSERVER_MetricFamily **families, const ModelFamily *specs, int n) {
-    for (int f = 0; f < n; f++) {
-        TRITONSERVER_Error *err = TRITONSERVER_MetricFamilyNew(&families[f], TS_METRIC_COUNTER, specs[f].name,
-                                                               specs[f].help);
-        if (err) {
-            TRITONSERVER_ErrorDelete(err);
-            families[f] = NULL;
-        }
-    }
+    for (int f = 0; f < n; f++) families[f] = new_family(TS_METRIC_COUNTER, specs[f].name, specs[f].help);
 }
 
 static void create_model_families(void) {
-    TRITONSERVER_Error *failed = TRITONSERVER_MetricFamilyNew(
-        &path_family, TS_METRIC_COUNTER, "ensemble_backend_requests_total",
+    path_family = new_family(
+        TS_METRIC_COUNTER, "ensemble_backend_requests_total",
         "requests the native backend scored, by path: c (planned and scored in C by the release's chain) or "
         "python (through the model's execute: a request that is not plain, or any request of a model without a C path)");
-    if (failed) {
-        TRITONSERVER_ErrorDelete(failed);
-        path_family = NULL;
-    }
     counter_families(served_families, served_specs, 3);
     counter_families(arm_families, arm_specs, 5);
     counter_families(model_families, model_family_specs, MODEL_FAMILIES);

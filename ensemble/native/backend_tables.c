@@ -41,13 +41,7 @@ static TRITONSERVER_MetricFamily *families[FAMILIES];
 static pthread_once_t families_once = PTHREAD_ONCE_INIT;
 
 static void create_families(void) {
-    for (int f = 0; f < FAMILIES; f++) {
-        TRITONSERVER_Error *err = TRITONSERVER_MetricFamilyNew(&families[f], specs[f].kind, specs[f].name, specs[f].help);
-        if (err) {
-            TRITONSERVER_ErrorDelete(err);
-            families[f] = NULL;
-        }
-    }
+    for (int f = 0; f < FAMILIES; f++) families[f] = new_family(specs[f].kind, specs[f].name, specs[f].help);
 }
 
 /* One table's series: its counters (three failure kinds) and its hot rows; what was reported last. */

@@ -60,9 +60,7 @@ class TrainedArtifacts:
 
 
 def _next_version(model_dir: Path) -> int:
-    existing = [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()] \
-        if model_dir.is_dir() else []
-    return max(existing, default=0) + 1
+    return max(_versions(model_dir), default=0) + 1
 
 
 def _publish(model_dir: Path, version: int, fill) -> Path:
@@ -78,7 +76,9 @@ def _publish(model_dir: Path, version: int, fill) -> Path:
 
 
 def _versions(model_dir: Path) -> list[int]:
-    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    """The version folders' numbers, ascending ([] before the model's first export)."""
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()) \
+        if model_dir.is_dir() else []
 
 
 def _prune(model_dir: Path, keep: int, kept: dict[int, str], log: Callable[[str], None]) -> None:
