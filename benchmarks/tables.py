@@ -149,6 +149,14 @@ def rss_anon(pid: int) -> int:
 
 # ----- keys -----
 
+def rank_ids(ranks: np.ndarray, rows: int) -> np.ndarray:
+    """A Zipf rank's id: a fixed bijection on the table's rows (an affine map modulo rows)."""
+    stride = 2654435761 % rows or 1
+    while np.gcd(stride, rows) != 1:
+        stride += 1
+    return (np.asarray(ranks, np.int64) * stride + 12345) % rows
+
+
 class Keys:
     """Request rows whose large tables' ids follow a distribution: dense values and categorical strings."""
 
@@ -183,12 +191,8 @@ class Keys:
             if self.source == "counts" and len(self.counts[table.name][0]):
                 ids, counts = self.counts[table.name]
                 out[:, c] = ids[np.searchsorted(np.cumsum(counts), self.rng.random(n) * counts.sum(), side="right")]
-            else:  # a rank's id: a fixed bijection on the table's rows (an affine map modulo rows)
-                ranks = self._zipf(rows, n)
-                stride = 2654435761 % rows or 1
-                while np.gcd(stride, rows) != 1:
-                    stride += 1
-                out[:, c] = (ranks * stride + 12345) % rows
+            else:
+                out[:, c] = rank_ids(self._zipf(rows, n), rows)
         return out
 
     def request(self, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -292,6 +296,7 @@ def counted(before: dict, after: dict, requests: int, big: set[str]) -> dict:
             "cold_rows_per_request": delta("ensemble_table_cold_rows_total") / requests,
             "cold_blocks_per_request": delta("ensemble_table_cold_blocks_total") / requests,
             "read_ms_per_request": delta("ensemble_table_read_seconds_sum") * 1e3 / requests,
+            "reading_ms_per_request": delta("ensemble_table_reading_seconds_total") * 1e3 / requests,
             "read_failures": delta("ensemble_table_read_failures_total")}
 
 
@@ -400,12 +405,13 @@ def serve(repository: Path, out: Path, args, fio_result: dict | None) -> dict:
                       f"hit rate {'-' if point.get('hit_rate') is None else format(point['hit_rate'], '.4f')}", flush=True)
             point = found["rows100"]
             if fio_result and point.get("cold_blocks_per_request"):
-                # the disk's own time for this many 4 KiB reads at the queue depth used, from fio's IOPS; the read
-                # time is the two DLRM steps' summed (they read at once, each its own ring: a request waits less)
+                # the disk's own time for this many 4 KiB reads at the queue depth used, from fio's IOPS, beside the
+                # request's cold-read wall time (the seconds during which any of its read calls was reading: the
+                # chain's two threads each read for both DLRMs, at once)
                 depth = fio_result["serving_depth"]
                 fio_ms = point["cold_blocks_per_request"] / fio_result[f"fio_qd{depth}"]["iops"] * 1e3
                 point["fio_ms_for_these_reads"] = fio_ms
-                point["read_time_over_fio"] = point["read_ms_per_request"] / fio_ms
+                point["read_time_over_fio"] = point["reading_ms_per_request"] / fio_ms
             if "throughput" in args.parts and source in ("zipf", "synthetic"):
                 points = []
                 for clients in args.clients:
@@ -448,7 +454,8 @@ def print_serve(result: dict) -> None:
         point = result.get(source, {}).get("rows100") or {}
         if point.get("fio_ms_for_these_reads"):
             print(f"| {source} | 100: cold reads | {point['cold_blocks_per_request']:.0f} blocks | "
-                  f"{point['read_ms_per_request']:.2f} ms (calls summed) | fio {point['fio_ms_for_these_reads']:.2f} ms "
+                  f"{point['reading_ms_per_request']:.2f} ms (wall; calls summed {point['read_ms_per_request']:.2f}) | "
+                  f"fio {point['fio_ms_for_these_reads']:.2f} ms "
                   f"| x{point['read_time_over_fio']:.2f} | |")
         loops = result.get(source, {}).get("throughput")
         if loops:
@@ -536,12 +543,133 @@ def reads(repository: Path, args) -> dict:
                   f"{point['us_per_block']:.1f} us a block", flush=True)
     return {"step": str(step), "rows_per_call": args.read_rows, "tier_bytes": 1 << 20, "points": points}
 
+def _zipf_top(rows: list[int], n: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """The ``n`` most likely (table, rank) pairs over tables of these rows, each table's ranks drawn as
+    ``Keys._zipf`` draws them: (table index, rank), most likely first."""
+    a = alpha
+    norm = np.array([((r + 1) ** (1 - a) - 1) / (1 - a) for r in rows])
+
+    def taken(p: float) -> np.ndarray:  # ranks of each table whose probability is at least p
+        return np.minimum(np.array(rows), np.floor((p * norm) ** (-1 / a))).astype(np.int64)
+
+    lo, hi = 1e-30, 1.0
+    for _ in range(200):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if taken(mid).sum() > n else (lo, mid)
+    counts = taken(hi)
+    tables = np.repeat(np.arange(len(rows)), counts)
+    ranks = np.concatenate([np.arange(k) for k in counts]) if len(counts) else np.zeros(0, np.int64)
+    order = np.argsort(-((ranks + 1.0) ** -a / norm[tables]), kind="stable")
+    return tables[order][:n], ranks[order][:n]
+
+
+def _write_warm_file(folder: Path, step: Path, manifest, n: int, alpha: float) -> tuple[Path, Path]:
+    """A warm file of ``n`` rows (the Zipf keys' likeliest rows of the step's large tables, most likely first),
+    as the export writes one from training's counts: read from the release's table files, written in chunks."""
+    import os
+
+    from ensemble.tables import files
+
+    big = [c for c, t in enumerate(manifest.tables) if not t.small]
+    which, ranks = _zipf_top([manifest.tables[c].rows for c in big], n, 1.05 if alpha is None else alpha)
+    keys = np.empty(len(ranks), np.int64)
+    encoded = np.empty((len(ranks), files.row_bytes(manifest.format, manifest.dim)), np.uint8)
+    for i, c in enumerate(big):
+        at = np.nonzero(which == i)[0]
+        ids = rank_ids(ranks[at], manifest.tables[c].rows)
+        keys[at] = (np.int64(c) << files.KEY_SHIFT) | ids
+        order = np.argsort(ids)
+        encoded[at[order]] = files.read_encoded(step / manifest.tables[c].file, ids[order])
+        print(f"warm file {step.parent.name}: {manifest.tables[c].name} {len(at):,} rows", flush=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows_path, keys_path = folder / files.WARM_ROWS, folder / files.WARM_KEYS
+    t = files._native()
+    per = files.per_block(manifest.format, manifest.dim)
+    chunk = per * 8192
+    with open(rows_path, "wb") as out:
+        out.write(t.header(manifest.format, manifest.dim, len(encoded), 0))
+        for start in range(0, len(encoded), chunk):
+            part = np.ascontiguousarray(encoded[start:start + chunk])
+            blocks = np.empty((-(-len(part) // per), files.BLOCK), np.uint8)
+            t.pack(part, encoded.shape[1], start // per, blocks)
+            out.write(blocks.tobytes())
+        out.flush()
+        os.fsync(out.fileno())
+    np.save(keys_path, keys)
+    return rows_path, keys_path
+
+
+def warm(repository: Path, args) -> dict:
+    """The hot tier filled to its budget from a warm file at load: both DLRMs' stores opened as the server
+    opens them (each its share of ``--cache-gib``), each warmed on its own thread as the server's steps do,
+    from a warm file holding ``--warm-fill`` times the tier's slots of the Zipf keys' likeliest rows (the file
+    training's counts give once training has touched that many rows), read from the disk (the file's pages
+    dropped from the page cache first). Seconds until each tier stops filling, rows/s, the fill sampled."""
+    import os
+    import threading
+
+    from ensemble.scoring.pipeline import release_versions
+    from ensemble.tables import files, serving
+    from ensemble.tables.files import TablesManifest
+
+    budget = int(args.cache_gib * 2**30)
+    settings = serving.Settings.from_environment()
+    steps = {m.value: f for m, f in release_versions(repository, args.release).items() if files.has_tables(f)}
+    stores, paths = {}, {}
+    for name, step in steps.items():
+        manifest = TablesManifest.load(step)
+        share = serving.budget_share(name, manifest, serving._siblings(step, name))
+        stores[name] = serving.open_store(step, manifest, int(budget * share), settings)
+        slots = stores[name].stats()["hot_capacity_rows"]
+        folder = Path(args.warm_scratch) / f"{name}-{step.name}-{slots}-{args.warm_fill}"
+        if not (folder / files.WARM_KEYS).is_file():
+            _write_warm_file(folder, step, manifest, int(slots * args.warm_fill), args.alpha)
+        paths[name] = (folder / files.WARM_ROWS, folder / files.WARM_KEYS)
+    for rows_path, _ in paths.values():  # read from the disk, not the page cache
+        fd = os.open(rows_path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    done: dict[str, float] = {}
+    start = time.perf_counter()
+
+    def run(name: str) -> None:
+        rows_path, keys_path = paths[name]
+        stores[name].warm(str(rows_path), np.load(keys_path))
+        done[name] = time.perf_counter() - start
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in stores]
+    for thread in threads:
+        thread.start()
+    trace = []
+    while any(thread.is_alive() for thread in threads):
+        time.sleep(1.0)
+        hot = sum(s.stats()["hot_bytes"] for s in stores.values())
+        trace.append({"seconds": round(time.perf_counter() - start, 1), "hot_gib": hot / 2**30})
+        print(f"warm {trace[-1]['seconds']:6.1f} s: hot tier {trace[-1]['hot_gib']:.2f} GiB", flush=True)
+    for thread in threads:
+        thread.join()
+    result = {"budget_gib": args.cache_gib, "warm_fill": args.warm_fill, "steps": {}, "trace": trace,
+              "seconds": max(done.values())}
+    for name, store in stores.items():
+        st = store.stats()
+        size = paths[name][0].stat().st_size
+        result["steps"][name] = {
+            "seconds": done[name], "warm_file_bytes": size, "rows_put": st["warmed_rows"],
+            "hot_rows": st["hot_rows"], "slots": st["hot_capacity_rows"], "filled": st["hot_rows"] / st["hot_capacity_rows"],
+            "hot_gib": st["hot_bytes"] / 2**30, "rows_per_s": st["warmed_rows"] / done[name],
+            "file_mb_per_s": size / done[name] / 1e6}
+        print(f"warm {name}: {st['hot_rows']:,} of {st['hot_capacity_rows']:,} slots "
+              f"({st['hot_rows'] / st['hot_capacity_rows']:.1%}) in {done[name]:.1f} s, "
+              f"{st['warmed_rows'] / done[name]:,.0f} rows/s, {size / done[name] / 1e6:.0f} MB/s of file", flush=True)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repository", required=True)
     p.add_argument("--release", type=int, default=None)
     p.add_argument("--parts", nargs="+", default=["disk", "capacity", "serve"],
-                   choices=["disk", "capacity", "serve", "throughput", "policies", "reads"])
+                   choices=["disk", "capacity", "serve", "throughput", "policies", "reads", "warm"])
     p.add_argument("--cache-gib", type=float, default=6.0)
     p.add_argument("--alpha", type=float, default=1.05)
     p.add_argument("--sources", nargs="+", default=["zipf", "counts"], choices=["zipf", "counts"])
@@ -560,6 +688,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--read-calls", type=int, default=30, help="reads: calls a point")
     p.add_argument("--read-depths", nargs="+", type=int, default=[32, 128], help="reads: queue depths")
     p.add_argument("--read-turns", type=int, default=3, help="reads: rounds over the depths")
+    p.add_argument("--warm-fill", type=float, default=1.25, help="warm: the warm file's rows over the tier's slots")
+    p.add_argument("--warm-scratch", default="build/bench/warm", help="warm: where its warm files are written (kept)")
     p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[])
     p.add_argument("--out", default="build/bench")
     args = p.parse_args(argv)
@@ -588,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
             result["disk_after"] = disk(repository)
             print(json.dumps(result["disk_after"], indent=1))
         written("serve", result)
+    if "warm" in args.parts:
+        written("warm", warm(repository, args))
     if "policies" in args.parts:
         written("policies", policies(repository, out, args))
     if read_result is not None:

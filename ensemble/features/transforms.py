@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +28,14 @@ from ensemble.dataset import DatasetSpec, Kind, cell_bytes, list_slots
 from ensemble import native
 from ensemble.device import Device
 
+LOG = logging.getLogger(__name__)
+
 NULL_ID = 1
 OOV_ID = 2
 FIRST_ID = 3
+# A vocabulary of this many values or more is kept as a CompactVocabulary (12-byte slots of value hash and id,
+# ~17 bytes a value) instead of a dict (over 100 bytes a value): docs/tables.md "Vocabulary columns".
+COMPACT_FROM = 1_000_000
 LEAN_FILE = "lean.json"
 
 
@@ -213,7 +219,9 @@ class LeanTransform:
     dataset: str = "criteo"  # the spec's name (the online store's key prefix: ensemble/online.py)
 
     @classmethod
-    def load(cls, workflow_dir: str | Path) -> "LeanTransform":
+    def load(cls, workflow_dir: str | Path, compact_from: int = COMPACT_FROM) -> "LeanTransform":
+        """The fitted statistics; a vocabulary of ``compact_from`` values or more as a compact lookup (when the
+        C modules are built: else a dict, said in the log)."""
         import pyarrow.parquet as pq
 
         workflow_dir = Path(workflow_dir)
@@ -228,6 +236,12 @@ class LeanTransform:
                 continue
             # ParquetFile, not read_table: read_table imports pyarrow.dataset and with it pandas.
             table = pq.ParquetFile(workflow_dir / stats["vocabularies"][col]).read(columns=[col])
+            if table.num_rows >= compact_from:
+                if native.COMPILED:
+                    lookups.append(compact_lookup(table.column(0), col))
+                    continue
+                LOG.warning("%s: %s values kept in a dict (the C modules are not built: "
+                            "ensemble.native's CompactVocabulary is theirs)", col, f"{table.num_rows:,}")
             values = table.column(0).to_pylist()
             lookup = {v.encode("utf-8"): FIRST_ID + i for i, v in enumerate(values) if v is not None}
             lookup[b""] = NULL_ID
@@ -291,11 +305,21 @@ class LeanTransform:
             categorical = self._slots(categorical)
         # One pass over the row-major values, each looked up in its column's dictionary, in C
         # when it was built (ensemble.native): no per-column or per-value Python overhead.
-        ids = native.lookup(categorical.reshape(-1).tolist(), self.lookups, OOV_ID).reshape(batch, len(self.lookups))
+        ids = native.lookup(categorical.reshape(-1).tolist(), self._dicts, OOV_ID).reshape(batch, len(self.lookups))
+        for j, lookup in enumerate(self.lookups):
+            if not isinstance(lookup, dict):  # a compact vocabulary
+                column = np.empty(batch, np.int64)
+                lookup.find(categorical[:, j].tolist(), OOV_ID, column)
+                ids[:, j] = column
         for j, buckets in enumerate(self.id_buckets):
             if buckets:  # a hashed column: the id from the hash alone
                 ids[:, j] = native.hash_ids(categorical[:, j].tolist(), buckets)
         return ids
+
+    @functools.cached_property
+    def _dicts(self) -> tuple[dict, ...]:
+        """The lookups that are dicts, an empty one in a compact vocabulary's place."""
+        return tuple(lookup if isinstance(lookup, dict) else {} for lookup in self.lookups)
 
     @property
     def reads_wire(self) -> bool:
@@ -331,6 +355,32 @@ class LeanTransform:
             else:
                 parts.append(categorical[:, j:j + 1])
         return np.concatenate(parts, axis=1) if parts else categorical
+
+
+def compact_lookup(column, name: str = "a vocabulary"):
+    """A vocabulary column's values (a pyarrow string column: value i has id FIRST_ID + i, nulls none; the empty
+    value NULL_ID, as in the dicts) as a ``CompactVocabulary``, built from the column's buffers in C."""
+    import pyarrow as pa
+
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    array = array.cast(pa.large_binary())
+    _, offsets, data = array.buffers()
+    offsets = np.frombuffer(offsets, np.int64)[array.offset:array.offset + len(array) + 1]
+    ids = FIRST_ID + np.arange(len(array), dtype=np.int64)
+    ids[np.asarray(array.is_null())] = -1
+    start = int(offsets[0]) if len(offsets) else 0
+    # the empty value first: the first of equal values keeps its id (as the dict's b"" set after them does)
+    offsets = np.concatenate([[start], offsets]).astype(np.int64)
+    ids = np.concatenate([[NULL_ID], ids]).astype(np.int64)
+    found = native.CompactVocabulary(offsets, data if data is not None else b"", ids)
+    if found.collisions:
+        LOG.warning("%s: %d values share another's 64-bit hash and take its id", name, found.collisions)
+    return found
+
+
+def lookup_examples(lookup, n: int = 50) -> list[bytes]:
+    """Up to ``n`` values a lookup knows (a compact vocabulary keeps no values: none)."""
+    return list(lookup)[:n] if isinstance(lookup, dict) else []
 
 
 def encode_categorical(frame, columns: tuple[str, ...] = schema.CATEGORICAL_COLUMNS,

@@ -103,20 +103,17 @@ def start(fleet: FleetRecord, arms: list[tuple[int, float]], key: str | None = N
         return experiment
 
 
-SHADOW_MARK = b"ensemble_shadow_score_difference"  # in a native backend built with shadow scoring
-
-
 def _check_shadow(fleet: FleetRecord, serving: int) -> None:
     """Shadow scoring is the native backend's: refused, naming why, on another layout or when the
     serving release's own copy of the backend was built before it (its requests would go unshadowed)."""
     from ensemble.models.registry import Layout
-    from ensemble.native.backend import FILE_NAME
+    from ensemble.native.backend import FILE_NAME, capabilities
 
     if fleet.layout != Layout.NATIVE.value:
         raise DeployError(f"shadow scoring needs the native layout; this fleet runs {fleet.layout}")
     library = Path(fleet.repository) / schema.Model.RANKER.value / str(serving) / FILE_NAME
     try:
-        built_with = SHADOW_MARK in library.read_bytes()
+        built_with = "shadow" in capabilities(library).features
     except OSError:
         built_with = False
     if not built_with:

@@ -128,6 +128,7 @@ _lookup = _request.lookup if COMPILED else _lookup_py
 _dense_prepare = _request.dense_prepare if COMPILED else _dense_prepare_py
 _blend = _request.blend if COMPILED else _blend_py
 Vocabulary = _request.Vocabulary if COMPILED else _VocabularyPy
+CompactVocabulary = _request.CompactVocabulary if COMPILED else None  # C only: its users check COMPILED
 
 
 def tsv_to_wire(blob: bytes, rows: int, with_label: bool, n_dense: int, n_categorical: int):

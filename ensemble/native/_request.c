@@ -261,6 +261,7 @@ typedef struct {
     VocabTable *tables;
     char *arena;
     uint64_t *buckets; /* per column: > 0, a hashed column (id = crc32(value) % buckets, no table); NULL: none is */
+    PyObject **compact; /* per column: a CompactVocabulary (its table then empty), or NULL */
 } Vocabulary;
 
 static uint64_t mix64(uint64_t h) {
@@ -297,6 +298,146 @@ static uint64_t key_hash(const unsigned char *p, Py_ssize_t n) {
     return mix64(h) | 1;
 }
 
+/* CompactVocabulary: one vocabulary column too large for a dict (ensemble.features.transforms.COMPACT_FROM
+ * entries and up) as slots of 12 bytes, the value's 64-bit hash (key_hash) and its id, open addressing at a
+ * load of at most 0.7: about 17 bytes an entry where a dict of bytes costs over 100. No value's bytes are
+ * kept, so two values whose hashes are equal share the first one's id (counted at build: `collisions`), and an
+ * unseen value whose hash equals a vocabulary value's (odds of entries / 2^63 a lookup) gets that id. */
+typedef struct __attribute__((packed)) {
+    uint64_t hash; /* 0: an empty slot (hashes are odd) */
+    uint32_t id;
+} CompactSlot;
+
+typedef struct {
+    PyObject_HEAD
+    CompactSlot *slots;
+    uint64_t capacity;
+    Py_ssize_t entries, collisions;
+} CompactVocabulary;
+
+static inline uint64_t compact_home(const CompactVocabulary *c, uint64_t hash) {
+    return (uint64_t)(((unsigned __int128)hash * c->capacity) >> 64);
+}
+
+static inline int64_t compact_find(const CompactVocabulary *c, uint64_t hash, int64_t fallback) {
+    for (uint64_t s = compact_home(c, hash);; s = s + 1 == c->capacity ? 0 : s + 1) {
+        if (c->slots[s].hash == hash) return c->slots[s].id;
+        if (c->slots[s].hash == 0) return fallback;
+    }
+}
+
+static void compact_dealloc(CompactVocabulary *self) {
+    free(self->slots);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* CompactVocabulary(offsets: int64 [n + 1], data: bytes-like, ids: int64 [n]): value k is data[offsets[k]:
+ * offsets[k + 1]], its id ids[k] (< 0: left out, as a missing value is; at most 2^32 - 1). */
+static PyObject *compact_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    Py_buffer offsets, data, ids;
+    if (!PyArg_ParseTuple(args, "y*y*y*:CompactVocabulary", &offsets, &data, &ids)) return NULL;
+    CompactVocabulary *self = NULL;
+    const Py_ssize_t n = ids.len / 8;
+    const int64_t *off = offsets.buf, *id = ids.buf;
+    const char *bad = NULL;
+    if (offsets.len != (n + 1) * 8 || ids.len % 8) bad = "offsets must be int64 [n + 1] and ids int64 [n]";
+    for (Py_ssize_t k = 0; bad == NULL && k < n; k++)
+        if (off[k] < 0 || off[k + 1] < off[k] || off[k + 1] > data.len)
+            bad = "offsets must rise within the data";
+        else if (id[k] > (int64_t)UINT32_MAX)
+            bad = "an id past 2^32 - 1";
+    if (bad != NULL) {
+        PyErr_Format(PyExc_ValueError, "CompactVocabulary: %s", bad);
+        goto done;
+    }
+    self = (CompactVocabulary *)type->tp_alloc(type, 0);
+    if (self == NULL) goto done;
+    self->capacity = (uint64_t)(n / 0.7) + 8;
+    self->slots = calloc(self->capacity, sizeof(CompactSlot));
+    if (self->slots == NULL) {
+        Py_CLEAR(self);
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (id[k] < 0) continue;
+        const uint64_t h = key_hash((const unsigned char *)data.buf + off[k], off[k + 1] - off[k]);
+        uint64_t s = compact_home(self, h);
+        while (self->slots[s].hash != 0 && self->slots[s].hash != h) s = s + 1 == self->capacity ? 0 : s + 1;
+        if (self->slots[s].hash == h) {
+            self->collisions++;
+            continue;
+        }
+        self->slots[s] = (CompactSlot){h, (uint32_t)id[k]};
+        self->entries++;
+    }
+    Py_END_ALLOW_THREADS
+done:
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&ids);
+    return (PyObject *)self;
+}
+
+/* CompactVocabulary.find(values: list, fallback, out: int64 buffer): out[i] = the id of values[i] (bytes), or
+ * fallback (a value that is not bytes too, as a dict of bytes answers). */
+static PyObject *compact_find_list(CompactVocabulary *self, PyObject *args) {
+    PyObject *values;
+    long long fallback;
+    Py_buffer out;
+    if (!PyArg_ParseTuple(args, "O!Lw*", &PyList_Type, &values, &fallback, &out)) return NULL;
+    const Py_ssize_t n = PyList_GET_SIZE(values);
+    if (out.len != n * 8) {
+        PyBuffer_Release(&out);
+        PyErr_Format(PyExc_ValueError, "find: %zd values, room for %zd ids", n, out.len / 8);
+        return NULL;
+    }
+    int64_t *ids = out.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(values, i);
+        ids[i] = PyBytes_Check(v) ? compact_find(self, key_hash((const unsigned char *)PyBytes_AS_STRING(v),
+                                                                PyBytes_GET_SIZE(v)), fallback)
+                                  : fallback;
+    }
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t compact_len(CompactVocabulary *self) { return self->entries; }
+
+static PyObject *compact_nbytes(CompactVocabulary *self, void *unused) {
+    return PyLong_FromUnsignedLongLong((unsigned long long)(self->capacity * sizeof(CompactSlot) + sizeof *self));
+}
+
+static PyObject *compact_collisions(CompactVocabulary *self, void *unused) { return PyLong_FromSsize_t(self->collisions); }
+
+static PyMethodDef compact_methods[] = {
+    {"find", (PyCFunction)compact_find_list, METH_VARARGS, "list of bytes, fallback, out int64 -> ids into out"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef compact_getset[] = {
+    {"nbytes", (getter)compact_nbytes, NULL, "bytes the slots take", NULL},
+    {"collisions", (getter)compact_collisions, NULL, "values left out at build: their hash was another's", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods compact_sequence = {.sq_length = (lenfunc)compact_len};
+
+static PyTypeObject CompactVocabularyType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ensemble.native._request.CompactVocabulary",
+    .tp_basicsize = sizeof(CompactVocabulary),
+    .tp_dealloc = (destructor)compact_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A vocabulary column too large for a dict: 12-byte slots of (value hash, id).",
+    .tp_methods = compact_methods,
+    .tp_getset = compact_getset,
+    .tp_as_sequence = &compact_sequence,
+    .tp_new = compact_new,
+};
+
 static void vocabulary_dealloc(Vocabulary *self) {
     if (self->tables != NULL) {
         for (Py_ssize_t j = 0; j < self->columns; j++) PyMem_Free(self->tables[j].slots);
@@ -304,11 +445,15 @@ static void vocabulary_dealloc(Vocabulary *self) {
     }
     PyMem_Free(self->arena);
     PyMem_Free(self->buckets);
+    if (self->compact != NULL)
+        for (Py_ssize_t j = 0; j < self->columns; j++) Py_XDECREF(self->compact[j]);
+    PyMem_Free(self->compact);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Vocabulary(tables: tuple[dict[bytes, int], ...], buckets: tuple[int, ...] = ()): buckets[j] > 0 makes column j
- * a hashed column (its dict is not used: an id is crc32(value) % buckets[j], zlib's CRC-32, as Python's zlib.crc32) */
+/* Vocabulary(tables: tuple[dict[bytes, int] | CompactVocabulary, ...], buckets: tuple[int, ...] = ()): buckets[j] > 0
+ * makes column j a hashed column (its dict is not used: an id is crc32(value) % buckets[j], zlib's CRC-32, as
+ * Python's zlib.crc32) */
 static PyObject *vocabulary_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *tables, *bucket_tuple = NULL;
     if (!PyArg_ParseTuple(args, "O!|O!:Vocabulary", &PyTuple_Type, &tables, &PyTuple_Type, &bucket_tuple)) return NULL;
@@ -319,8 +464,9 @@ static PyObject *vocabulary_new(PyTypeObject *type, PyObject *args, PyObject *kw
     }
     for (Py_ssize_t j = 0; j < columns; j++) {
         PyObject *table = PyTuple_GET_ITEM(tables, j), *key, *value;
+        if (PyObject_TypeCheck(table, &CompactVocabularyType)) continue;
         if (!PyDict_Check(table)) {
-            PyErr_SetString(PyExc_TypeError, "Vocabulary: tables must be dicts");
+            PyErr_SetString(PyExc_TypeError, "Vocabulary: tables must be dicts or CompactVocabulary");
             return NULL;
         }
         Py_ssize_t pos = 0;
@@ -341,7 +487,8 @@ static PyObject *vocabulary_new(PyTypeObject *type, PyObject *args, PyObject *kw
     self->columns = columns;
     self->tables = PyMem_Calloc(columns ? columns : 1, sizeof(VocabTable));
     self->arena = PyMem_Malloc(arena_size ? arena_size : 1);
-    if (self->tables == NULL || self->arena == NULL) goto nomem;
+    self->compact = PyMem_Calloc(columns ? columns : 1, sizeof(PyObject *));
+    if (self->tables == NULL || self->arena == NULL || self->compact == NULL) goto nomem;
     if (bucket_tuple != NULL && PyTuple_GET_SIZE(bucket_tuple) == columns) {
         self->buckets = PyMem_Calloc(columns ? columns : 1, sizeof(uint64_t));
         if (self->buckets == NULL) goto nomem;
@@ -358,13 +505,15 @@ static PyObject *vocabulary_new(PyTypeObject *type, PyObject *args, PyObject *kw
     for (Py_ssize_t j = 0; j < columns; j++) {
         PyObject *table = PyTuple_GET_ITEM(tables, j), *key, *value;
         size_t capacity = 8;
-        while (capacity < (size_t)PyDict_GET_SIZE(table) * 2) capacity <<= 1;  /* load <= 1/2 */
+        const int is_compact = PyObject_TypeCheck(table, &CompactVocabularyType);
+        if (is_compact) self->compact[j] = Py_NewRef(table);
+        while (!is_compact && capacity < (size_t)PyDict_GET_SIZE(table) * 2) capacity <<= 1;  /* load <= 1/2 */
         VocabTable *t = &self->tables[j];
         t->slots = PyMem_Calloc(capacity, sizeof(VocabSlot));
         if (t->slots == NULL) goto nomem;
         t->mask = capacity - 1;
         Py_ssize_t pos = 0;
-        while (PyDict_Next(table, &pos, &key, &value)) {
+        while (!is_compact && PyDict_Next(table, &pos, &key, &value)) {
             const unsigned char *bytes = (const unsigned char *)PyBytes_AS_STRING(key);
             Py_ssize_t n = PyBytes_GET_SIZE(key);
             long long id = PyLong_AsLongLong(value);
@@ -433,7 +582,11 @@ static int lookup_wire(const Vocabulary *self, const unsigned char *data, size_t
         }
         const uint64_t h = key_hash(data + start, n);
         values[i] = (WireValue){h, n <= INLINE_KEY ? short_key(data + start, n) : 0, start, n};
-        __builtin_prefetch(&self->tables[j].slots[h & self->tables[j].mask]);
+        const CompactVocabulary *c = (const CompactVocabulary *)self->compact[j];
+        if (c != NULL)
+            __builtin_prefetch(&c->slots[compact_home(c, h)]);
+        else
+            __builtin_prefetch(&self->tables[j].slots[h & self->tables[j].mask]);
     }
     if (i != count) {
         snprintf(error, error_size, "%zd values in the BYTES tensor, %zd expected", i, count);
@@ -444,6 +597,10 @@ static int lookup_wire(const Vocabulary *self, const unsigned char *data, size_t
         const VocabTable *t = &self->tables[j];
         const WireValue v = values[i];
         if (v.hash == 0) continue; /* a hashed column's: set in pass 1 */
+        if (self->compact[j] != NULL) {
+            ids[i] = compact_find((const CompactVocabulary *)self->compact[j], v.hash, fallback);
+            continue;
+        }
         int64_t id = fallback;
         for (size_t s = v.hash & t->mask;; s = (s + 1) & t->mask) {
             const VocabSlot *slot = &t->slots[s];
@@ -686,11 +843,12 @@ static int api_lookup_wire(PyObject *vocabulary, const unsigned char *data, size
 static const EnsembleNativeApi API = {api_columns, api_lookup_wire, prepare, blend_rows};
 
 PyMODINIT_FUNC PyInit__request(void) {
-    if (PyType_Ready(&VocabularyType) < 0) return NULL;
+    if (PyType_Ready(&VocabularyType) < 0 || PyType_Ready(&CompactVocabularyType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     PyObject *capsule = PyCapsule_New((void *)&API, ENSEMBLE_REQUEST_CAPSULE, NULL);
     if (PyModule_AddObjectRef(m, "Vocabulary", (PyObject *)&VocabularyType) < 0 ||
+        PyModule_AddObjectRef(m, "CompactVocabulary", (PyObject *)&CompactVocabularyType) < 0 ||
         PyModule_AddObject(m, ENSEMBLE_API_ATTRIBUTE, capsule) < 0) {
         Py_XDECREF(capsule);
         Py_DECREF(m);

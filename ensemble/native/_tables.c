@@ -1447,6 +1447,27 @@ static int64_t delta_find(const Table *t, int64_t id) {
     return lo < t->n_delta && t->delta_ids[lo] == id ? (int64_t)lo : -1;
 }
 
+/* The process's cold-read wall time: the seconds during which at least one call was reading cold rows. Calls
+ * that overlap (the chain's threads, both DLRMs' stores) count once, so with one request in flight it is that
+ * request's cold-read time, beside which fio's time for its blocks is set (docs/tables.md). */
+static pthread_mutex_t reading_lock = PTHREAD_MUTEX_INITIALIZER;
+static int reading_calls;
+static double reading_since;
+static atomic_uint_fast64_t reading_ns;
+
+static void reading_begins(void) {
+    pthread_mutex_lock(&reading_lock);
+    if (reading_calls++ == 0) reading_since = now_s();
+    pthread_mutex_unlock(&reading_lock);
+}
+
+static void reading_ends(void) {
+    pthread_mutex_lock(&reading_lock);
+    if (--reading_calls == 0)
+        atomic_fetch_add_explicit(&reading_ns, (uint64_t)((now_s() - reading_since) * 1e9), memory_order_relaxed);
+    pthread_mutex_unlock(&reading_lock);
+}
+
 static void record_latency(Store *s, double seconds) {
     const double ms = seconds * 1e3;
     int b = 0;
@@ -1759,7 +1780,10 @@ static int64_t store_gather(Store *s, const int64_t *ids, int64_t B, float *out,
         if ((size_t)n_blocks > sc->n_io && thread_scratch((size_t)B, (size_t)F, (size_t)n_blocks, (size_t)max_row) == NULL)
             return -2;
         const double start = now_s();
-        if (read_blocks(s, sc, sc->read_table, sc->read_block, n_blocks, deadline) < 0) return -4;
+        reading_begins();
+        const int read = read_blocks(s, sc, sc->read_table, sc->read_block, n_blocks, deadline);
+        reading_ends();
+        if (read < 0) return -4;
         record_latency(s, now_s() - start);
         for (int32_t b = 0; b < n_blocks; b++) {
             Table *t = &s->tables[sc->read_table[b]];
@@ -1971,6 +1995,7 @@ static PyObject *store_stats(PyObject *obj, PyObject *unused) {
     if (set_item(result, "read_latency_ms", buckets) || set_item(result, "calls", LOAD(s->stats.calls)) ||
         set_item(result, "cold_calls", LOAD(s->stats.cold_calls)) ||
         set_item(result, "read_seconds", PyFloat_FromDouble((double)atomic_load(&s->stats.latency_ns) * 1e-9)) ||
+        set_item(result, "reading_seconds", PyFloat_FromDouble((double)atomic_load(&reading_ns) * 1e-9)) ||
         set_item(result, "budget_bytes", PyLong_FromUnsignedLongLong(s->budget)) ||
         set_item(result, "hot_capacity_rows", PyLong_FromUnsignedLongLong(c ? c->slots : 0)) ||
         set_item(result, "hot_rows", PyLong_FromUnsignedLongLong(c ? (unsigned long long)atomic_load(&((Cache *)c)->filled) : 0)) ||
@@ -2191,8 +2216,12 @@ static void stats_reads(PyObject *obj, uint64_t *buckets, double *seconds) {
     *seconds = (double)atomic_load_explicit(&s->latency_ns, memory_order_relaxed) * 1e-9;
 }
 
+static double stats_reading_seconds(void) {
+    return (double)atomic_load_explicit(&reading_ns, memory_order_relaxed) * 1e-9;
+}
+
 static const EnsembleTablesStatsApi STATS_API = {stats_tables, stats_name, stats_counters, stats_hot_bytes, stats_reads,
-                                                 LATENCY_BOUNDS_MS};
+                                                 LATENCY_BOUNDS_MS, stats_reading_seconds};
 
 /* ----- the module ----- */
 

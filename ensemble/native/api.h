@@ -44,7 +44,7 @@ static inline uint64_t ensemble_wire_offset(const unsigned char *wire, uint64_t 
     }
     return at;
 }
-#define ENSEMBLE_API_VERSION "3"
+#define ENSEMBLE_API_VERSION "4"
 #define ENSEMBLE_API_ATTRIBUTE "_C_API_" ENSEMBLE_API_VERSION
 
 /* ensemble.native._trees: the trees as arrays (ensemble.models.xgb.TreeArrays). */
@@ -100,6 +100,8 @@ typedef struct {
     /* the calls with cold reads per latency bucket (not cumulative), and the seconds they read */
     void (*reads)(PyObject *store, uint64_t *buckets, double *seconds);
     const double *bounds_ms; /* ENSEMBLE_READ_BUCKETS - 1 upper bounds */
+    /* the process's seconds with at least one call reading cold rows (overlapping calls counted once) */
+    double (*reading_seconds)(void);
 } EnsembleTablesStatsApi;
 
 /* ensemble.native._openvino: a DLRM compiled by OpenVINO (an _openvino.Engine object), the same entry points

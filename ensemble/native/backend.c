@@ -13,13 +13,21 @@
 
 #include "backend_internal.h"
 
+/* What this build of the backend does, read by the operator's side (ensemble.native.backend.capabilities) before
+ * it relies on a feature: the version of the C entry points it calls in the model's modules (api.h), then its
+ * features, space-separated: `shadow` (shadow scoring: backend_shadow.c), `tables` (the row store's metrics:
+ * backend_tables.c). */
+BACKEND_EXPORT const char *ensemble_backend_capabilities(void) {
+    return "api=" ENSEMBLE_API_VERSION " shadow tables";
+}
+
 TRITONSERVER_Error *TRITONBACKEND_Initialize(TRITONBACKEND_Backend *backend) {
     (void)backend;
     uint32_t major, minor;
     TRITONSERVER_Error *err = TRITONBACKEND_ApiVersion(&major, &minor);
     if (err) return err;
     if (major != ENSEMBLE_BACKEND_API_MAJOR || minor < ENSEMBLE_BACKEND_API_MINOR)
-        return fail(TS_ERROR_UNSUPPORTED, "the fused backend needs backend API %d.%d+, this Triton has %u.%u",
+        return fail(TS_ERROR_UNSUPPORTED, "the native backend needs backend API %d.%d+, this Triton has %u.%u",
                     ENSEMBLE_BACKEND_API_MAJOR, ENSEMBLE_BACKEND_API_MINOR, major, minor);
     return python_start();
 }

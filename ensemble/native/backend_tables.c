@@ -10,7 +10,7 @@
 #define MAX_TABLES 64  /* tables a store may have (ensemble/native/_tables.c) */
 
 enum { F_LOOKUPS, F_UNIQUE, F_HITS, F_COLD_ROWS, F_COLD_BLOCKS, F_COLD_BYTES, F_FAILURES, F_HOT_ROWS, F_HOT_BYTES,
-       F_READ_BUCKET, F_READ_COUNT, F_READ_SUM, FAMILIES };
+       F_READ_BUCKET, F_READ_COUNT, F_READ_SUM, F_READING, FAMILIES };
 
 static const struct {
     const char *name, *help;
@@ -35,6 +35,10 @@ static const struct {
      "calls whose cold reads took at most le seconds (cumulative: a histogram's buckets)", TS_METRIC_COUNTER},
     {"ensemble_table_read_seconds_count", "calls that read cold rows", TS_METRIC_COUNTER},
     {"ensemble_table_read_seconds_sum", "seconds calls spent reading cold rows", TS_METRIC_COUNTER},
+    {"ensemble_table_reading_seconds_total",
+     "seconds during which the server read cold rows, calls that overlap counted once (with one request in flight: "
+     "its cold-read time); the process's total split among the versions that report it",
+     TS_METRIC_COUNTER},
 };
 
 static TRITONSERVER_MetricFamily *families[FAMILIES];
@@ -69,7 +73,12 @@ struct TableMetrics {
     const EnsembleTablesStatsApi *api;
     int n;
     StoreMetrics stores[STEPS];
+    TRITONSERVER_Metric *reading;
 };
+
+/* The process's reading seconds already reported (by any version's series). */
+static pthread_mutex_t reading_lock = PTHREAD_MUTEX_INITIALIZER;
+static double reading_reported;
 
 static TRITONSERVER_Metric *series_of(int family, const char *model, const char *version, const char *step,
                                       const char *label, const char *value) {
@@ -141,6 +150,11 @@ void table_metrics_create(ModelState *state, const char *name, uint64_t version)
             s->buckets[b] = series_of(F_READ_BUCKET, name, version_text, step, "le", le);
         }
     }
+    if (families[F_READING] != NULL) {
+        const char *names[] = {"model", "version"};
+        const char *values[] = {name, version_text};
+        m->reading = labelled(families[F_READING], names, values, 2, 0.0);
+    }
     Py_DECREF(tables);
     state->tables = m;
 }
@@ -191,6 +205,11 @@ void table_metrics_update(ModelState *state) {
         memcpy(s->last_buckets, buckets, sizeof buckets);
         s->last_seconds = seconds;
     }
+    pthread_mutex_lock(&reading_lock);
+    const double reading = m->api->reading_seconds();
+    add(m->reading, reading - reading_reported);
+    reading_reported = reading;
+    pthread_mutex_unlock(&reading_lock);
     pthread_mutex_unlock(&m->lock);
 }
 
@@ -214,6 +233,7 @@ void table_metrics_delete(ModelState *state) {
         for (int b = 0; b < ENSEMBLE_READ_BUCKETS; b++) delete_metric(s->buckets[b]);
         Py_XDECREF(s->store);
     }
+    delete_metric(m->reading);
     pthread_mutex_destroy(&m->lock);
     free(m);
     state->tables = NULL;

@@ -157,6 +157,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceReportBatchStatistics(
 
 /* What the backend defines (Triton looks these up by name). */
 BACKEND_EXPORT TRITONSERVER_Error *TRITONBACKEND_Initialize(TRITONBACKEND_Backend *backend);
+BACKEND_EXPORT const char *ensemble_backend_capabilities(void); /* the project's own: backend.c */
 BACKEND_EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model);
 BACKEND_EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model);
 BACKEND_EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelInstanceInitialize(

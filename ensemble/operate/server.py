@@ -9,6 +9,7 @@ interpreter's ``bin/``; PYTHONPATH adds this project so ``model.py`` can import 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
 import subprocess
@@ -30,6 +31,8 @@ from ensemble import schema
 from ensemble.schema import Model
 from ensemble.operate.monitoring import LatencySummaries
 from ensemble.operate.door import door_options
+
+LOG = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # What `ensemble serve` serves on CPU unless told otherwise: the whole chain inside Triton's own
@@ -119,6 +122,19 @@ def _check_native_backend(repository: Path) -> None:
         except backend.NotBuilt as exc:
             why = str(exc)
         raise ServerError(f"the native layout needs {backend.FILE_NAME} in a release folder of {ranker}: {why}")
+    installed = backend.installed_api()
+    for release in sorted(releases, key=lambda p: int(p.name)):
+        library = release / backend.FILE_NAME
+        if not library.is_file() or installed is None:
+            continue
+        try:
+            said = backend.capabilities(library)
+        except OSError as exc:
+            raise ServerError(f"{library} cannot be loaded: {exc}") from exc
+        if said.api != installed:  # it would serve on the slower path, its row store metrics off: said, not hidden
+            LOG.warning("%s calls the C entry points of version %s, the installed modules offer %s: its chain "
+                        "runs the Python path and its row store has no metrics; export the release again",
+                        library, said.api or "(older than the capability symbol)", installed)
 
 
 def find_tritonserver() -> Path:

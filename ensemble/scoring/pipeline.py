@@ -403,7 +403,9 @@ def _check_rows(transform, widths: schema.Widths, rows: int = 61) -> tuple[np.nd
                      np.expm1(rng.uniform(0, 12, (rows, widths.dense))).round()).astype(np.float32)
     dense[1::7] = rng.uniform(-3, 3, (len(dense[1::7]), widths.dense)).astype(np.float32)  # fractional values
     columns = len(transform.lookups)
-    known = [list(lookup)[:50] for lookup in transform.lookups]
+    from ensemble.features.transforms import lookup_examples
+
+    known = [lookup_examples(lookup) for lookup in transform.lookups]
     values = []
     for i in range(rows * columns):
         pick = rng.random()

@@ -185,7 +185,18 @@ def export_tables(staging: Path, step: str, held_out=None, log=LOG.info) -> Tabl
         else:
             written += files.write_table(staging / name, shape.rows, dim, fmt, shape.seed, table.ids, table.rows)
         entries.append(TableEntry(shape.name, shape.rows, shape.seed, name, small, files.file_bytes(shape.rows, fmt, dim)))
-    written += _write_warm(staging, touched, fmt, dim, in_delta)
+    big_in_delta = all(t.shape.name in in_delta for t in touched if not files.is_small(t.shape.rows))
+    earlier_warm = [previous / files.TABLES_DIR / name for name in (files.WARM_ROWS, files.WARM_KEYS)] \
+        if shareable else []
+    if shareable and big_in_delta and all(p.is_file() for p in earlier_warm):
+        # every large table shares the release before's file: its warm rows are this release's too (the rows
+        # this training changed are in the deltas, in RAM at load: the warm-up skips them), so the file is shared
+        for path in earlier_warm:
+            os.link(path, folder / path.name)
+            shared += path.stat().st_size
+        log(f"{step}: the warm file shared with version {previous.name} (its rows unchanged but the deltas')")
+    else:
+        written += _write_warm(staging, touched, fmt, dim, in_delta, log=log)
     np.savez(staging / files.TABLES_DIR / files.COUNTS, **{f"{t.shape.name}.ids": t.ids for t in touched},
              **{f"{t.shape.name}.counts": t.counts for t in touched})
     written += (staging / files.TABLES_DIR / files.COUNTS).stat().st_size
@@ -249,9 +260,10 @@ def _write_over(source: Path, path: Path, shape, fmt: str, dim: int, table: trai
 
 
 def _write_warm(staging: Path, touched: list[training.Touched], fmt: str, dim: int,
-                in_delta: dict[str, np.ndarray]) -> int:
+                in_delta: dict[str, np.ndarray], max_bytes: int = files.WARM_FILE_BYTES, log=LOG.info) -> int:
     """The large tables' trained rows, the most looked-up first (ties by table and id), but those in their
-    table's delta (in RAM at load already)."""
+    table's delta (in RAM at load already); at most ``max_bytes`` of rows (a hot tier cannot hold more: a
+    long training touches most rows, and a warm file as large as the tables would double the disk)."""
     keys, rows, counts = [], [], []
     for c, table in enumerate(touched):
         if files.is_small(table.shape.rows) or not len(table.ids):
@@ -266,6 +278,11 @@ def _write_warm(staging: Path, touched: list[training.Touched], fmt: str, dim: i
         return files.write_rows_file(folder / files.WARM_ROWS, np.zeros((0, files.row_bytes(fmt, dim)), np.uint8), fmt, dim)
     keys, rows, counts = np.concatenate(keys), np.concatenate(rows), np.concatenate(counts)
     order = np.lexsort((keys, -counts.astype(np.int64)))
+    most = max(0, max_bytes // files.row_bytes(fmt, dim))
+    if len(order) > most:
+        log(f"the warm file holds the {most:,} most looked-up of {len(order):,} trained rows "
+            f"({max_bytes / 2**30:.2f} GiB, files.WARM_FILE_BYTES)")
+        order = order[:most]
     np.save(folder / files.WARM_KEYS, keys[order])
     return files.write_rows_file(folder / files.WARM_ROWS, files.encode(rows[order], fmt), fmt, dim) + \
         (folder / files.WARM_KEYS).stat().st_size

@@ -37,6 +37,9 @@ MANIFEST = "tables.json"
 TABLES_DIR = "tables"
 WARM_ROWS = "warm.rows"
 WARM_KEYS = "warm.keys.npy"
+# The warm file holds at most this many bytes of rows a DLRM: a 6 GiB hot tier split by two DLRMs fills
+# from 3 GiB each (benchmarks.tables --parts warm).
+WARM_FILE_BYTES = 4 << 30
 COUNTS = "counts.npz"
 KEY_SHIFT = 40  # a hot-tier key: table << 40 | id
 CHUNK_BLOCKS = 8192  # blocks generated, encoded and written at a time (32 MiB of rows)

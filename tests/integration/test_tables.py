@@ -103,6 +103,9 @@ def test_a_row_store_release_serves_the_pipelines_scores_reading_cold_rows_from_
         unique = _total(metrics, "ensemble_table_unique_keys_total")
         hits = _total(metrics, "ensemble_table_hot_hits_total")
         assert 0 < hits < unique and _total(metrics, "ensemble_table_read_seconds_count") >= 3
+        reading = _total(metrics, "ensemble_table_reading_seconds_total")
+        summed = _total(metrics, "ensemble_table_read_seconds_sum")
+        assert 0 < reading <= summed * 1.001 + 1e-6  # overlapping calls count once in the wall time
         budget = 0.0005 * 2**30
         assert 0 < _total(metrics, "ensemble_table_hot_bytes") <= budget  # the tier holds rows, within its budget
         from ensemble.operate.monitoring import TABLE_METRIC_PREFIX, dashboard_metric_names
@@ -254,6 +257,8 @@ def test_a_release_changing_a_few_rows_shares_the_table_files_and_deploys_under_
             assert c1.shared_from is not None and c1.delta is not None and c1.delta.rows > 0
             assert manifest.written_bytes < 0.2 * manifest.shared_bytes  # the changed rows, not the table
             assert 0 < manifest.changed_rows < sum(t.rows for t in manifest.tables)
+            warm = [folder / "tables" / "warm.rows" for folder in (_newest(copy / step), copy / step / "1")]
+            assert warm[0].stat().st_ino == warm[1].stat().st_ino  # the warm file shared: the warm start kept
         dense, cats = _rows(64, 21)
         with Load(server.http_url, (dense, cats), attempts=1) as load:
             deploy(server.http_url, copy, log=lambda _: None, grpc_url=server.grpc_url)

@@ -79,3 +79,48 @@ def test_encode_categorical_maps_missing_to_empty_bytes():
     frame = pd.DataFrame({c: ["ab", None] for c in schema.CATEGORICAL_COLUMNS})
     out = transforms.encode_categorical(frame)
     assert out[0, 0] == b"ab" and out[1, 5] == b""
+
+
+def test_a_compact_vocabulary_gives_nvtabulars_ids_from_strings_and_from_the_wire(lean, workflow, trained):
+    from ensemble import native
+
+    if not native.COMPILED:
+        pytest.skip("the compact vocabulary is C (ensemble.native._request)")
+    compact = LeanTransform.load(trained.workdir / "workflow", compact_from=1)  # every vocabulary compact
+    assert not any(isinstance(lookup, dict) for lookup in compact.lookups)
+    assert compact.cardinalities == lean.cardinalities
+    frame = pd_concat(_fresh_frame(303), trained.train.iloc[:1500])
+    cats = transforms.encode_categorical(frame)
+    _, nvt_ids = transforms.nvtabular_transform(workflow, frame)
+    _, ids = compact(transforms.dense_array(frame), cats)
+    np.testing.assert_array_equal(ids, nvt_ids)
+    assert (ids == NULL_ID).any() and (ids == OOV_ID).any() and (ids > OOV_ID).any()
+    wire = native.join_wire(cats.reshape(-1).tolist())
+    np.testing.assert_array_equal(compact.ids_from_wire(wire, len(frame)), nvt_ids)
+
+
+def pd_concat(*frames):
+    import pandas as pd
+
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_a_compact_vocabulary_costs_under_a_fifth_of_a_dicts_bytes_per_value():
+    import sys
+
+    import pyarrow as pa
+
+    from ensemble import native
+
+    if not native.COMPILED:
+        pytest.skip("the compact vocabulary is C (ensemble.native._request)")
+    n = 1_000_000
+    values = [b"%08x" % v for v in np.random.default_rng(1).choice(2**32, n, replace=False)]
+    compact = transforms.compact_lookup(pa.array([v.decode() for v in values]))
+    assert len(compact) == n + 1 and compact.collisions == 0  # the values and the empty one
+    as_dict = {v: i for i, v in enumerate(values)}
+    dict_bytes = sys.getsizeof(as_dict) + sum(sys.getsizeof(v) + sys.getsizeof(i) for v, i in as_dict.items())
+    assert compact.nbytes / n <= 18 and compact.nbytes * 5 < dict_bytes, (compact.nbytes / n, dict_bytes / n)
+    out = np.empty(3, np.int64)
+    compact.find([values[0], values[-1], b"unseen!"], OOV_ID, out)
+    assert out.tolist() == [transforms.FIRST_ID, transforms.FIRST_ID + n - 1, OOV_ID]

@@ -221,3 +221,24 @@ def test_the_compact_map_costs_far_less_than_a_dict_per_entry():
     found = np.empty(3, np.int32)
     m.find(np.array([keys[0], keys[-1], -5], np.int64), found)
     assert found[0] == out[0] and found[1] == out[-1] and found[2] == -1
+
+
+def test_the_warm_file_keeps_the_most_looked_up_rows_up_to_its_cap(tmp_path):
+    from ensemble.tables import export
+
+    (tmp_path / files.TABLES_DIR).mkdir()
+    rng = np.random.default_rng(4)
+    touched = []
+    for c, rows in enumerate([2_000_000, 50, 3_000_000]):  # the small table (50 rows) stays out of it
+        ids = np.sort(rng.choice(rows, 40, replace=False)).astype(np.int64)
+        touched.append(training.Touched(training.TableShape(f"t{c}", rows, c), ids,
+                                        rng.random((40, 8), dtype=np.float32), rng.integers(1, 1000, 40).astype(np.uint32)))
+    said = []
+    cap = 30 * files.row_bytes("fp16", 8)
+    export._write_warm(tmp_path, touched, "fp16", 8, {}, max_bytes=cap, log=said.append)
+    keys = np.load(tmp_path / files.TABLES_DIR / files.WARM_KEYS)
+    everyone = [(int(n), (c << files.KEY_SHIFT) | int(i)) for c in (0, 2) for i, n in zip(touched[c].ids, touched[c].counts)]
+    expected = [k for _, k in sorted(everyone, key=lambda e: (-e[0], e[1]))[:30]]
+    assert keys.tolist() == expected
+    assert files.read_header(tmp_path / files.TABLES_DIR / files.WARM_ROWS).rows == 30
+    assert said and "30 most looked-up of 80" in said[0]
