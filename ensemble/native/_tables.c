@@ -2270,8 +2270,13 @@ PyMODINIT_FUNC PyInit__tables(void) {
     TableError = PyErr_NewException("ensemble.native._tables.TableError", PyExc_RuntimeError, NULL);
     PyObject *capsule = PyCapsule_New((void *)&DLRM_API, ENSEMBLE_TABLES_CAPSULE, NULL);
     PyObject *stats = PyCapsule_New((void *)&STATS_API, ENSEMBLE_TABLES_STATS_CAPSULE, NULL);
-    if (stats == NULL || PyModule_AddObject(m, "_C_STATS_" ENSEMBLE_API_VERSION, stats) < 0) {
-        Py_XDECREF(stats);
+    PyObject *stats_3 = PyCapsule_New((void *)&STATS_API, ENSEMBLE_TABLES_STATS_CAPSULE_3, NULL);
+    const int added = stats != NULL && stats_3 != NULL &&
+                      PyModule_AddObjectRef(m, "_C_STATS_" ENSEMBLE_TABLES_STATS_VERSION, stats) == 0 &&
+                      PyModule_AddObjectRef(m, "_C_STATS_3", stats_3) == 0;
+    Py_XDECREF(stats);
+    Py_XDECREF(stats_3);
+    if (!added) {
         Py_XDECREF(capsule);
         Py_DECREF(m);
         return NULL;

@@ -44,7 +44,7 @@ static inline uint64_t ensemble_wire_offset(const unsigned char *wire, uint64_t 
     }
     return at;
 }
-#define ENSEMBLE_API_VERSION "4"
+#define ENSEMBLE_API_VERSION "3"
 #define ENSEMBLE_API_ATTRIBUTE "_C_API_" ENSEMBLE_API_VERSION
 
 /* ensemble.native._trees: the trees as arrays (ensemble.models.xgb.TreeArrays). */
@@ -85,7 +85,12 @@ typedef struct {
 
 /* ensemble.native._tables: a Store's counters (a _tables.Store object), read without the interpreter's lock
  * (the native backend's ensemble_table_* metrics). */
-#define ENSEMBLE_TABLES_STATS_CAPSULE "ensemble.native._tables._C_STATS_" ENSEMBLE_API_VERSION
+/* The stats entry points have a version of their own: reading_seconds was added at the end in version 4, and
+ * the module also offers the same struct under version 3's name, so a release's backend built before it
+ * (which reads only the fields before) keeps its row store metrics without a new export. */
+#define ENSEMBLE_TABLES_STATS_VERSION "4"
+#define ENSEMBLE_TABLES_STATS_CAPSULE "ensemble.native._tables._C_STATS_" ENSEMBLE_TABLES_STATS_VERSION
+#define ENSEMBLE_TABLES_STATS_CAPSULE_3 "ensemble.native._tables._C_STATS_3"
 enum { /* a table's counters, in the order counters() writes them */
     ENSEMBLE_TABLE_LOOKUPS, ENSEMBLE_TABLE_UNIQUE, ENSEMBLE_TABLE_HITS, ENSEMBLE_TABLE_COLD_ROWS,
     ENSEMBLE_TABLE_COLD_BLOCKS, ENSEMBLE_TABLE_COLD_BYTES, ENSEMBLE_TABLE_READ_ERRORS,
