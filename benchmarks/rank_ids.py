@@ -30,7 +30,8 @@ import numpy as np
 
 from benchmarks import percentile, write_results
 from benchmarks.closed_loop import _LUA, wrk
-from ensemble import dataset, materialize, online
+from ensemble import dataset, online
+from ensemble.online import materialize
 from ensemble.machine import summary
 from ensemble.models.registry import Layout
 
@@ -105,7 +106,7 @@ def run(args) -> dict:
     from clients.triton import RankerClient, Retry
     from ensemble.data import movielens
     from ensemble.operate.server import ServerOptions, TritonServer, free_port, free_ports
-    from ensemble.store_server import LocalRedis
+    from ensemble.online.local import LocalRedis
 
     work = Path(tempfile.mkdtemp(prefix="rank-ids-"))
     redis = LocalRedis(free_port(), work)

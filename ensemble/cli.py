@@ -391,7 +391,8 @@ def cmd_rank(args) -> int:
 def cmd_materialize(args) -> int:
     import json
 
-    from ensemble import dataset, materialize, online
+    from ensemble import dataset, online
+    from ensemble.online import materialize
 
     url = args.store or os.environ.get(online.ENV["url"])
     if not url:

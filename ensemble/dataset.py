@@ -17,7 +17,7 @@ A spec file::
     [context]                    # optional
     continuous = ["age"]
     categorical = ["user_id", "gender"]
-    key = "user_id"              # optional: the entity key (ranking by ids, ensemble/online.py)
+    key = "user_id"              # optional: the entity key (ranking by ids, ensemble/online/)
 
     [candidate]
     continuous = ["release_year"]

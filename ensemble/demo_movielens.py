@@ -144,10 +144,10 @@ def _local_store(frame, spec: dataset.DatasetSpec, server: ServerOptions, workdi
     server runs the native layout and Redis is installed; else None, said."""
     import shutil
 
-    from ensemble import materialize
+    from ensemble.online import materialize
     from ensemble.models.registry import Layout
     from ensemble.operate.server import free_port
-    from ensemble.store_server import LocalRedis
+    from ensemble.online.local import LocalRedis
 
     if Layout(server.layout) is not Layout.NATIVE or server.store is not None:
         return None

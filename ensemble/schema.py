@@ -216,7 +216,7 @@ CANDIDATE_CATEGORICAL = Tensor("candidate_categorical", DType.STRING, (-1, 0))
 TOP_K = Tensor("top_k", DType.INT32, (1,))  # optional; absent or 0: every candidate
 ORDER = Tensor("order", DType.INT32, (-1,))  # candidate indices, best first
 CANDIDATE_SCORES = Tensor("scores", DType.FP32, (-1,))  # the blended score of every candidate, in input order
-# Ranking by ids (ensemble/online.py): the user (the spec's context key) and the items (its candidate key)
+# Ranking by ids (ensemble/online/): the user (the spec's context key) and the items (its candidate key)
 # instead of their features, which the rank model reads from the online store. ``dropped``: the indices
 # of the item ids the store does not hold, when the server drops unknown items (their scores are NaN and
 # they are not in ``order``); empty otherwise.

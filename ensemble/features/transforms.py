@@ -216,7 +216,7 @@ class LeanTransform:
     max_items: tuple[int, ...] = ()
     list_separator: bytes = b"|"
     id_columns: tuple[str, ...] = ()
-    dataset: str = "criteo"  # the spec's name (the online store's key prefix: ensemble/online.py)
+    dataset: str = "criteo"  # the spec's name (the online store's key prefix: ensemble/online/)
 
     @classmethod
     def load(cls, workflow_dir: str | Path, compact_from: int = COMPACT_FROM) -> "LeanTransform":

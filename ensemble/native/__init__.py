@@ -6,7 +6,7 @@ compiles it), Python otherwise. Both produce the same objects; tests compare the
   element (1.2 ms for the 2,600 strings of a 100-row request here), a plain Python loop 0.45 ms.
 - :func:`join_wire`: the reverse, for the clients (tritonclient's own loop is per element too).
 - :func:`gather`: the online store's cache hit: every key's pair of stored parts from a dict, each part
-  joined in key order, or None when a key is absent (ensemble/online.py).
+  joined in key order, or None when a key is absent (ensemble/online/).
 - :func:`lookup`: row-major values -> int64 ids, one dict per column (the categorical encoding).
 - :class:`Vocabulary`: the same dicts as hash tables in C, looked up straight from Triton's BYTES wire
   buffer (no bytes object per value; the Python form splits the buffer and calls :func:`lookup`).

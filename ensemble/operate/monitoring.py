@@ -22,7 +22,7 @@ DASHBOARD = PROJECT_ROOT / "docker" / "grafana" / "dashboards" / "ranker.json"
 # The dashboard's fleet panels also read the Envoy gateway's statistics, which no tritonserver exports.
 GATEWAY_METRIC_PREFIX = "envoy_"
 # Its online-store panels read the rank model's lookup counters, which appear once a ranking request by
-# ids has been served (ensemble/online.py; backend.c, "the model's own counters").
+# ids has been served (ensemble/online/; backend.c, "the model's own counters").
 STORE_METRIC_PREFIX = "ensemble_store_"
 # Its experiment panels read what exists only during an experiment: shadow scoring's records (with a
 # shadow share, ensemble/native/backend_shadow.c) and the per-arm counts of ranking requests (requests

@@ -283,7 +283,7 @@ class TritonServer:
             from ensemble.models.engines import REQUIRE_ENV
 
             env[REQUIRE_ENV] = "1"
-        if self.options.store is not None:  # the rank model reads it at load (ensemble/online.py)
+        if self.options.store is not None:  # the rank model reads it at load (ensemble/online/)
             env.update(self.options.store.environment())
         env.update(self.options.tables)  # a row store DLRM reads them at load (ensemble/tables/serving.py)
         return allocator.preloaded(env, self.options.allocator)

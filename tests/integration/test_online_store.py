@@ -1,4 +1,4 @@
-"""Lookups of the online store (ensemble/online.py) against a real redis-server: the cache's bound and
+"""Lookups of the online store (ensemble/online/) against a real redis-server: the cache's bound and
 TTL, unknown ids, staleness, authentication, and one round trip per lookup."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ensemble import dataset, materialize, online
+from ensemble import dataset, online
+from ensemble.online import materialize
 from ensemble.operate.server import free_port
-from ensemble.store_server import LocalRedis
+from ensemble.online.local import LocalRedis
 
 SPEC = dataset.parse_spec("""
 name = "shop"

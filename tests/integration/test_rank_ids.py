@@ -11,11 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ensemble import dataset, materialize, online, schema
+from ensemble import dataset, online, schema
+from ensemble.online import materialize
 from ensemble.data import movielens
 from ensemble.models.registry import Layout
 from ensemble.operate.server import ServerOptions, TritonServer, free_port, free_ports
-from ensemble.store_server import LocalRedis, LocalRedisCluster, cluster_ports
+from ensemble.online.local import LocalRedis, LocalRedisCluster, cluster_ports
 
 SPEC = dataset.load_spec(movielens.SPEC)
 

@@ -280,7 +280,7 @@ def test_a_fleets_cold_tier_in_a_redis_cluster_gives_the_disks_answers(row_store
     from clients.triton import RankerClient
     from ensemble import cli
     from ensemble.native import _tables
-    from ensemble.store_server import LocalRedisCluster, cluster_ports
+    from ensemble.online.local import LocalRedisCluster, cluster_ports
 
     if not _tables.has_redis():
         pytest.fail("this build has no Redis client: install libhiredis-dev (make setup does)")

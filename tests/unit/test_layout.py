@@ -7,9 +7,10 @@ function-level import counts as much as one at the top of a file):
 1. the dataset's contract: ``dataset``, ``schema``.
 2. ``data``, 3. ``features``, 4. ``models`` (training and the scorers) and ``tables`` (the row store of tables
    larger than memory), 5. ``repository`` (releases).
-6. ``scoring`` (the in-process scorer) and ``online`` (the feature store's lookup).
+6. ``scoring`` (the in-process scorer) and ``online`` (the feature store: its format and lookup).
 7. ``serving``: what runs inside Triton's process.
-8. the operator's side of one server (``operate``), the store's tools, training runs, the README's figures.
+8. the operator's side of one server (``operate``), the store's tools (``online.materialize``, ``online.local``),
+   training runs, the README's figures.
 9. ``fleet`` and ``check``; 10. ``clients``; 11. ``loadtest``; 12. the composition roots: the command line,
    the demos, the GPU acceptance run and ``benchmarks``.
 """
@@ -53,8 +54,8 @@ def test_ensemble_imports_clients_and_loadtest_only_from_the_command_line_and_de
 
 def test_folders_are_the_roles_and_nesting_stops_at_one_level():
     folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
-    assert folders == ["check", "data", "features", "fleet", "models", "native", "operate", "repository", "scoring",
-                       "serving", "tables"]
+    assert folders == ["check", "data", "features", "fleet", "models", "native", "online", "operate", "repository",
+                       "scoring", "serving", "tables"]
     assert not [p for p in PACKAGE.glob("*/*/__init__.py")], "no package deeper than ensemble/<role>/"
 
 
@@ -64,9 +65,9 @@ LAYERS = {
     "ensemble.grpc_polling": 0, "ensemble.model_size": 0,
     "ensemble.dataset": 1, "ensemble.schema": 1,
     "ensemble.data": 2, "ensemble.features": 3, "ensemble.models": 4, "ensemble.tables": 4, "ensemble.repository": 5,
-    "ensemble.scoring": 6, "ensemble.online": 6,
+    "ensemble.scoring": 6, "ensemble.online": 6, "ensemble.online.materialize": 8, "ensemble.online.local": 8,
     "ensemble.serving": 7,
-    "ensemble.operate": 8, "ensemble.materialize": 8, "ensemble.store_server": 8, "ensemble.training": 8,
+    "ensemble.operate": 8, "ensemble.training": 8,
     "ensemble.readme_figures": 8,
     "ensemble.fleet": 9, "ensemble.check": 9,
     "clients": 10, "loadtest": 11,

@@ -1,4 +1,4 @@
-"""The online store's row format and settings (ensemble/online.py); the lookups against a real
+"""The online store's row format and settings (ensemble/online/); the lookups against a real
 redis-server are tested in tests/integration/test_online_store.py and test_rank_ids.py."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ensemble import dataset, materialize, online
+from ensemble import dataset, online
+from ensemble.online import materialize
 
 
 def test_a_stored_row_reads_back_exactly():

@@ -1,41 +1,20 @@
-"""The online feature store: each entity's latest features in Redis, read when a ranking request
-names a user and item ids instead of sending their features.
-
-Layout in the store (one dataset spec per key prefix, ``ensemble:<spec name>``):
-
-- ``<prefix>:meta``: JSON describing the stored rows (per side: its key column, the key's index in the
-  side's categorical values, how many continuous and categorical values a row holds), written by
-  ``ensemble materialize``; the server checks it against the ranker's widths before the first lookup.
-- ``<prefix>:context:<id>`` and ``<prefix>:candidate:<id>``: one entity's row (:func:`encode_row`):
-  its freshness (the spec's time column of the latest row materialized, seconds since the epoch),
-  its side's continuous values as float32 and its categorical values as bytes, exactly the values a
-  ranking request with inline features carries for it (the key's own value included).
-
-A lookup (:class:`FeatureLookup`) reads whatever its in-process cache (bounded in entries, each kept
-at most ``ttl_s``) does not hold with one ``MGET`` (Redis Cluster: one pipelined ``MGET`` per node),
-and builds the four tensors of the equivalent inline request. Every unusual case is counted by
-reason (:data:`REASONS`).
-"""
+"""Lookups of one dataset's entities in the online store (:class:`FeatureLookup`, for the ``rank`` model) and
+the settings ``ensemble serve --store`` hands it (:class:`StoreSettings`)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-import struct
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
 from ensemble import native
-
-CONTEXT, CANDIDATE = "context", "candidate"
-_HEAD = struct.Struct("<dHH")  # freshness, continuous values, categorical values
-_LENGTH = struct.Struct("<I")
+from ensemble.online.codec import CANDIDATE, CONTEXT, Side, entity_key, meta_key
+from ensemble.online.transport import StoreError, connect, mget, redacted
 
 # What a lookup counts (ensemble_store_lookups_total{reason}): entities found in the cache or the store,
 # unknown users (scored with default context features), unknown items (dropped or scored with defaults),
@@ -52,116 +31,11 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
 
 
-class StoreError(Exception):
-    """The store did not answer in time or could not be reached (503 / UNAVAILABLE, naming it)."""
-
 
 class Unservable(ValueError):
     """A request the store's contents cannot serve (400 / INVALID_ARGUMENT): a stale entity refused,
     no candidates left, or a store holding another dataset."""
 
-
-def prefix(dataset: str) -> str:
-    return f"ensemble:{dataset}"
-
-
-def entity_key(dataset: str, side: str, entity_id: bytes | str) -> bytes:
-    ident = entity_id.encode() if isinstance(entity_id, str) else bytes(entity_id)
-    return f"{prefix(dataset)}:{side}:".encode() + ident
-
-
-def meta_key(dataset: str) -> str:
-    return f"{prefix(dataset)}:meta"
-
-
-def encode_row(freshness: float, dense, categorical) -> bytes:
-    """One entity's stored value: freshness, float32 continuous values, length-prefixed bytes values."""
-    dense = np.ascontiguousarray(dense, np.float32).reshape(-1)
-    parts = [_HEAD.pack(float(freshness), dense.size, len(categorical)), dense.tobytes()]
-    for value in categorical:
-        value = bytes(value)
-        parts += [_LENGTH.pack(len(value)), value]
-    return b"".join(parts)
-
-
-def decode_row(value: bytes) -> tuple[float, np.ndarray, tuple[bytes, ...]]:
-    """(freshness, float32 continuous values, categorical values) of a stored value; ValueError when
-    it is not one."""
-    try:
-        freshness, n_dense, n_cat = _HEAD.unpack_from(value, 0)
-        at = _HEAD.size + 4 * n_dense
-        dense = np.frombuffer(value, np.float32, n_dense, _HEAD.size)
-        cats = []
-        for _ in range(n_cat):
-            (length,) = _LENGTH.unpack_from(value, at)
-            at += _LENGTH.size
-            if at + length > len(value):
-                raise ValueError("truncated")
-            cats.append(value[at:at + length])
-            at += length
-    except (struct.error, ValueError) as exc:
-        raise ValueError(f"not a stored feature row ({exc})") from None
-    if at != len(value):
-        raise ValueError("not a stored feature row (trailing bytes)")
-    return freshness, dense, tuple(cats)
-
-
-def redacted(url: str) -> str:
-    """The store's URL without its password (what errors and logs name)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username + ':' if parts.username else ''}***@{host}{f':{parts.port}' if parts.port else ''}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-def connect(url: str, timeout_s: float = 1.0):
-    """A client of the store at ``url`` (``redis://`` or ``rediss://``, with auth), in cluster mode when
-    the server says it is a cluster node. No retries: a failure is answered at once, not after backoff."""
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    options = dict(socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0),
-                   health_check_interval=0)
-    single = redis.Redis.from_url(url, **options)
-    try:
-        clustered = single.info("cluster").get("cluster_enabled") == 1
-    except redis.RedisError as exc:
-        single.close()
-        raise StoreError(f"the feature store {redacted(url)} is unreachable: {exc}") from None
-    if not clustered:
-        return single
-    single.close()
-    from redis.cluster import RedisCluster
-
-    return RedisCluster.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                 retry=Retry(NoBackoff(), 0))
-
-
-def mget(client, keys: list[bytes]) -> list[bytes | None]:
-    """The values of ``keys`` in one round trip per store node."""
-    if not keys:
-        return []
-    if hasattr(client, "mget_nonatomic"):  # a cluster client: one pipelined MGET per node
-        return client.mget_nonatomic(keys)
-    try:
-        import hiredis
-    except ImportError:  # pragma: no cover - pinned beside redis in requirements.txt
-        return client.mget(keys)
-    # The command packed in C and sent on a pooled connection: redis-py's own MGET packs its arguments in
-    # Python (~20 us of 100 on a 100-key lookup here).
-    pool = client.connection_pool
-    connection = pool.get_connection()
-    try:
-        connection.send_packed_command([hiredis.pack_command((b"MGET", *keys))], check_health=False)
-        return connection.read_response()
-    except BaseException:
-        connection.disconnect()
-        raise
-    finally:
-        pool.release(connection)
 
 
 @dataclass
@@ -176,66 +50,6 @@ class Rows:
     dropped: np.ndarray  # int32 indices of the requested items dropped (unknown), in request order
     counts: dict[str, int] = field(default_factory=dict)
 
-
-@dataclass(frozen=True)
-class Side:
-    """One side's stored rows, from the meta record."""
-
-    key: str
-    key_index: int
-    dense: int
-    categorical: int
-
-    def default(self, entity_id: bytes) -> tuple[np.ndarray, tuple[bytes, ...]]:
-        """An unknown entity's row: every continuous value missing (NaN), every categorical value
-        missing (empty) but its key, as an inline request for a new user or item would carry."""
-        cats = [b""] * self.categorical
-        cats[self.key_index] = entity_id
-        return np.full(self.dense, np.nan, np.float32), tuple(cats)
-
-    def default_value(self, entity_id: bytes) -> bytes:
-        """:meth:`default` as a stored value, fresh forever."""
-        return encode_row(math.inf, *self.default(entity_id))
-
-    @functools.cached_property
-    def head(self) -> np.dtype:
-        """A stored value's fixed part (freshness, widths, continuous values) as a numpy record."""
-        return np.dtype([("t", "<f8"), ("nd", "<u2"), ("nc", "<u2"), ("d", "<f4", (self.dense,))])
-
-    def split(self, value: bytes) -> tuple[bytes, bytes]:
-        """A stored value's fixed part (freshness, widths, continuous values) and its categorical part
-        (Triton's BYTES wire format)."""
-        fixed = self.head.itemsize
-        return value[:fixed], value[fixed:]
-
-    def check(self, heads: bytes, cats: bytes, n: int) -> None:
-        """Refuse (ValueError) ``n`` stored values from the store, given as :meth:`decode` takes them,
-        that are not rows of this side's widths; done once per value, when it comes from the store."""
-        try:
-            records = np.frombuffer(heads, self.head)
-        except ValueError:
-            raise ValueError("the store holds a malformed feature row") from None
-        if len(records) != n or (records["nd"] != self.dense).any() or (records["nc"] != self.categorical).any():
-            raise ValueError("the store holds a feature row of other widths than its meta record says")
-        if self.categorical and len(native.split_wire(cats)) != n * self.categorical:
-            raise ValueError("the store holds a malformed feature row")
-
-    def row(self, value: bytes) -> tuple[float, np.ndarray, np.ndarray]:
-        """One stored value from the store, checked and decoded: (freshness, continuous, categorical)."""
-        head, cats = self.split(value)
-        self.check(head, cats, 1)
-        freshness, dense, values = self.decode(head, cats, 1)
-        return float(freshness[0]), dense[0], values[0]
-
-    def decode(self, heads: bytes, cats: bytes, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(freshness [n], continuous [n x dense] float32, categorical [n x categorical] bytes) of ``n``
-        checked stored values (:meth:`check`) given as their fixed parts joined and their categorical
-        parts joined: the first read as one record array, the second split in C."""
-        records = np.frombuffer(heads, self.head)
-        values = native.split_wire(cats) if self.categorical else []
-        out = np.empty(n * self.categorical, object)
-        out[:] = values
-        return records["t"], records["d"].reshape(n, self.dense), out.reshape(n, self.categorical)
 
 
 class FeatureLookup:

@@ -1,4 +1,4 @@
-"""A local Redis for the online store (ensemble/online.py): one ``redis-server`` on loopback, or a Redis
+"""A local Redis for the online store (ensemble/online/): one ``redis-server`` on loopback, or a Redis
 Cluster of several, started and stopped as the project starts tritonserver and Envoy. The demo and the
 tests use them; production names its own store by URL (``ensemble serve --store``).
 

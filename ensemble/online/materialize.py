@@ -1,4 +1,4 @@
-"""``ensemble materialize``: each entity's latest features into the online store (ensemble/online.py).
+"""``ensemble materialize``: each entity's latest features into the online store (ensemble/online/).
 
 For each side of the spec that names a key (``[context] key``, ``[candidate] key``), the latest row of
 every entity (by the spec's time column; the last in file order without one) becomes its stored row:
