@@ -166,7 +166,8 @@ def _measure(path: Path, out: Path, settings: ScoreSettings, repeats: int, serve
 
 
 def run(args) -> list[dict]:
-    from ensemble.operate.server import ServerOptions, TritonServer, free_port
+    from ensemble.operate.server import ServerOptions, TritonServer
+    from ensemble.machine import free_port
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

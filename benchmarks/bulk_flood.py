@@ -76,7 +76,8 @@ def run(repository: Path, objective_ms: float, rounds: int, seconds: float, rate
     import_grpc()
     from ensemble.data import criteo
     from ensemble.features import transforms
-    from ensemble.operate.server import ServerOptions, TritonServer, free_port
+    from ensemble.operate.server import ServerOptions, TritonServer
+    from ensemble.machine import free_port
 
     frame = criteo.synthesize(criteo.SynthConfig(rows=bulk_rows, scale=0.01, seed=23)).frame
     dense, cats = transforms.dense_array(frame), transforms.encode_categorical(frame)

@@ -88,7 +88,8 @@ def run(args) -> list[dict]:
     from ensemble.fleet.envoy import Envoy
     from ensemble.fleet.fleet import serving_release
     from ensemble.fleet.gateway import Gateway, Replica, write_routes
-    from ensemble.operate.server import ServerOptions, TritonServer, free_port
+    from ensemble.operate.server import ServerOptions, TritonServer
+    from ensemble.machine import free_port
 
     if args.client_cpu is not None:
         os.sched_setaffinity(0, {args.client_cpu})

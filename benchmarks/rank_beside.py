@@ -84,7 +84,8 @@ def run(repository: Path, rounds: int, seconds: float, protocol: str, candidates
     import_grpc()
     from ensemble.data import criteo
     from ensemble.features import transforms
-    from ensemble.operate.server import ServerOptions, TritonServer, free_port
+    from ensemble.operate.server import ServerOptions, TritonServer
+    from ensemble.machine import free_port
 
     frame = criteo.synthesize(criteo.SynthConfig(rows=max(candidates, 1000), scale=0.01, seed=29)).frame
     dense, cats = transforms.dense_array(frame), transforms.encode_categorical(frame)

@@ -105,7 +105,8 @@ def _sequential(clients: dict, requests, count: int) -> dict[str, list[float]]:
 def run(args) -> dict:
     from clients.triton import RankerClient, Retry
     from ensemble.data import movielens
-    from ensemble.operate.server import ServerOptions, TritonServer, free_port, free_ports
+    from ensemble.operate.server import ServerOptions, TritonServer
+    from ensemble.machine import free_port, free_ports
     from ensemble.online.local import LocalRedis
 
     work = Path(tempfile.mkdtemp(prefix="rank-ids-"))

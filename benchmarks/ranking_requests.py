@@ -50,7 +50,8 @@ def _inputs(spec: dataset.DatasetSpec, candidates: int, seed: int = 11):
 def run(args) -> list[dict]:
     from clients.triton import RankerClient
     from ensemble.scoring.ranking import broadcast
-    from ensemble.operate.server import ServerOptions, TritonServer, free_port
+    from ensemble.operate.server import ServerOptions, TritonServer
+    from ensemble.machine import free_port
 
     spec = dataset.load_spec(args.dataset)
     widths = schema.Widths.of(spec)

@@ -29,7 +29,8 @@ def run(repository: Path, blocks: int, requests: int, rows: tuple[int, ...], lat
     from ensemble.demo import _percentiles, _timed
     from ensemble.features import transforms
     from ensemble.operate.monitoring import LatencySummaries
-    from ensemble.operate.server import ServerOptions, TritonServer, free_port
+    from ensemble.operate.server import ServerOptions, TritonServer
+    from ensemble.machine import free_port
 
     frame = criteo.synthesize(criteo.SynthConfig(rows=max(rows), scale=0.01, seed=31)).frame
     dense, cats = transforms.dense_array(frame), transforms.encode_categorical(frame)

@@ -214,7 +214,7 @@ class Keys:
 # ----- serving -----
 
 def start_server(repository: Path, out: Path, cache_gib: float, extra: list[str], cpus: str | None):
-    from ensemble.operate.server import free_port
+    from ensemble.machine import free_port
 
     ports = [free_port() for _ in range(3)]
     log = out / "tables-server.log"

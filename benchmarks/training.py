@@ -93,7 +93,7 @@ def tail_rows(path: Path, rows: int, out: Path) -> Path:
 
 def serve_and_score(repository: Path, rows_file: Path, work: Path, env: dict) -> dict:
     """Start `ensemble serve` on the exported repository, score the rows over HTTP, stop it."""
-    from ensemble.operate.server import free_port
+    from ensemble.machine import free_port
 
     ports = [str(free_port()) for _ in range(3)]
     log = work / "serve.log"

@@ -4,7 +4,8 @@ One folder per role, in pipeline order (each imports only its own layer and thos
 ``tests/unit/test_layout.py``): ``native/`` (every C source and the native backend) -> ``schema`` and
 ``dataset`` (the contract, ``datasets/``) -> ``data/`` -> ``features/`` -> ``models/`` and ``tables/``
 (tables larger than memory) ->
-``repository/`` (configs, export, the declared release) -> ``scoring/`` (the in-process scorer) ->
+``repository/`` (configs, export, the declared release) -> ``scoring/`` (the in-process scorer) and
+``online/`` (the online store) ->
 ``serving/`` (what runs inside Triton's process) -> ``operate/`` (one server) -> ``fleet/`` and
 ``check/`` -> ``cli`` (the composition root). The README's Layout section lists the same folders,
 and ``tests/unit/test_docs.py`` holds both to the tree.

@@ -26,13 +26,14 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ensemble import schema
+from ensemble.features.fresh import fresh_rows
+from ensemble.operate.lifecycle import wait_ready
 from ensemble.models import triton_releases
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,32 +101,6 @@ def parse_gpus(csv_text: str) -> list[dict[str, str]]:
         name, driver, memory = (part.strip() for part in line.rsplit(",", 2))
         gpus.append({"name": name, "driver": driver, "memory": memory})
     return gpus
-
-
-def wait_ready(url: str, timeout: float, poll: float = 2.0) -> float:
-    """Poll ``/v2/health/ready`` until it answers 200; seconds waited. Raises TimeoutError."""
-    import urllib.request
-
-    start = time.monotonic()
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5) as reply:
-                if reply.status == 200:
-                    return time.monotonic() - start
-        except OSError:
-            pass
-        if time.monotonic() - start > timeout:
-            raise TimeoutError(f"{url} not ready after {timeout:.0f} s")
-        time.sleep(poll)
-
-
-def fresh_rows(rows: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(dense [B x 13], categorical [B x 26] bytes, labels [B]) from the synthetic generator."""
-    from ensemble.data import criteo
-    from ensemble.features import transforms
-
-    frame = criteo.synthesize(criteo.SynthConfig(rows=rows, scale=0.1, seed=seed)).frame
-    return transforms.dense_array(frame), transforms.encode_categorical(frame), frame[schema.LABEL].to_numpy()
 
 
 def score_served(url: str, dense: np.ndarray, categorical: np.ndarray) -> dict[str, np.ndarray]:
@@ -257,11 +232,11 @@ def run(options: AcceptanceOptions) -> Report:
     options.out.mkdir(parents=True, exist_ok=True)
     try:
         _run(steps["up"])
-        report.ready_after_s = wait_ready(options.url, options.ready_timeout)
+        report.ready_after_s = wait_ready(options.url, None, options.ready_timeout, "the GPU server", poll=2.0)
         report.gpus = _gpus(options)
         shutil.rmtree(options.out / "repository", ignore_errors=True)
         _run(steps["copy_repository"])
-        dense, categorical, labels = fresh_rows(options.rows, options.seed)
+        dense, categorical, labels = fresh_rows(options.rows, options.seed, scale=0.1, labels=True)
         gpu = score_served(options.url, dense, categorical)
         cpu = score_in_process(options.out / "repository", dense, categorical)
         report.comparisons = [{**asdict(c), "ok": c.ok} for c in compare(gpu, cpu, labels)]

@@ -146,7 +146,7 @@ def _local_store(frame, spec: dataset.DatasetSpec, server: ServerOptions, workdi
 
     from ensemble.online import materialize
     from ensemble.models.registry import Layout
-    from ensemble.operate.server import free_port
+    from ensemble.machine import free_port
     from ensemble.online.local import LocalRedis
 
     if Layout(server.layout) is not Layout.NATIVE or server.store is not None:

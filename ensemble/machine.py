@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 import platform
 import shutil
 import subprocess
@@ -201,3 +202,52 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# Ports this process has handed out. Each is free when picked but is bound only later, by whoever
+# asked, so the system could hand it out again meanwhile: a process never hands a port out twice.
+_HANDED_OUT: set[int] = set()
+_HANDING_OUT = threading.Lock()
+
+
+def free_port() -> int:
+    """A port nothing listens on, never one this process handed out before."""
+    return free_ports(1)[0]
+
+
+def free_ports(count: int, avoid=()) -> list[int]:
+    """``count`` different free ports, none in ``avoid`` (ports already promised to something that has
+    not bound them yet) and none this process handed out before. Every socket stays bound until all
+    are picked, so the system cannot give one port twice."""
+    import socket
+
+    held, ports = [], []
+    with _HANDING_OUT:
+        taken = _HANDED_OUT | set(avoid)
+        try:
+            while len(ports) < count:
+                s = socket.socket()
+                held.append(s)  # held even when refused, so the next bind gets another port
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+                if port not in taken:
+                    ports.append(port)
+        finally:
+            for s in held:
+                s.close()
+        _HANDED_OUT.update(ports)
+    return ports
+
+
+def port_free(host: str, port: int) -> bool:
+    """True when nothing listens on ``host:port`` (SO_REUSEADDR: a closed server's lingering
+    connections do not count)."""
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True

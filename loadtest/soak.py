@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--url needs --pid (the server's memory is part of the report)")
         found = soak(args.url.split("://", 1)[-1].rstrip("/"), _tree_rss(args.pid), plan)
     else:
-        from ensemble.operate.server import ServerOptions, TritonServer, free_port
+        from ensemble.operate.server import ServerOptions, TritonServer
+        from ensemble.machine import free_port
 
         options = ServerOptions(Path(args.repository), http_port=free_port(), grpc_port=free_port(),
                                 metrics_port=free_port())

@@ -59,7 +59,8 @@ def movielens_run(tmp_path_factory):
     from ensemble.demo_movielens import DLRM_EPOCHS, run_movielens_demo
     from ensemble.models.dlrm import DLRMConfig
     from ensemble.models.registry import Layout
-    from ensemble.operate.server import ServerOptions, free_port
+    from ensemble.operate.server import ServerOptions
+    from ensemble.machine import free_port
     from ensemble.training import TrainConfig
 
     root = tmp_path_factory.mktemp("movielens")

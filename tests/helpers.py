@@ -26,14 +26,10 @@ T = TypeVar("T")
 
 
 def fresh_rows(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """New random rows (a different seed from training: unseen values included) plus edge cases."""
-    from ensemble.features import transforms
-    from ensemble.data.edge_cases import edge_case_rows
+    """The project's fresh rows at the suite's vocabulary scale, the edge cases added."""
+    from ensemble.features.fresh import fresh_rows as rows
 
-    frame = criteo.synthesize(criteo.SynthConfig(rows=n, scale=SYNTH.scale, seed=seed)).frame
-    edge_dense, edge_cats = edge_case_rows(np.random.default_rng(seed))
-    return (np.concatenate([transforms.dense_array(frame), edge_dense]),
-            np.concatenate([transforms.encode_categorical(frame), edge_cats]))
+    return rows(n, seed, scale=SYNTH.scale, edge_cases=True)
 
 
 def thread_ticks(pid: int) -> dict[str, tuple[int, int]]:
@@ -165,7 +161,7 @@ def learnable_tensors(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.nda
 def fleet_ports(replicas: int = 2) -> tuple[int, int, int]:
     """Free ports for a fleet's gateway (HTTP, gRPC) and its first replica's metrics port, chosen so
     that replica i's metrics port (the first + i) is free and is neither gateway port."""
-    from ensemble.operate.server import free_ports, port_free
+    from ensemble.machine import free_ports, port_free
 
     for _ in range(50):
         http, grpc, metrics = free_ports(3)

@@ -40,7 +40,8 @@ from ensemble.fleet.gateway import Gateway, Replica, routes_version, write_route
 from ensemble.repository import declared
 from ensemble.operate.control import Control, ControlError
 from ensemble.operate.records import run_dir
-from ensemble.operate.deploy import PARITY_ATOL, DeployError, available_releases, check_release, fresh_rows
+from ensemble.features.fresh import fresh_rows
+from ensemble.operate.deploy import PARITY_ATOL, DeployError, available_releases, check_release
 
 RETIRE_AFTER = 2.0  # seconds between the switch and unloading the old release
 APPLY_TIMEOUT = 10.0  # seconds the gateway has to report the new routes
@@ -182,7 +183,7 @@ def parity_checks(pipelines: dict) -> dict:
     """Per release, fresh rows and the scores ``pipelines[release]`` gives them in this process."""
     checks = {}
     for release, pipeline in pipelines.items():
-        dense, cats = fresh_rows(pipeline.widths, seed=7)
+        dense, cats = fresh_rows(seed=7, widths=pipeline.widths)
         checks[release] = (dense, cats, pipeline.score(dense, cats))
     return checks
 

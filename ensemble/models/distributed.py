@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Iterator
 
+from ensemble.machine import free_port
 from ensemble.device import Device
 
 
@@ -86,12 +87,6 @@ def train_trees(client, config, train_shards, valid_shards, device: Device = Dev
     return booster[: booster.best_iteration + 1]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _ddp_rank(rank: int, world: int, address: str, port: int, config, train_shards, valid_shards,
@@ -179,7 +174,7 @@ def train_torch(config, train_shards, valid_shards, work_dir, client=None, world
         workers = sorted(client.scheduler_info()["workers"])
         world = len(workers)
         address = workers[0].split("://", 1)[-1].rsplit(":", 1)[0]
-        port = client.submit(_free_port, workers=[workers[0]], pure=False).result()
+        port = client.submit(free_port, workers=[workers[0]], pure=False).result()
         futures = [client.submit(_ddp_rank, rank, world, address, port, config, train_shards, valid_shards,
                                  buffer_rows, out_file, workers=[w], pure=False, allow_other_workers=False)
                    for rank, w in enumerate(workers)]
@@ -187,7 +182,7 @@ def train_torch(config, train_shards, valid_shards, work_dir, client=None, world
     else:
         import torch.multiprocessing as mp
 
-        port = _free_port()
+        port = free_port()
         context = mp.get_context("spawn")
         with context.Pool(world) as pool:
             summaries = pool.starmap(_ddp_rank, [(rank, world, "127.0.0.1", port, config, train_shards, valid_shards,

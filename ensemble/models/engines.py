@@ -76,19 +76,14 @@ class EngineUnavailable(RuntimeError):
 
 
 def cpu() -> dict:
-    """This machine's CPU model and the instruction-set flags the engines care about."""
-    model, flags = "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and model == "unknown":
-                model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
+    """This machine's CPU model and the instruction-set flags the engines care about (from
+    :func:`ensemble.machine.cpu`, the one reader of /proc/cpuinfo)."""
+    from ensemble import machine
+
+    found = machine.cpu()
     wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx_vnni", "avx512_vnni")
-    return {"model": model, "flags": [f for f in wanted if f in flags]}
+    return {"model": found["name"] if found["name"] != "unknown CPU" else "unknown",
+            "flags": [f for f in wanted if f in found["flags"]]}
 
 
 def has_bf16(machine: dict | None = None) -> bool:

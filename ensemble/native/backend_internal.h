@@ -50,10 +50,9 @@
 #define MODEL_FAMILIES 4 /* families of the models' own counters (backend_statistics.c) */
 #define MODEL_SERIES 16  /* series of the model's own counters one model version holds */
 #define SHADOW_SERIES 32 /* series of shadow scoring one model version holds */
-#define SCORE_BUCKETS 16 /* buckets of the served-score distribution, the last one +Inf */
 #define ARM_RELEASES 8   /* releases one model version counts requests for (backend_statistics.c) */
-/* one release's series: its score distribution, then answered and failed requests, then seconds */
-enum { ARM_ANSWERED = SCORE_BUCKETS + 2, ARM_FAILED, ARM_SECONDS, ARM_METRICS };
+/* one release's series: its score histogram, then answered and failed requests, then seconds */
+enum { ARM_SCORES, ARM_ANSWERED, ARM_FAILED, ARM_SECONDS, ARM_METRICS };
 
 typedef struct {
     PyObject *model;        /* ensemble.serving.embedded.Model */
@@ -92,10 +91,9 @@ typedef struct {
         char label[32];
         TRITONSERVER_Metric *metric;
     } series[MODEL_SERIES];
-    /* The distribution of the blended scores this version answers (backend_statistics.c): its bucket
-     * series, then its _count and _sum (NULL: not counted); the blended score's row in the C path's
-     * score array (-1: none). */
-    TRITONSERVER_Metric *served[SCORE_BUCKETS + 2];
+    /* The histogram of the blended scores this version answers (backend_statistics.c; NULL: not counted);
+     * the blended score's row in the C path's score array (-1: none). */
+    TRITONSERVER_Metric *served;
     int score_output;
     /* The releases requests named, each with its series (backend_statistics.c, "requests per arm"). */
     int n_arms;
@@ -184,13 +182,15 @@ void count_path(ModelState *state, int path, uint32_t requests);
 void create_path_metrics(ModelState *state, const char *name, uint64_t version);
 void ensure_model_families(void);
 void create_served_metrics(ModelState *state);
-void count_scores(TRITONSERVER_Metric *const *series, const float *scores, int64_t rows);
+void count_scores(TRITONSERVER_Metric *histogram, const float *scores, int64_t rows);
 void count_arm(ModelState *state, const char *release, bool answered, uint64_t nanoseconds, const float *scores,
                int64_t rows);
 void delete_served_metrics(ModelState *state);
 TRITONSERVER_MetricFamily *new_family(TS_MetricKind kind, const char *name, const char *help);
 TRITONSERVER_Metric *labelled(TRITONSERVER_MetricFamily *family, const char *const *names,
                               const char *const *values, int count, double value);
+TRITONSERVER_Metric *labelled_histogram(TRITONSERVER_MetricFamily *family, const char *const *names,
+                                        const char *const *values, int count, const double *bounds, uint64_t n_bounds);
 TRITONSERVER_Metric *model_series(ModelState *state, int family, const char *label);
 void report(Reporter *reporter, TRITONBACKEND_ModelInstance *instance, const Report *item);
 void *reporter_main(void *arg);

@@ -78,29 +78,10 @@ static TRITONSERVER_Metric *series(ModelState *state, int kind, uint64_t candida
         if (family != NULL && kind >= SHADOW_SCORED) {
             found = labelled(family, names, values, 4, 0.0);
         } else if (family != NULL) {
-            const TRITONSERVER_Parameter *labels[3];
-            bool made = true; /* every label made (Triton may have no memory for one) */
-            for (int k = 0; k < 3; k++) {
-                labels[k] = TRITONSERVER_ParameterNew(names[k], TS_PARAMETER_STRING, values[k]);
-                made = made && labels[k] != NULL;
-            }
-            TRITONSERVER_MetricArgs *args = NULL;
-            TRITONSERVER_Error *err = made ? TRITONSERVER_MetricArgsNew(&args) : NULL;
-            const double *bounds = kind == SHADOW_DIFFERENCE ? difference_buckets : overlap_buckets;
-            const uint64_t n = kind == SHADOW_DIFFERENCE ? sizeof difference_buckets / sizeof(double)
-                                                         : sizeof overlap_buckets / sizeof(double);
-            if (made && err == NULL) err = TRITONSERVER_MetricArgsSetHistogram(args, bounds, n);
-            if (made && err == NULL) err = TRITONSERVER_MetricNewWithArgs(&found, family, labels, 3, args);
-            if (err) {
-                TRITONSERVER_ErrorDelete(err);
-                found = NULL;
-            }
-            if (args) {
-                err = TRITONSERVER_MetricArgsDelete(args);
-                if (err) TRITONSERVER_ErrorDelete(err);
-            }
-            for (int k = 0; k < 3; k++)
-                if (labels[k]) TRITONSERVER_ParameterDelete((TRITONSERVER_Parameter *)labels[k]);
+            const bool difference = kind == SHADOW_DIFFERENCE;
+            found = labelled_histogram(family, names, values, 3, difference ? difference_buckets : overlap_buckets,
+                                       difference ? sizeof difference_buckets / sizeof(double)
+                                                  : sizeof overlap_buckets / sizeof(double));
         }
         if (found != NULL) {
             state->shadow[state->n_shadow].kind = kind;

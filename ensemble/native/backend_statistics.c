@@ -33,22 +33,13 @@ static pthread_once_t model_families_once = PTHREAD_ONCE_INIT;
 /* Which path scored each request: declared, so a C path that declines requests shows in the metrics. */
 static TRITONSERVER_MetricFamily *path_family;
 
-/* The served-score distribution's families: buckets, count, sum (see "served scores" below). */
-static TRITONSERVER_MetricFamily *served_families[3];
-static const ModelFamily served_specs[3] = {
-    {"ensemble_served_score_bucket",
-     "rows answered with a blended score at most le, by model version (cumulative, a histogram's buckets)"},
-    {"ensemble_served_score_count", "rows answered with a blended score, by model version"},
-    {"ensemble_served_score_sum", "sum of the blended scores answered, by model version"},
-};
+/* The served scores' histogram family (see "served scores" below). */
+static TRITONSERVER_MetricFamily *served_family;
 
-/* The per-release families (see "requests per arm" below): score buckets, _count, _sum; requests; seconds. */
-static TRITONSERVER_MetricFamily *arm_families[5];
-static const ModelFamily arm_specs[5] = {
-    {"ensemble_arm_score_bucket",
-     "rows answered with a blended score at most le, by the release a request named (cumulative buckets)"},
-    {"ensemble_arm_score_count", "rows answered with a blended score, by the release a request named"},
-    {"ensemble_arm_score_sum", "sum of the blended scores answered, by the release a request named"},
+/* The per-release families (see "requests per arm" below): the scores' histogram; requests; seconds. */
+static TRITONSERVER_MetricFamily *arm_families[3];
+static const ModelFamily arm_specs[3] = {
+    {"ensemble_arm_score", "blended scores answered, by the release a request named (a histogram)"},
     {"ensemble_arm_requests_total", "requests that named the release scoring them, by outcome: answered, failed"},
     {"ensemble_arm_request_seconds_total", "seconds from the call's start to the answer, by the release a request named"},
 };
@@ -74,8 +65,11 @@ static void create_model_families(void) {
         TS_METRIC_COUNTER, "ensemble_backend_requests_total",
         "requests the native backend scored, by path: c (planned and scored in C by the release's chain) or "
         "python (through the model's execute: a request that is not plain, or any request of a model without a C path)");
-    counter_families(served_families, served_specs, 3);
-    counter_families(arm_families, arm_specs, 5);
+    served_family = new_family(TS_METRIC_HISTOGRAM, "ensemble_served_score",
+                               "blended scores answered, by model version (a histogram: NaN, an item the online store "
+                               "does not hold, is not a score)");
+    arm_families[0] = new_family(TS_METRIC_HISTOGRAM, arm_specs[0].name, arm_specs[0].help);
+    counter_families(arm_families + 1, arm_specs + 1, 2);
     counter_families(model_families, model_family_specs, MODEL_FAMILIES);
 }
 
@@ -114,6 +108,32 @@ TRITONSERVER_Metric *labelled(TRITONSERVER_MetricFamily *family, const char *con
     }
     if ((err = TRITONSERVER_MetricSet(metric, value))) TRITONSERVER_ErrorDelete(err);
     return metric;
+}
+
+/* A histogram series of `family` with these bucket bounds (the last bucket, +Inf, implied), labelled as
+ * `labelled` labels; NULL when Triton cannot make it. */
+TRITONSERVER_Metric *labelled_histogram(TRITONSERVER_MetricFamily *family, const char *const *names,
+                                        const char *const *values, int count, const double *bounds, uint64_t n_bounds) {
+    const TRITONSERVER_Parameter *labels[5];
+    if (family == NULL || count > 5) return NULL;
+    bool made = true;
+    for (int k = 0; k < count; k++) {
+        labels[k] = values[k] ? TRITONSERVER_ParameterNew(names[k], TS_PARAMETER_STRING, values[k]) : NULL;
+        made = made && labels[k] != NULL;
+    }
+    TRITONSERVER_Metric *metric = NULL;
+    TRITONSERVER_MetricArgs *args = NULL;
+    TRITONSERVER_Error *err = made ? TRITONSERVER_MetricArgsNew(&args) : NULL;
+    if (made && err == NULL) err = TRITONSERVER_MetricArgsSetHistogram(args, bounds, n_bounds);
+    if (made && err == NULL) err = TRITONSERVER_MetricNewWithArgs(&metric, family, labels, (uint64_t)count, args);
+    if (err) {
+        TRITONSERVER_ErrorDelete(err);
+        metric = NULL;
+    }
+    if (args && (err = TRITONSERVER_MetricArgsDelete(args))) TRITONSERVER_ErrorDelete(err);
+    for (int k = 0; k < count; k++)
+        if (labels[k]) TRITONSERVER_ParameterDelete((TRITONSERVER_Parameter *)labels[k]);
+    return made ? metric : NULL;
 }
 
 /* ----- statistics, reported off the answering thread -----
@@ -226,37 +246,19 @@ void ensure_model_families(void) { pthread_once(&model_families_once, create_mod
 
 /* ----- served scores -----
  *
- * Each version counts the blended score of every row it answers (the ranker's "score", the rank model's
- * "scores"; NaN, an item the online store does not hold, is not a score) in
- * ensemble_served_score_bucket{model, version, le}, _count and _sum: a Prometheus histogram by its
- * names (histogram_quantile reads the buckets), kept as counters so that a request's rows are binned
- * here first and added in at most SCORE_BUCKETS + 2 increments, where a histogram would take one
- * observation per row. Scores are probabilities: the bounds are finer near 0, where most of them lie. */
-static const double score_bounds[SCORE_BUCKETS - 1] = {0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4,
-                                                       0.5,  0.6,  0.7,  0.8, 0.9,  0.95, 0.99};
-
-/* A score distribution's series in `out` (SCORE_BUCKETS buckets, then _count and _sum) of the three
- * families from `families`, labelled `values` (`count` of them, named `names`, which has room for "le"
- * after them). */
-static void score_series(TRITONSERVER_MetricFamily *const *families, const char **names, const char **values,
-                         int count, TRITONSERVER_Metric **out) {
-    names[count] = "le";
-    for (int b = 0; b < SCORE_BUCKETS && families[0] != NULL; b++) {
-        char bound[24];
-        if (b < SCORE_BUCKETS - 1) snprintf(bound, sizeof bound, "%g", score_bounds[b]);
-        else snprintf(bound, sizeof bound, "+Inf");
-        values[count] = bound;
-        out[b] = labelled(families[0], names, values, count + 1, 0.0);
-    }
-    for (int f = 1; f < 3; f++)
-        if (families[f] != NULL) out[SCORE_BUCKETS + f - 1] = labelled(families[f], names, values, count, 0.0);
-}
+ * Each version observes the blended score of every row it answers (the ranker's "score", the rank model's
+ * "scores"; NaN, an item the online store does not hold, is not a score) in the histogram
+ * ensemble_served_score{model, version} (its _bucket{le}, _count and _sum series, typed histogram in
+ * Prometheus's metadata), after the answer is sent. Scores are probabilities: the bounds are finer near 0,
+ * where most of them lie. */
+static const double score_bounds[] = {0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99};
+#define SCORE_BOUNDS (sizeof score_bounds / sizeof score_bounds[0])
 
 void create_served_metrics(ModelState *state) {
     pthread_once(&model_families_once, create_model_families);
-    const char *names[3] = {"model", "version"};
-    const char *values[3] = {state->metric_model, state->metric_version};
-    score_series(served_families, names, values, 2, state->served);
+    const char *names[2] = {"model", "version"};
+    const char *values[2] = {state->metric_model, state->metric_version};
+    state->served = labelled_histogram(served_family, names, values, 2, score_bounds, SCORE_BOUNDS);
 }
 
 static void add(TRITONSERVER_Metric *metric, double value) {
@@ -265,26 +267,16 @@ static void add(TRITONSERVER_Metric *metric, double value) {
     if (err) TRITONSERVER_ErrorDelete(err);
 }
 
-void count_scores(TRITONSERVER_Metric *const *series, const float *scores, int64_t rows) {
-    uint64_t counts[SCORE_BUCKETS] = {0}, n = 0;
-    double sum = 0.0;
+void count_scores(TRITONSERVER_Metric *histogram, const float *scores, int64_t rows) {
+    if (histogram == NULL) return;
     for (int64_t i = 0; i < rows; i++) {
-        float score = scores[i];
-        if (isnan(score)) continue;
-        int b = 0;
-        while (b < SCORE_BUCKETS - 1 && score > score_bounds[b]) b++;
-        counts[b]++;
-        n++;
-        sum += score;
+        if (isnan(scores[i])) continue;
+        TRITONSERVER_Error *err = TRITONSERVER_MetricObserve(histogram, (double)scores[i]);
+        if (err) {
+            TRITONSERVER_ErrorDelete(err);
+            return;
+        }
     }
-    if (n == 0) return;
-    uint64_t upto = 0;
-    for (int b = 0; b < SCORE_BUCKETS; b++) {
-        upto += counts[b];
-        if (upto > 0) add(series[b], (double)upto);
-    }
-    add(series[SCORE_BUCKETS], (double)n);
-    if (sum > 0) add(series[SCORE_BUCKETS + 1], sum);
 }
 
 static void delete_series(TRITONSERVER_Metric **series, int n) {
@@ -297,7 +289,7 @@ static void delete_series(TRITONSERVER_Metric **series, int n) {
 }
 
 void delete_served_metrics(ModelState *state) {
-    delete_series(state->served, SCORE_BUCKETS + 2);
+    delete_series(&state->served, 1);
     for (int a = 0; a < state->n_arms; a++) delete_series(state->arms[a].series, ARM_METRICS);
     state->n_arms = 0;
 }
@@ -308,8 +300,7 @@ void delete_served_metrics(ModelState *state) {
  * the gateway names each request's arm) and is answered through the model's execute (a ranking
  * request) is counted per release as well: ensemble_arm_requests_total{model, version, release,
  * outcome} (answered or failed), ensemble_arm_request_seconds_total{model, version, release} (from the
- * call's start to the answer) and its answer's scores in ensemble_arm_score_bucket{..., le}, _count
- * and _sum. A release gets series once a request naming it is answered (so it is one this server
+ * call's start to the answer) and its answer's scores in the histogram ensemble_arm_score{..., release}. A release gets series once a request naming it is answered (so it is one this server
  * scores with, not any text a client sends), up to ARM_RELEASES per version; failures count for
  * releases that have series. Called with the interpreter's lock held, which guards the table. */
 
@@ -325,13 +316,13 @@ static TRITONSERVER_Metric **arm_series(ModelState *state, const char *release, 
     snprintf(state->arms[state->n_arms].release, sizeof state->arms[0].release, "%s", release);
     const char *names[4] = {"model", "version", "release"};
     const char *values[4] = {state->metric_model, state->metric_version, release};
-    score_series(arm_families, names, values, 3, series); /* its buckets name the fourth label "le" */
+    series[ARM_SCORES] = labelled_histogram(arm_families[0], names, values, 3, score_bounds, SCORE_BOUNDS);
     names[3] = "outcome";
-    for (int k = 0; k < 2 && arm_families[3] != NULL; k++) {
+    for (int k = 0; k < 2 && arm_families[1] != NULL; k++) {
         values[3] = k == 0 ? "answered" : "failed";
-        series[ARM_ANSWERED + k] = labelled(arm_families[3], names, values, 4, 0.0);
+        series[ARM_ANSWERED + k] = labelled(arm_families[1], names, values, 4, 0.0);
     }
-    if (arm_families[4] != NULL) series[ARM_SECONDS] = labelled(arm_families[4], names, values, 3, 0.0);
+    if (arm_families[2] != NULL) series[ARM_SECONDS] = labelled(arm_families[2], names, values, 3, 0.0);
     state->n_arms++;
     return series;
 }
@@ -343,5 +334,5 @@ void count_arm(ModelState *state, const char *release, bool answered, uint64_t n
     if (series == NULL) return;
     add(series[answered ? ARM_ANSWERED : ARM_FAILED], 1.0);
     add(series[ARM_SECONDS], (double)nanoseconds * 1e-9);
-    if (scores != NULL) count_scores(series, scores, rows);
+    if (scores != NULL) count_scores(series[ARM_SCORES], scores, rows);
 }

@@ -31,6 +31,7 @@ import numpy as np
 from ensemble import schema
 from ensemble.data import criteo
 from ensemble.features import transforms
+from ensemble.features.fresh import fresh_rows
 from ensemble.models import manifest
 from ensemble.repository import declared
 from ensemble.operate.control import Control, ControlError
@@ -61,21 +62,6 @@ def recorded_auc(repository: str | Path, release: int) -> float | None:
     return info.get("test", {}).get("blend", {}).get("auc")
 
 
-def fresh_rows(widths: schema.Widths = schema.CRITEO_WIDTHS, n: int = 256,
-               seed: int = 20261122) -> tuple[np.ndarray, np.ndarray]:
-    """Rows no release was trained on, of a dataset's ``widths``: synthetic Criteo rows for Criteo,
-    else random values (unseen categories, missing values included) for another dataset."""
-    if widths == schema.CRITEO_WIDTHS:
-        frame = criteo.synthesize(criteo.SynthConfig(rows=n, scale=0.01, seed=seed)).frame
-        return transforms.dense_array(frame), transforms.encode_categorical(frame)
-    rng = np.random.default_rng(seed)
-    dense = rng.normal(0, 10, (n, widths.dense)).astype(np.float32)
-    dense[rng.random(dense.shape) < 0.1] = np.nan
-    categorical = np.array([[f"fresh-{v:x}".encode() for v in row] for row in rng.integers(0, 2**20, (n, widths.categorical))],
-                           dtype=object)
-    return dense, categorical
-
-
 def _holdout_aucs(holdout: str | Path, *pipelines: Pipeline) -> list[float]:
     """Each pipeline's AUC on one labelled file (read and encoded once)."""
     from ensemble.models.metrics import auc
@@ -102,7 +88,7 @@ def check_release(repository: str | Path, release: int, serving: int | None,
         pipeline = Pipeline.from_repository(repository, threads=1, release=release)
     except Exception as exc:  # noqa: BLE001 - any load failure refuses the release
         raise DeployError(f"release {release} refused: it does not load: {type(exc).__name__}: {exc}") from exc
-    scores = pipeline.score(*fresh_rows(pipeline.widths))
+    scores = pipeline.score(*fresh_rows(widths=pipeline.widths))
     bad = [name for name, value in scores.items() if not (np.isfinite(value).all() and (0 <= value).all()
                                                           and (value <= 1).all())]
     if bad:
@@ -126,7 +112,7 @@ def check_release(repository: str | Path, release: int, serving: int | None,
 
 
 def _served_parity(url: str, pipeline: Pipeline) -> float:
-    dense, cats = fresh_rows(pipeline.widths, seed=7)
+    dense, cats = fresh_rows(seed=7, widths=pipeline.widths)
     served = Control.of(url).infer(dense, cats)
     local = pipeline.score(dense, cats)
     return max(float(np.max(np.abs(served[k] - local[k].ravel()))) for k in served)

@@ -21,19 +21,21 @@ def http_ready(base_url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def wait_ready(base_url: str, process: subprocess.Popen | None, timeout: float = 180.0, what: str = "server") -> None:
-    """Poll readiness until it answers 200; fail early when ``process`` exits first.
+def wait_ready(base_url: str, process: subprocess.Popen | None = None, timeout: float = 180.0, what: str = "server",
+               poll: float = 0.5) -> float:
+    """Poll readiness every ``poll`` seconds until it answers 200; fail early when ``process`` exits first.
+    Returns the seconds waited.
 
     Raises:
         RuntimeError: the process exited, or readiness did not come within ``timeout`` seconds.
     """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"{what} exited with code {process.returncode}")
         if http_ready(base_url):
-            return
-        time.sleep(0.5)
+            return time.monotonic() - start
+        time.sleep(poll)
     raise RuntimeError(f"{what} at {base_url} not ready after {timeout:.0f}s")
 
 

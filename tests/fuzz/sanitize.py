@@ -182,7 +182,8 @@ def leak_check(preload: str) -> str | None:
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
-    from ensemble.operate.server import find_tritonserver, free_ports
+    from ensemble.operate.server import find_tritonserver
+    from ensemble.machine import free_ports
 
     shutil.rmtree(LEAK_CHECK, ignore_errors=True)
     model = LEAK_CHECK / "repository" / "leaky"

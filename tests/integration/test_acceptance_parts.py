@@ -8,20 +8,23 @@ from __future__ import annotations
 import pytest
 
 from ensemble import acceptance
+from ensemble.features.fresh import fresh_rows
 from ensemble.data import criteo
 
 
 def test_wait_ready_on_a_running_server_and_timeout_on_a_closed_port(server):
-    from ensemble.operate.server import free_port
+    from ensemble.machine import free_port
 
-    assert acceptance.wait_ready(f"http://{server.http_url}", timeout=30) < 30
-    with pytest.raises(TimeoutError, match="not ready after"):
-        acceptance.wait_ready(f"http://127.0.0.1:{free_port()}", timeout=1.0, poll=0.2)
+    from ensemble.operate.lifecycle import wait_ready
+
+    assert wait_ready(f"http://{server.http_url}", timeout=30) < 30
+    with pytest.raises(RuntimeError, match="not ready after"):
+        wait_ready(f"http://127.0.0.1:{free_port()}", timeout=1.0, poll=0.2)
 
 
 def test_served_and_in_process_scores_compare_and_report(server, trained, tmp_path):
     url = f"http://{server.http_url}"
-    dense, categorical, labels = acceptance.fresh_rows(600, seed=99)
+    dense, categorical, labels = fresh_rows(600, seed=99, scale=0.1, labels=True)
     served = acceptance.score_served(url, dense, categorical)
     local = acceptance.score_in_process(trained.repository, dense, categorical)
     comparisons = acceptance.compare(served, local, labels)

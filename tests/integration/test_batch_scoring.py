@@ -21,7 +21,8 @@ from clients.scoring import read_parts, score_files
 from ensemble import cli, schema
 from ensemble.data import criteo
 from ensemble.operate.control import admin_headers
-from ensemble.operate.server import ServerOptions, TritonServer, free_port
+from ensemble.operate.server import ServerOptions, TritonServer
+from ensemble.machine import free_port
 from tests.helpers import SYNTH
 
 

@@ -20,7 +20,8 @@ from ensemble.models import manifest
 from ensemble.repository.export import TrainedArtifacts, export_repository
 from ensemble.schema import Model
 from ensemble.scoring.pipeline import Pipeline, release_versions
-from ensemble.operate.server import ServerError, ServerOptions, TritonServer, free_port
+from ensemble.operate.server import ServerError, ServerOptions, TritonServer
+from ensemble.machine import free_port
 from ensemble.features import transforms
 from tests.helpers import ADMIN_KEY
 

@@ -17,7 +17,8 @@ from ensemble.fleet.prometheus import GATEWAY_JOB, TRITON_JOB, Prometheus, scrap
 from ensemble.operate.monitoring import (DASHBOARD, EXPERIMENT_METRIC_PREFIXES, STORE_METRIC_PREFIX, TABLE_METRIC_PREFIX,
                                          dashboard_queries)
 from ensemble.operate.monitoring import LatencySummaries
-from ensemble.operate.server import ServerOptions, free_port
+from ensemble.operate.server import ServerOptions
+from ensemble.machine import free_port
 from tests.helpers import ADMIN_KEY, fleet_ports, fresh_rows
 
 RATE_WINDOW = "20s"  # Grafana's $__rate_interval for a 1 s scrape: at least four scrapes

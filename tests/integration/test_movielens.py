@@ -17,7 +17,8 @@ from ensemble import dataset, schema
 from ensemble.data import movielens
 from ensemble.models.registry import Layout
 from ensemble.scoring.pipeline import Pipeline
-from ensemble.operate.server import ServerOptions, TritonServer, free_port
+from ensemble.operate.server import ServerOptions, TritonServer
+from ensemble.machine import free_port
 from tests.helpers import post_infer
 
 

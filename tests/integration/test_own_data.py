@@ -14,7 +14,8 @@ import pytest
 from ensemble import dataset, schema
 from ensemble.models.registry import Layout
 from ensemble.scoring.pipeline import Pipeline
-from ensemble.operate.server import ServerOptions, TritonServer, free_port
+from ensemble.operate.server import ServerOptions, TritonServer
+from ensemble.machine import free_port
 
 SPEC = """
 name = "shop"

@@ -15,7 +15,8 @@ from ensemble import dataset, online, schema
 from ensemble.online import materialize
 from ensemble.data import movielens
 from ensemble.models.registry import Layout
-from ensemble.operate.server import ServerOptions, TritonServer, free_port, free_ports
+from ensemble.operate.server import ServerOptions, TritonServer
+from ensemble.machine import free_port, free_ports
 from ensemble.online.local import LocalRedis, LocalRedisCluster, cluster_ports
 
 SPEC = dataset.load_spec(movielens.SPEC)

@@ -244,8 +244,8 @@ def test_the_native_backend_counts_the_path_of_every_request(servers, rows, expe
 
 
 def test_the_native_backend_counts_the_scores_it_answers(servers, rows):
-    """Every blended score a version answers lands in ensemble_served_score_bucket{model, version, le}
-    (cumulative), _count and _sum: the ranker's plain requests scored in C, and ranking requests
+    """Every blended score a version answers is observed in the histogram ensemble_served_score{model, version}
+    (its _bucket{le}, _count and _sum): the ranker's plain requests scored in C, and ranking requests
     (the rank model's "scores", answered from Python). The deltas equal the answered scores binned
     here, exactly."""
     import time
@@ -259,7 +259,10 @@ def test_the_native_backend_counts_the_scores_it_answers(servers, rows):
 
     def served(model: str) -> dict:
         with urllib.request.urlopen(srv.metrics_url, timeout=10) as reply:
-            samples = parse_exposition(reply.read().decode())
+            text = reply.read().decode()
+        # a histogram in Prometheus's metadata too, not counters named like one
+        assert "# TYPE ensemble_served_score histogram" in text
+        samples = parse_exposition(text)
         out = {}
         for name in ("bucket", "count", "sum"):
             for labels, value in samples.get(f"ensemble_served_score_{name}", []):

@@ -14,7 +14,8 @@ from ensemble.operate.control import Control, ControlError
 from ensemble.operate.deploy import DeployError, deploy
 from ensemble.repository.export import TrainedArtifacts, export_repository
 from ensemble.schema import Model
-from ensemble.operate.server import ServerOptions, TritonServer, free_port
+from ensemble.operate.server import ServerOptions, TritonServer
+from ensemble.machine import free_port
 from tests.helpers import ADMIN_KEY, Load, fresh_rows
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ensemble.operate import allocator, processes
-from ensemble.operate.server import free_port
+from ensemble.machine import free_port
 
 
 def _serve(repository, *extra):

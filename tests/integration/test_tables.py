@@ -16,7 +16,8 @@ import pytest
 
 from benchmarks.tables import forge
 from ensemble.models.registry import Layout
-from ensemble.operate.server import ServerError, ServerOptions, TritonServer, free_port
+from ensemble.operate.server import ServerError, ServerOptions, TritonServer
+from ensemble.machine import free_port
 from ensemble.schema import Model
 from tests.helpers import ADMIN_KEY
 
