@@ -51,11 +51,11 @@ sanitize: system-test setup
 test-all: setup
 	$(BIN)/python -m pytest tests -q -rs -m "" $(ARGS)
 
-# The GPU acceptance run (ensemble/acceptance.py, docs/gpu-deployment.md): for a host with NVIDIA
+# The GPU acceptance run (ensemble/cli/acceptance.py, docs/gpu-deployment.md): for a host with NVIDIA
 # GPUs, Docker Compose v2 and the NVIDIA Container Toolkit. Never run on this project's machines.
 # ARGS="--dry-run" prints the commands it would run.
 gpu-acceptance: setup
-	$(BIN)/python -m ensemble.acceptance $(ARGS)
+	$(BIN)/python -m ensemble.cli.acceptance $(ARGS)
 
 clean:
 	rm -rf build

@@ -26,7 +26,7 @@ def run(repository: Path, blocks: int, requests: int, rows: tuple[int, ...], lat
     import_grpc()  # first, as an `ensemble` command does (the demo's sample is this measurement)
     from clients.triton import RankerClient
     from ensemble.data import criteo
-    from ensemble.demo import _percentiles, _timed
+    from ensemble.cli.demo import _percentiles, _timed
     from ensemble.features import transforms
     from ensemble.operate.monitoring import LatencySummaries
     from ensemble.operate.server import ServerOptions, TritonServer

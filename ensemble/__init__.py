@@ -7,6 +7,6 @@ One folder per role, in pipeline order (each imports only its own layer and thos
 ``repository/`` (configs, export, the declared release) -> ``scoring/`` (the in-process scorer) and
 ``online/`` (the online store) ->
 ``serving/`` (what runs inside Triton's process) -> ``operate/`` (one server) -> ``fleet/`` and
-``check/`` -> ``cli`` (the composition root). The README's Layout section lists the same folders,
+``check/`` -> ``cli/`` (the composition roots: the command line, the demos). The README's Layout section lists the same folders,
 and ``tests/unit/test_docs.py`` holds both to the tree.
 """

@@ -55,8 +55,8 @@ def pipeline(trained):
 def movielens_run(tmp_path_factory):
     """``ensemble demo --dataset movielens100k`` once per session: (its folder, its summary); the
     repository is ``<folder>/repository``."""
-    from ensemble.demo import DemoOptions
-    from ensemble.demo_movielens import DLRM_EPOCHS, run_movielens_demo
+    from ensemble.cli.demo import DemoOptions
+    from ensemble.cli.demo_movielens import DLRM_EPOCHS, run_movielens_demo
     from ensemble.models.dlrm import DLRMConfig
     from ensemble.models.registry import Layout
     from ensemble.operate.server import ServerOptions

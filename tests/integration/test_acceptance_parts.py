@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ensemble import acceptance
+from ensemble.cli import acceptance
 from ensemble.features.fresh import fresh_rows
 from ensemble.data import criteo
 

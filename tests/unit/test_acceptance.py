@@ -1,4 +1,4 @@
-"""The GPU acceptance run (ensemble/acceptance.py), checked without a GPU or Docker: its commands
+"""The GPU acceptance run (ensemble/cli/acceptance.py), checked without a GPU or Docker: its commands
 agree with docker-compose.yml and the Makefile, and its comparison and report behave. The parts
 that talk to a server run against the real CPU server in tests/integration/test_acceptance_parts.py."""
 
@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from ensemble import schema
-from ensemble import acceptance
+from ensemble.cli import acceptance
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +48,7 @@ def test_dry_run_prints_every_command(capsys):
 
 def test_makefile_target_runs_the_module():
     makefile = (ROOT / "Makefile").read_text()
-    assert re.search(r"^gpu-acceptance: setup\n\t\$\(BIN\)/python -m ensemble\.acceptance \$\(ARGS\)$", makefile, re.M)
+    assert re.search(r"^gpu-acceptance: setup\n\t\$\(BIN\)/python -m ensemble\.cli\.acceptance \$\(ARGS\)$", makefile, re.M)
     assert "gpu-acceptance" in re.search(r"^\.PHONY:.*$", makefile, re.M).group(0)
 
 

@@ -43,7 +43,7 @@ def test_every_option_has_help_and_shows_its_default():
 
 def test_cli_reference_page_is_the_parser():
     """docs/cli.md is generated from the parser; it cannot drift from it."""
-    from ensemble import cli_reference
+    from ensemble.cli import reference as cli_reference
 
     committed = cli_reference.PAGE.read_text() if cli_reference.PAGE.is_file() else ""
     assert committed == cli_reference.render(), (
@@ -52,7 +52,7 @@ def test_cli_reference_page_is_the_parser():
 
 
 def test_cli_reference_names_every_subcommand_and_option():
-    from ensemble import cli_reference
+    from ensemble.cli import reference as cli_reference
 
     page = cli_reference.render()
     for name, parser in _subparsers().items():

@@ -40,7 +40,8 @@ def test_server_flags_off_by_default_and_on_on_request():
 
 
 def test_serve_flags_reach_the_server_options():
-    from ensemble.cli import _server_options, build_parser
+    from ensemble.cli import build_parser
+    from ensemble.cli.common import _server_options
 
     def summaries(*argv: str) -> LatencySummaries:
         return _server_options(build_parser().parse_args(["serve", *argv])).latency_summaries

@@ -36,7 +36,7 @@ from ensemble.features.fresh import fresh_rows
 from ensemble.operate.lifecycle import wait_ready
 from ensemble.models import triton_releases
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 SERVICE = "triton"  # the GPU profile's server in docker-compose.yml
 REPOSITORY_IN_CONTAINER = "/models"  # its --model-repository
@@ -255,7 +255,7 @@ def run(options: AcceptanceOptions) -> Report:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ensemble.acceptance", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ensemble.cli.acceptance", description=__doc__.splitlines()[0])
     defaults = AcceptanceOptions()
     parser.add_argument("--url", default=defaults.url, help="the GPU server's HTTP address")
     parser.add_argument("--out", default=str(defaults.out), help="report folder")

@@ -18,7 +18,7 @@ import numpy as np
 from ensemble import dataset, machine, online, schema, training
 from ensemble.console import native_info_quieted
 from ensemble.data import movielens
-from ensemble.demo import DemoOptions, finish
+from ensemble.cli.demo import DemoOptions, finish
 from ensemble.features import transforms
 from ensemble.models.metrics import auc, ranking_quality
 from ensemble.repository.export import TrainedArtifacts, export_repository

@@ -5,7 +5,7 @@ line and a table of its arguments with their help text and defaults, in the orde
 declares them. ``tests/unit/test_cli.py`` regenerates the page and fails when the committed copy
 differs. Regenerate with::
 
-    .venv/bin/python -m ensemble.cli_reference --write
+    .venv/bin/python -m ensemble.cli.reference --write
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "cli.md"
-COMMAND = ".venv/bin/python -m ensemble.cli_reference --write"
+COMMAND = ".venv/bin/python -m ensemble.cli.reference --write"
 WIDTH = 100  # usage lines wrap here, whatever the terminal (COLUMNS) says
 
 HEADER = f"""# Command-line reference
@@ -83,7 +83,7 @@ def render(parser: argparse.ArgumentParser | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ensemble.cli_reference", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ensemble.cli.reference", description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write {PAGE.relative_to(ROOT)} (default: print it)")
     args = parser.parse_args(argv)
     text = render()
