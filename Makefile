@@ -1,5 +1,5 @@
 # Two commands: `make demo` and `make test`. Both first bring the Debian packages they need
-# (ensemble/machine.py lists them: as root with apt-get it installs the missing ones, otherwise it stops
+# (ensemble/base/machine.py lists them: as root with apt-get it installs the missing ones, otherwise it stops
 # with the one command that would), then set up .venv (idempotent: the stamp file is newer than
 # requirements.txt, pyproject.toml, setup.py and the C sources, so a second run installs nothing; pip
 # also compiles the C extensions and the native backend, and `python -m ensemble.native` says which
@@ -18,7 +18,7 @@ ARGS ?=
 
 # The system's Python runs this before .venv exists (the module needs only the standard library).
 system-setup system-demo system-test:
-	@$(PYTHON_BASE) -m ensemble.machine packages --for $(@:system-%=%) --install
+	@$(PYTHON_BASE) -m ensemble.base.machine packages --for $(@:system-%=%) --install
 
 setup: system-setup $(STAMP)
 

@@ -35,7 +35,7 @@ from clients.triton import RankerClient
 from clients.wire import WireStrings, serialize_bytes
 from ensemble import schema
 from ensemble.data import criteo
-from ensemble.machine import summary
+from ensemble.base.machine import summary
 from ensemble.models.registry import Layout
 from ensemble.operate import processes
 from ensemble.operate.control import admin_headers
@@ -167,7 +167,7 @@ def _measure(path: Path, out: Path, settings: ScoreSettings, repeats: int, serve
 
 def run(args) -> list[dict]:
     from ensemble.operate.server import ServerOptions, TritonServer
-    from ensemble.machine import free_port
+    from ensemble.base.machine import free_port
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

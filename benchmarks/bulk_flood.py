@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks import percentile, write_results
-from ensemble.machine import summary
+from ensemble.base.machine import summary
 
 
 def _flood(url: str, rows, stop: threading.Event, scored: list[int]) -> None:
@@ -71,13 +71,13 @@ def _interactive(url: str, rows, rate: float, seconds: float, objective_s: float
 
 def run(repository: Path, objective_ms: float, rounds: int, seconds: float, rate: float, bulk: int, bulk_rows: int,
         server_cpus: str | None, layout: str = "native") -> list[dict]:
-    from ensemble.grpc_polling import import_grpc
+    from ensemble.base.grpc_polling import import_grpc
 
     import_grpc()
     from ensemble.data import criteo
     from ensemble.features import transforms
     from ensemble.operate.server import ServerOptions, TritonServer
-    from ensemble.machine import free_port
+    from ensemble.base.machine import free_port
 
     frame = criteo.synthesize(criteo.SynthConfig(rows=bulk_rows, scale=0.01, seed=23)).frame
     dense, cats = transforms.dense_array(frame), transforms.encode_categorical(frame)

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble import schema
-from ensemble.machine import summary
+from ensemble.base.machine import summary
 
 TARGETS = ("triton-native-http", "inproc", "mlserver")
 TRITON = TARGETS[0]

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import write_results
-from ensemble.machine import summary
+from ensemble.base.machine import summary
 
 
 def main(argv=None) -> int:

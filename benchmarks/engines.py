@@ -1,5 +1,5 @@
 """The engine study: one DLRM step scored by every inference engine this machine has, at both model sizes
-(``ensemble.model_size.SIZES``), at 1, 16, 100 and 1,000 rows, one thread on one core.
+(``ensemble.base.model_size.SIZES``), at 1, 16, 100 and 1,000 rows, one thread on one core.
 
 Engines, each on the same weights (random, seeded; 26 tables of ``--table-rows`` rows):
 
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import write_results
-from ensemble.machine import summary
+from ensemble.base.machine import summary
 from ensemble.models.engines import per_row_us
 
 ROWS = (1, 16, 100, 1000)
@@ -183,7 +183,7 @@ def measure(engines: dict, table_rows: int, repeats: int, budget: float) -> list
 
 
 def main(argv=None) -> int:
-    from ensemble import model_size
+    from ensemble.base import model_size
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="demo,seed")

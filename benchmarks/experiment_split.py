@@ -32,7 +32,7 @@ from benchmarks import write_results
 from benchmarks.fleet_setup import private_repository, serve_fleet
 from benchmarks.gateway_overhead import one_row_inputs
 from ensemble import schema
-from ensemble.machine import summary
+from ensemble.base.machine import summary
 
 KEY = "x-user"
 

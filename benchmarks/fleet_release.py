@@ -39,7 +39,7 @@ from pathlib import Path
 from benchmarks.fleet_setup import private_repository, serve_fleet
 from benchmarks.gateway_overhead import one_row_inputs
 from ensemble import schema
-from ensemble.machine import summary
+from ensemble.base.machine import summary
 
 RECOVERY_TARGET_S = 10.0
 SHARE_TOLERANCE = 0.15

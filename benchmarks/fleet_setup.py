@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ensemble.machine import free_port
+from ensemble.base.machine import free_port
 
 
 def private_repository(repository: str | Path, workdirs: list[str | Path], prefix: str,

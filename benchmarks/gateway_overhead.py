@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble import schema
-from ensemble.machine import summary
+from ensemble.base.machine import summary
 from ensemble.models.registry import Layout
 from ensemble.operate.server import DEFAULT_LAYOUT
 from benchmarks import percentile
@@ -89,7 +89,7 @@ def run(args) -> list[dict]:
     from ensemble.fleet.fleet import serving_release
     from ensemble.fleet.gateway import Gateway, Replica, write_routes
     from ensemble.operate.server import ServerOptions, TritonServer
-    from ensemble.machine import free_port
+    from ensemble.base.machine import free_port
 
     if args.client_cpu is not None:
         os.sched_setaffinity(0, {args.client_cpu})

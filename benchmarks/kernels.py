@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import write_results
-from ensemble.machine import summary
+from ensemble.base.machine import summary
 
 MODULES = ("_dlrm", "_trees")
 

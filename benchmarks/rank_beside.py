@@ -25,7 +25,7 @@ from pathlib import Path
 
 from benchmarks import percentile, write_results
 from ensemble import schema
-from ensemble.machine import summary
+from ensemble.base.machine import summary
 
 
 def _loop(url: str, protocol: str, rows, seconds: float) -> list[float]:
@@ -51,7 +51,7 @@ def _ranker(url: str, protocol: str, candidates, deadline_s: float, stop, result
     work does not hold the loop's interpreter): latencies of the answered ones, refusals, misses.
     ``idle``: the process runs at SCHED_IDLE, so that its own work (encoding 8,192 candidates, reading
     the answers) never delays the loop's client when both share a core."""
-    from ensemble.grpc_polling import import_grpc
+    from ensemble.base.grpc_polling import import_grpc
 
     import_grpc()
     from clients.triton import RankerClient, Retry
@@ -79,13 +79,13 @@ def _ranker(url: str, protocol: str, candidates, deadline_s: float, stop, result
 def run(repository: Path, rounds: int, seconds: float, protocol: str, candidates: int, deadline_s: float,
         server_cpus: str | None, loop_cpu: int | None, rank_cpu: int | None, idle_client: bool = True,
         layout: str = "native") -> list[dict]:
-    from ensemble.grpc_polling import import_grpc
+    from ensemble.base.grpc_polling import import_grpc
 
     import_grpc()
     from ensemble.data import criteo
     from ensemble.features import transforms
     from ensemble.operate.server import ServerOptions, TritonServer
-    from ensemble.machine import free_port
+    from ensemble.base.machine import free_port
 
     frame = criteo.synthesize(criteo.SynthConfig(rows=max(candidates, 1000), scale=0.01, seed=29)).frame
     dense, cats = transforms.dense_array(frame), transforms.encode_categorical(frame)

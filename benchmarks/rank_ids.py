@@ -32,7 +32,7 @@ from benchmarks import percentile, write_results
 from benchmarks.closed_loop import _LUA, wrk
 from ensemble import dataset, online
 from ensemble.online import materialize
-from ensemble.machine import summary
+from ensemble.base.machine import summary
 from ensemble.models.registry import Layout
 
 CANDIDATES = 100
@@ -106,7 +106,7 @@ def run(args) -> dict:
     from clients.triton import RankerClient, Retry
     from ensemble.data import movielens
     from ensemble.operate.server import ServerOptions, TritonServer
-    from ensemble.machine import free_port, free_ports
+    from ensemble.base.machine import free_port, free_ports
     from ensemble.online.local import LocalRedis
 
     work = Path(tempfile.mkdtemp(prefix="rank-ids-"))

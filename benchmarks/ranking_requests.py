@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble import dataset, schema
-from ensemble.machine import summary
+from ensemble.base.machine import summary
 from ensemble.models.registry import Layout
 from benchmarks import percentile
 
@@ -51,7 +51,7 @@ def run(args) -> list[dict]:
     from clients.triton import RankerClient
     from ensemble.scoring.ranking import broadcast
     from ensemble.operate.server import ServerOptions, TritonServer
-    from ensemble.machine import free_port
+    from ensemble.base.machine import free_port
 
     spec = dataset.load_spec(args.dataset)
     widths = schema.Widths.of(spec)

@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 from benchmarks import write_results
-from ensemble.machine import summary
+from ensemble.base.machine import summary
 
 
 def run(repository: Path, blocks: int, requests: int, rows: tuple[int, ...], latency_summaries: bool,
         server_cpus: str | None = None) -> list[dict]:
-    from ensemble.grpc_polling import import_grpc
+    from ensemble.base.grpc_polling import import_grpc
 
     import_grpc()  # first, as an `ensemble` command does (the demo's sample is this measurement)
     from clients.triton import RankerClient
@@ -30,7 +30,7 @@ def run(repository: Path, blocks: int, requests: int, rows: tuple[int, ...], lat
     from ensemble.features import transforms
     from ensemble.operate.monitoring import LatencySummaries
     from ensemble.operate.server import ServerOptions, TritonServer
-    from ensemble.machine import free_port
+    from ensemble.base.machine import free_port
 
     frame = criteo.synthesize(criteo.SynthConfig(rows=max(rows), scale=0.01, seed=31)).frame
     dense, cats = transforms.dense_array(frame), transforms.encode_categorical(frame)

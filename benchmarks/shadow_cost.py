@@ -39,7 +39,7 @@ import numpy as np
 from benchmarks import write_results
 from benchmarks.fleet_setup import private_repository, serve_fleet
 from ensemble import schema
-from ensemble.machine import summary
+from ensemble.base.machine import summary
 
 
 def _cpu_seconds(pids: list[int]) -> float:

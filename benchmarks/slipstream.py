@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ensemble import machine
+from ensemble.base import machine
 from ensemble.models.slipstream import StaleTracker
 
 ROOT = Path(__file__).resolve().parents[1]

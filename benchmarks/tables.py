@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import percentile, write_results
-from ensemble.machine import summary
+from ensemble.base.machine import summary
 
 # CRC-32 (zlib's, reflected) table and the index of each entry's top byte: forging a value of a given CRC.
 _CRC = [0] * 256
@@ -214,7 +214,7 @@ class Keys:
 # ----- serving -----
 
 def start_server(repository: Path, out: Path, cache_gib: float, extra: list[str], cpus: str | None):
-    from ensemble.machine import free_port
+    from ensemble.base.machine import free_port
 
     ports = [free_port() for _ in range(3)]
     log = out / "tables-server.log"
@@ -367,7 +367,7 @@ def warm_up(address: str, keys_of, args, metrics_url: str, big: set[str]) -> lis
 def serve(repository: Path, out: Path, args, fio_result: dict | None) -> dict:
     """One server: ready and warm times, memory, then per key source the warm-up, sequential 1-row and 100-row
     requests, and (part ``throughput``) closed loops of 100-row requests on the same warmed server."""
-    from ensemble.grpc_polling import import_grpc
+    from ensemble.base.grpc_polling import import_grpc
 
     import_grpc()
     from clients.triton import RankerClient

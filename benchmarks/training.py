@@ -32,7 +32,7 @@ STAGES = ("features", "xgb", "dlrm_torch", "dlrm_tf")
 # Run with the tree under test, or with another checkout on PYTHONPATH (--baseline-tree).
 IN_MEMORY = """
 import sys
-from ensemble import training
+from ensemble.runs import training
 from ensemble.data import criteo
 from ensemble.models.dlrm import DLRMConfig
 from ensemble.models.xgb import XGBConfig
@@ -93,7 +93,7 @@ def tail_rows(path: Path, rows: int, out: Path) -> Path:
 
 def serve_and_score(repository: Path, rows_file: Path, work: Path, env: dict) -> dict:
     """Start `ensemble serve` on the exported repository, score the rows over HTTP, stop it."""
-    from ensemble.machine import free_port
+    from ensemble.base.machine import free_port
 
     ports = [str(free_port()) for _ in range(3)]
     log = work / "serve.log"
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                                         "--repository", str(repository)], work / "export.log", env))
         served = serve_and_score(repository, tail_rows(data, 10_000, work / "tail.tsv"), work, env)
 
-    from ensemble.machine import describe, summary
+    from ensemble.base.machine import describe, summary
 
     results = {
         "name": args.name, "rows": trains[0].report.get("rows", {}) and sum(trains[0].report["rows"].values()),

@@ -426,7 +426,7 @@ def local_pipeline(repository: str):
     progress bar."""
     import os
 
-    from ensemble.console import native_info_quieted
+    from ensemble.base.console import native_info_quieted
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # read when TensorFlow is imported (if it is)
     from ensemble.scoring.pipeline import Pipeline

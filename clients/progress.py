@@ -1,6 +1,6 @@
 """What `ensemble score` shows while it runs: a progress bar over the input's bytes (known before
 the run, so the bar has a total and an ETA) with rows and rows/s beside it (framework log lines are
-kept off the terminal while the bar is drawn: :mod:`ensemble.console`).
+kept off the terminal while the bar is drawn: :mod:`ensemble.base.console`).
 
 Rows are not known before a TSV file is read to its end; bytes are: a plain TSV partition is a
 byte range, a .gz file counts its compressed size (read position of the compressed stream), and

@@ -25,7 +25,7 @@ from clients import adapter
 from clients.wire import WireStrings, serialize_bytes, set_bytes_input
 from ensemble import schema
 from ensemble.dataset import DatasetSpec
-from ensemble.grpc_polling import import_grpc
+from ensemble.base.grpc_polling import import_grpc
 
 
 class Protocol(str, enum.Enum):

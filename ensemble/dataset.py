@@ -30,7 +30,7 @@ A spec file::
     [hash_buckets]               # optional: hash a categorical column's values into N buckets
     user_id = 100000
 
-    [model]                      # optional: the models' size (ensemble/model_size.py)
+    [model]                      # optional: the models' size (ensemble/base/model_size.py)
     size = "seed"
 
 A *multi-hot* column holds a list of values per row (genres, tags): listed under ``multi_hot`` in
@@ -73,7 +73,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from ensemble import model_size
+from ensemble.base import model_size
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "datasets"
 DEFAULT = "criteo"
@@ -118,7 +118,7 @@ class DatasetSpec:
     time: str | None = None
     source: str = "<string>"
     list_separator: str = "|"
-    model: tuple[tuple[str, object], ...] = ()  # the [model] table's settings (ensemble.model_size)
+    model: tuple[tuple[str, object], ...] = ()  # the [model] table's settings (ensemble.base.model_size)
     keys: tuple[tuple[Side, str], ...] = ()  # each side's entity key column, when named (ranking by ids)
 
     def key(self, side: Side) -> str | None:

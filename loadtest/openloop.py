@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         import sys
 
-        from ensemble.machine import describe
+        from ensemble.base.machine import describe
 
         with open(args.json, "w") as handle:
             json.dump({"machine": describe(), "command": " ".join(["python -m loadtest.openloop", *sys.argv[1:]]),

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ensemble import schema
-from ensemble.pins import ROOT, tool_pins
+from ensemble.base.pins import ROOT, tool_pins
 
 TOOLS = ROOT / "build" / "tools" / "perf_analyzer"
 CONCURRENCY = (1, 2, 4, 8, 16, 32)
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     points = sweep(tool, urls, tuple(args.rows), tuple(args.concurrency), args.window_ms, args.cpus)
     print(format_table(points))
     if args.json:
-        from ensemble.machine import describe
+        from ensemble.base.machine import describe
 
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"machine": describe(),

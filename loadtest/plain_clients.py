@@ -20,7 +20,7 @@ from clients.triton import Protocol, build_inputs, build_outputs
 from ensemble import schema
 from ensemble.data import criteo
 from ensemble.features import transforms
-from ensemble.machine import summary
+from ensemble.base.machine import summary
 
 
 def infer_once(client, module, protocol: Protocol, dense, cats) -> None:

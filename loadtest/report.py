@@ -8,7 +8,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ensemble.machine import describe
+from ensemble.base.machine import describe
 from loadtest.cost import cost_table, load_prices, render
 from loadtest.openloop import report_section as overload_section
 from loadtest.perf_analyzer import report_section as perf_analyzer_section

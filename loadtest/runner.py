@@ -143,7 +143,7 @@ class Servers:
     def _start_triton(self, layout: Layout) -> None:
         from ensemble.operate.monitoring import LatencySummaries
         from ensemble.operate.server import ServerOptions, TritonServer
-        from ensemble.machine import free_port
+        from ensemble.base.machine import free_port
 
         log = self.log_dir / f"tritonserver-{layout.value}.log"
         print(f"starting tritonserver ({layout.value} layout; loading the models takes ~10-20 s, log {log}) ...",
@@ -162,7 +162,7 @@ class Servers:
                 self.urls.setdefault(target.value, f"{scheme}://{server.grpc_url if target.grpc else server.http_url}")
 
     def _start_baseline(self, kind: str) -> None:
-        from ensemble.machine import free_port
+        from ensemble.base.machine import free_port
 
         port = free_port()
         env = None

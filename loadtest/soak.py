@@ -74,7 +74,7 @@ def soak(address: str, rss: Callable[[], int], plan: SoakPlan = SoakPlan(),
 
 def write_report(found: dict, path: Path, note: str = "") -> Path:
     """``path`` (Markdown) and ``path.with_suffix('.json')``."""
-    from ensemble.machine import describe
+    from ensemble.base.machine import describe
 
     machine = describe()
     growth = found["rss_growth"]
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         found = soak(args.url.split("://", 1)[-1].rstrip("/"), _tree_rss(args.pid), plan)
     else:
         from ensemble.operate.server import ServerOptions, TritonServer
-        from ensemble.machine import free_port
+        from ensemble.base.machine import free_port
 
         options = ServerOptions(Path(args.repository), http_port=free_port(), grpc_port=free_port(),
                                 metrics_port=free_port())

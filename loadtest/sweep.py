@@ -36,8 +36,8 @@ def _repository_with(source: Path, into: Path, layout: Layout, queue_delay_us: i
 
 def main(argv: list[str] | None = None) -> int:
     from ensemble.operate.server import ServerOptions, TritonServer
-    from ensemble.machine import free_port
-    from ensemble.machine import describe
+    from ensemble.base.machine import free_port
+    from ensemble.base.machine import describe
     from loadtest.runner import Pinning, RunnerOptions, holdout_file, locust_command, read_locust_csv, served_rows_per_s
 
     p = argparse.ArgumentParser(prog="python -m loadtest.sweep", description=__doc__.splitlines()[0])

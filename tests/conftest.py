@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from ensemble.data import criteo
-from ensemble.grpc_polling import import_grpc
+from ensemble.base.grpc_polling import import_grpc
 
 from tests.helpers import SYNTH
 
@@ -28,7 +28,7 @@ class Trained:
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory) -> Trained:
-    from ensemble import training
+    from ensemble.runs import training
     from ensemble.repository.export import TrainedArtifacts, export_repository
     from ensemble.models.dlrm import DLRMConfig
     from ensemble.models.xgb import XGBConfig
@@ -60,8 +60,8 @@ def movielens_run(tmp_path_factory):
     from ensemble.models.dlrm import DLRMConfig
     from ensemble.models.registry import Layout
     from ensemble.operate.server import ServerOptions
-    from ensemble.machine import free_port
-    from ensemble.training import TrainConfig
+    from ensemble.base.machine import free_port
+    from ensemble.runs.training import TrainConfig
 
     root = tmp_path_factory.mktemp("movielens")
     server = ServerOptions(root / "repository", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),

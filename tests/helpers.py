@@ -161,7 +161,7 @@ def learnable_tensors(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.nda
 def fleet_ports(replicas: int = 2) -> tuple[int, int, int]:
     """Free ports for a fleet's gateway (HTTP, gRPC) and its first replica's metrics port, chosen so
     that replica i's metrics port (the first + i) is free and is neither gateway port."""
-    from ensemble.machine import free_ports, port_free
+    from ensemble.base.machine import free_ports, port_free
 
     for _ in range(50):
         http, grpc, metrics = free_ports(3)

@@ -37,9 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="Initializing an NVTabular Dataset in CPU mode")
     args = build_parser().parse_args(argv)
     # Before any library imports grpc (NVTabular does, through tritonclient): the commands' gRPC
-    # clients then poll on their calling threads (ensemble/grpc_polling.py). After the parse, so
+    # clients then poll on their calling threads (ensemble/base/grpc_polling.py). After the parse, so
     # that --help and argument errors answer without it.
-    from ensemble.grpc_polling import import_grpc
+    from ensemble.base.grpc_polling import import_grpc
 
     import_grpc()
     from ensemble.dataset import SpecError

@@ -16,15 +16,15 @@ from ensemble.models.slipstream import SlipstreamConfig
 from ensemble.cli.common import _command, _synth_config, _add_synth, _widths, dataset_shapes
 
 def _train_config(args):
-    from ensemble import training
+    from ensemble.runs import training
     from ensemble.models.dlrm import DLRMConfig
     from ensemble.models.xgb import XGBConfig
-    from ensemble.device import resolve_device
+    from ensemble.base.device import resolve_device
     from ensemble.models.xgb import XGBMatrix
-    from ensemble.training import TrainConfig
+    from ensemble.runs.training import TrainConfig
 
     from ensemble import dataset
-    from ensemble import model_size as sizes
+    from ensemble.base import model_size as sizes
 
     extra = {"xgb_matrix": XGBMatrix(args.xgb_matrix)} if getattr(args, "xgb_matrix", None) else {}
     spec = dataset.load_spec(getattr(args, "dataset", None) or dataset.DEFAULT)
@@ -80,7 +80,7 @@ def cmd_synth(args) -> int:
     return 0
 
 def cmd_train(args) -> int:
-    from ensemble import training
+    from ensemble.runs import training
     from ensemble.models.distributed import dask_client
 
     if args.dask_scheduler and args.dask_local:

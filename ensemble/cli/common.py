@@ -42,7 +42,7 @@ def _add_synth(p: argparse.ArgumentParser, rows: int) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed of the generator")
 
 def _widths(text: str) -> tuple[int, ...]:
-    from ensemble.model_size import SizeError, widths
+    from ensemble.base.model_size import SizeError, widths
 
     try:
         return widths(text)

@@ -11,8 +11,10 @@ from typing import Callable
 
 import numpy as np
 
-from ensemble import machine, schema, training
-from ensemble.console import native_info_quieted
+from ensemble import schema
+from ensemble.base import machine
+from ensemble.runs import training
+from ensemble.base.console import native_info_quieted
 from ensemble.data import criteo
 from ensemble.data.edge_cases import edge_case_rows
 from ensemble.features import transforms
@@ -177,8 +179,8 @@ def _example_scores(pipeline: Pipeline, frame) -> dict[str, float]:
 
 
 def _check_readme(summary: dict, log: Callable[[str], None]) -> None:
-    """Say whether the README's demo figures are this build's (ensemble.readme_figures)."""
-    from ensemble import readme_figures
+    """Say whether the README's demo figures are this build's (ensemble.runs.readme_figures)."""
+    from ensemble.runs import readme_figures
 
     if not readme_figures.README.is_file():
         return

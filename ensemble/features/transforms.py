@@ -26,7 +26,7 @@ import numpy as np
 from ensemble import schema
 from ensemble.dataset import DatasetSpec, Kind, cell_bytes, list_slots
 from ensemble import native
-from ensemble.device import Device
+from ensemble.base.device import Device
 
 LOG = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def fit_workflow(train, out_dir: str | Path, freq_threshold: int | None = 3, dev
         out_dir: the saved workflow directory (NVTabular's format; categories inside).
         freq_threshold: values seen fewer times than this map to the out-of-vocabulary id; None:
             the spec's threshold of each column.
-        device: "gpu" fits on cuDF when cuDF is installed (see :func:`ensemble.device.fit_frame`).
+        device: "gpu" fits on cuDF when cuDF is installed (see :func:`ensemble.base.device.fit_frame`).
         spec: the dataset's columns (default Criteo).
 
     Returns:
@@ -57,7 +57,7 @@ def fit_workflow(train, out_dir: str | Path, freq_threshold: int | None = 3, dev
     """
     import nvtabular as nvt
 
-    from ensemble.device import fit_frame
+    from ensemble.base.device import fit_frame
 
     out_dir = Path(out_dir)
     spec.check_frame(train, with_label=False)
@@ -116,7 +116,7 @@ def nvtabular_transform(workflow, frame, device: Device = Device.CPU, spec: Data
     Returns:
         (dense [B x continuous] float64, ids [B x the models' categorical columns] int64)
     """
-    from ensemble.device import fit_frame, to_host
+    from ensemble.base.device import fit_frame, to_host
 
     if isinstance(workflow, (str, Path)):
         workflow = load_workflow(workflow)
@@ -129,7 +129,7 @@ def nvtabular_transform(workflow, frame, device: Device = Device.CPU, spec: Data
 def model_ids(frame, spec: DatasetSpec) -> np.ndarray:
     """[B x the models' categorical columns] int64 of a transformed frame: each vocabulary column's
     ids as the workflow gave them, each hashed column's from its passed-through values."""
-    from ensemble.device import to_host
+    from ensemble.base.device import to_host
 
     hashed = dict(zip(spec.categorical, spec.hash_buckets))
     columns = []

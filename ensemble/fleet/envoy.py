@@ -80,7 +80,7 @@ class Envoy:
         return cmd
 
     def start(self, timeout: float = 60.0) -> "Envoy":
-        from ensemble.machine import port_free
+        from ensemble.base.machine import port_free
 
         binary = find_envoy()
         config = envoy_config(self.gateway)

@@ -42,7 +42,7 @@ from ensemble.fleet.gateway import (Gateway, GatewayError, Replica, envoy_config
 from ensemble.models.registry import Layout
 from ensemble.repository import declared
 from ensemble.operate.server import ServerError, ServerOptions, TritonServer
-from ensemble.machine import free_ports, port_free
+from ensemble.base.machine import free_ports, port_free
 
 MAX_REPLICAS = 32
 HEALTHY_TIMEOUT = 60.0  # seconds start() waits for the gateway to route to every replica

@@ -18,7 +18,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from ensemble.pins import ROOT, tool_pins
+from ensemble.base.pins import ROOT, tool_pins
 
 TOOLS = ROOT / "build" / "tools" / "prometheus"
 PACKAGE = "prometheus"

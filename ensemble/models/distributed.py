@@ -12,8 +12,8 @@ import logging
 from pathlib import Path
 from typing import Iterator
 
-from ensemble.machine import free_port
-from ensemble.device import Device
+from ensemble.base.machine import free_port
+from ensemble.base.device import Device
 
 
 @contextlib.contextmanager

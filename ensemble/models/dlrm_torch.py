@@ -20,7 +20,7 @@ from ensemble import schema
 from ensemble.models import dlrm_kernel, metrics
 from ensemble.models.artifacts import TORCHSCRIPT
 from ensemble.models.dlrm import DLRMConfig, as_source, score_source, table_offsets
-from ensemble.device import Device
+from ensemble.base.device import Device
 from ensemble.tables.mlp import MlpWeights
 
 MODEL_FILE = TORCHSCRIPT

@@ -51,7 +51,7 @@ AUC_TOLERANCE = 1e-3
 # At load an int8 engine only has to score random rows near the framework (its accuracy was judged on the
 # held-out rows at export).
 INT8_LOAD_TOLERANCE = 0.05
-HELD_OUT_DIR = "held_out"  # in a training run's work folder: valid.npz and test.npz (ensemble.training)
+HELD_OUT_DIR = "held_out"  # in a training run's work folder: valid.npz and test.npz (ensemble.runs.training)
 HELD_OUT_ROWS = 20000  # test rows an export scores to judge a reduced precision
 CALIBRATION_ROWS = 3000  # validation rows the int8 quantization calibrates its activation ranges on
 REQUIRE_ENV = "ENSEMBLE_REQUIRE_DECLARED"
@@ -77,8 +77,8 @@ class EngineUnavailable(RuntimeError):
 
 def cpu() -> dict:
     """This machine's CPU model and the instruction-set flags the engines care about (from
-    :func:`ensemble.machine.cpu`, the one reader of /proc/cpuinfo)."""
-    from ensemble import machine
+    :func:`ensemble.base.machine.cpu`, the one reader of /proc/cpuinfo)."""
+    from ensemble.base import machine
 
     found = machine.cpu()
     wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx_vnni", "avx512_vnni")
@@ -271,7 +271,7 @@ def write_int8(model_dir: Path, calibration: tuple[np.ndarray, np.ndarray]) -> P
     ov = openvino_module()
     import nncf
 
-    from ensemble.console import native_info_quieted
+    from ensemble.base.console import native_info_quieted
 
     folder = Path(model_dir) / OPENVINO_DIR
     model = ov.Core().read_model(str(folder / OPENVINO_MODEL))

@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from ensemble import schema
-from ensemble.device import Device
+from ensemble.base.device import Device
 from ensemble.models import artifacts
 from ensemble.models.triton_releases import TritonRelease
 from ensemble.schema import Model

@@ -36,7 +36,7 @@ import numpy as np
 
 from ensemble import schema
 from ensemble.data.shards import Batch, BatchSource, in_order
-from ensemble.device import Device
+from ensemble.base.device import Device
 from ensemble.models.dlrm import DLRMConfig, as_source, table_offsets
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from ensemble import schema
 from ensemble.models.artifacts import FIL_CHECKPOINT, XGB_JSON
-from ensemble.device import Device
+from ensemble.base.device import Device
 
 LOG = logging.getLogger(__name__)
 

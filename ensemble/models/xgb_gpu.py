@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ensemble.device import has_module, require, to_host
+from ensemble.base.device import has_module, require, to_host
 
 LOG = logging.getLogger(__name__)
 

@@ -96,7 +96,7 @@ CLUSTER_BUS_OFFSET = 10_000  # a cluster node also listens on its port + 10,000 
 
 def cluster_ports(count: int) -> list[int]:
     """``count`` free ports whose cluster-bus ports (+10,000) are free and valid too."""
-    from ensemble.machine import free_ports, port_free
+    from ensemble.base.machine import free_ports, port_free
 
     found: list[int] = []
     for _ in range(200):

@@ -152,7 +152,7 @@ class Control:
 
     def _grpc(self, call: str, timeout: float, **kwargs) -> None:
         """One model-repository call over gRPC (imported here: only loads and unloads need it)."""
-        from ensemble.grpc_polling import import_grpc
+        from ensemble.base.grpc_polling import import_grpc
 
         import_grpc()
         import tritonclient.grpc as grpcclient

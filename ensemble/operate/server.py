@@ -30,7 +30,7 @@ from ensemble import schema
 from ensemble.schema import Model
 from ensemble.operate.monitoring import LatencySummaries
 from ensemble.operate.door import door_options
-from ensemble.machine import port_free
+from ensemble.base.machine import port_free
 
 LOG = logging.getLogger(__name__)
 

@@ -170,7 +170,7 @@ class EnsembleSpec:
 
 
 def _pb():
-    from ensemble.grpc_polling import import_grpc
+    from ensemble.base.grpc_polling import import_grpc
 
     import_grpc()
     from tritonclient.grpc import model_config_pb2

@@ -35,7 +35,7 @@ RANK_MODEL_PY = Path(__file__).resolve().parents[1] / "serving" / "rank_model.py
 
 @dataclass(frozen=True)
 class TrainedArtifacts:
-    """Where training left each artifact (see :func:`ensemble.training.train_all`)."""
+    """Where training left each artifact (see :func:`ensemble.runs.training.train_all`)."""
 
     workflow_dir: Path
     models_dir: Path
@@ -46,7 +46,7 @@ class TrainedArtifacts:
 
     @classmethod
     def under(cls, workdir: str | Path) -> "TrainedArtifacts":
-        """The layout :func:`ensemble.training.train_all` writes under its work folder."""
+        """The layout :func:`ensemble.runs.training.train_all` writes under its work folder."""
         return cls(Path(workdir) / "workflow", Path(workdir) / "models", Path(workdir) / "train_report.json",
                    Path(workdir) / engines.HELD_OUT_DIR)
 

@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ensemble import native, schema
-from ensemble.device import Device
+from ensemble.base.device import Device
 from ensemble.models import artifacts, manifest
 from ensemble.models.manifest import RELEASE_FILE, MissingRelease  # noqa: F401 - RELEASE_FILE: where a release lists its steps' versions
 from ensemble.models.registry import BY_MODEL, ORDER, Layout
@@ -91,7 +91,7 @@ def load_step(model: Model | str, version_dir: str | Path, threads: int = 1,
     Args:
         layout: which tensors the step reads and writes (``Layout.GPU``: ``schema.GPU_STEPS``;
             set by the ``layout`` parameter of the model's config).
-        device: where the step computes (see :mod:`ensemble.device`).
+        device: where the step computes (see :mod:`ensemble.base.device`).
         widths: the dataset's input widths (None: the features step's own workflow, else Criteo's).
     """
     from ensemble.tables.serving import cold_is_remote
@@ -174,7 +174,7 @@ class Pipeline:
     def from_repository(cls, repository: str | Path, threads: int = 2,
                         device: Device | str = Device.CPU, release: int | None = None) -> "Pipeline":
         """Load every step of a release (default: the newest); ``device="gpu"`` runs the trees
-        (FIL or XGBoost CUDA) and the torch DLRM on the GPU (``ensemble.device.resolve_device``
+        (FIL or XGBoost CUDA) and the torch DLRM on the GPU (``ensemble.base.device.resolve_device``
         maps ``auto``)."""
         folders = release_versions(repository, release)
         widths = workflow_widths(folders[Model.FEATURES])

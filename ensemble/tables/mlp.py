@@ -165,7 +165,7 @@ def write_int8(ir: Path, out: Path, calibration: tuple[np.ndarray, np.ndarray]) 
 
     import nncf
 
-    from ensemble.console import native_info_quieted
+    from ensemble.base.console import native_info_quieted
     from ensemble.models import engines
 
     ov = engines.openvino_module()

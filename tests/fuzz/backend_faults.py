@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 from clients.triton import RankerClient, Retry, ScoringError, is_transient
 from ensemble.models.registry import Layout
 from ensemble.operate.server import ServerOptions, TritonServer
-from ensemble.machine import free_ports
+from ensemble.base.machine import free_ports
 from ensemble.schema import Priority
 from tests.helpers import fresh_rows
 

@@ -183,7 +183,7 @@ def leak_check(preload: str) -> str | None:
     from tritonclient.grpc import model_config_pb2 as mc
 
     from ensemble.operate.server import find_tritonserver
-    from ensemble.machine import free_ports
+    from ensemble.base.machine import free_ports
 
     shutil.rmtree(LEAK_CHECK, ignore_errors=True)
     model = LEAK_CHECK / "repository" / "leaky"

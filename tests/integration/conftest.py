@@ -16,7 +16,7 @@ from ensemble.models.registry import Layout
 from ensemble.operate.monitoring import LatencySummaries
 from ensemble.operate.control import ADMIN_KEY_ENV
 from ensemble.operate.server import DEFAULT_LAYOUT, ServerOptions, TritonServer
-from ensemble.machine import free_port
+from ensemble.base.machine import free_port
 from tests.helpers import ADMIN_KEY
 
 CPU_LAYOUTS = (Layout.FUSED, Layout.NATIVE, Layout.ENSEMBLE)

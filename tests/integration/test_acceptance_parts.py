@@ -13,7 +13,7 @@ from ensemble.data import criteo
 
 
 def test_wait_ready_on_a_running_server_and_timeout_on_a_closed_port(server):
-    from ensemble.machine import free_port
+    from ensemble.base.machine import free_port
 
     from ensemble.operate.lifecycle import wait_ready
 

@@ -22,7 +22,7 @@ from ensemble import cli, schema
 from ensemble.data import criteo
 from ensemble.operate.control import admin_headers
 from ensemble.operate.server import ServerOptions, TritonServer
-from ensemble.machine import free_port
+from ensemble.base.machine import free_port
 from tests.helpers import SYNTH
 
 

@@ -82,7 +82,7 @@ def test_bad_request_is_not_retried_and_names_its_rows(server):
 
 
 def test_unavailable_server_is_retried_then_reported():
-    from ensemble.machine import free_port
+    from ensemble.base.machine import free_port
 
     pauses = []
     client = RankerClient(f"grpc://127.0.0.1:{free_port()}", retry=Retry(attempts=3, backoff=0.01), timeout=5)
@@ -95,7 +95,7 @@ def test_unavailable_server_is_retried_then_reported():
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_server_down_from_the_first_call_is_retried_and_raised_as_scoring_error(protocol):
-    from ensemble.machine import free_port
+    from ensemble.base.machine import free_port
 
     pauses = []
     client = RankerClient(f"{protocol}://127.0.0.1:{free_port()}", retry=Retry(attempts=3, backoff=0.01), timeout=5)
@@ -140,7 +140,7 @@ print(switches() - before)
 
 
 def test_the_grpc_client_reads_its_answers_on_the_calling_thread(server):
-    """The client imports grpcio with calling-thread polling (ensemble/grpc_polling.py): 300 calls
+    """The client imports grpcio with calling-thread polling (ensemble/base/grpc_polling.py): 300 calls
     leave grpcio's event-engine threads nearly idle, where its default wakes them ~4 times a call."""
     import os
     import subprocess

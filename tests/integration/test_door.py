@@ -40,7 +40,7 @@ from ensemble import schema
 from ensemble.operate import processes
 from ensemble.repository import declared
 from ensemble.operate.control import ADMIN_HEADER, GRPC_ADMIN_HEADER, Control
-from ensemble.machine import free_ports
+from ensemble.base.machine import free_ports
 from tests.helpers import ADMIN_KEY, Load, fresh_rows, http_announce, http_post, start_serving, stop_serving, two_releases
 
 # (method, path, body) of each restricted HTTP API a client could try; reads first, then calls that

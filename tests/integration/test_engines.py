@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from clients.triton import RankerClient
-from ensemble import model_size, schema
+from ensemble import schema
+from ensemble.base import model_size
 from ensemble.models import engines
 from ensemble.models.dlrm import DLRMConfig
 from ensemble.models.xgb import XGBConfig
@@ -21,14 +22,14 @@ from ensemble.repository.export import TrainedArtifacts, export_repository
 from ensemble.schema import Model
 from ensemble.scoring.pipeline import Pipeline, release_versions
 from ensemble.operate.server import ServerError, ServerOptions, TritonServer
-from ensemble.machine import free_port
+from ensemble.base.machine import free_port
 from ensemble.features import transforms
 from tests.helpers import ADMIN_KEY
 
 
 @pytest.fixture(scope="module")
 def seed_release(trained, tmp_path_factory):
-    from ensemble import training
+    from ensemble.runs import training
 
     root = tmp_path_factory.mktemp("seed-size")
     size = model_size.SIZES["seed"]

@@ -20,7 +20,7 @@ import pytest
 from ensemble.models.registry import Layout
 from ensemble.operate import processes
 from ensemble.operate.server import ServerError, ServerOptions, TritonServer
-from ensemble.machine import free_port
+from ensemble.base.machine import free_port
 from ensemble.operate.supervise import Supervisor, SupervisorPolicy
 from tests.helpers import ADMIN_KEY, Load, fresh_rows, stop_process, wait_until
 

@@ -29,7 +29,7 @@ import pytest
 from ensemble import schema
 from ensemble.operate import processes
 from ensemble.operate.control import admin_headers
-from ensemble.machine import free_port
+from ensemble.base.machine import free_port
 from tests.helpers import fleet_ports, fresh_rows, http_announce, start_serving, stop_serving
 
 REPLICA_LINE = re.compile(r"replica (\d+): HTTP http://([\d.]+:\d+)\s+gRPC grpc://([\d.]+:\d+)")

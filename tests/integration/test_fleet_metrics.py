@@ -18,7 +18,7 @@ from ensemble.operate.monitoring import (DASHBOARD, EXPERIMENT_METRIC_PREFIXES, 
                                          dashboard_queries)
 from ensemble.operate.monitoring import LatencySummaries
 from ensemble.operate.server import ServerOptions
-from ensemble.machine import free_port
+from ensemble.base.machine import free_port
 from tests.helpers import ADMIN_KEY, fleet_ports, fresh_rows
 
 RATE_WINDOW = "20s"  # Grafana's $__rate_interval for a 1 s scrape: at least four scrapes

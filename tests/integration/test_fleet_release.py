@@ -22,7 +22,7 @@ from ensemble.fleet import release as fleet_release
 from ensemble.fleet.gateway import Replica, routes_version
 from ensemble.repository import declared
 from ensemble.operate.deploy import DeployError
-from ensemble.machine import free_port
+from ensemble.base.machine import free_port
 from tests.helpers import ReleaseFleet, fresh_rows, release_fleet, run_clients
 
 STARTUP_SECONDS = 420

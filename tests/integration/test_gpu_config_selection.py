@@ -15,7 +15,7 @@ import pytest
 from ensemble import schema
 from ensemble.models.registry import Layout
 from ensemble.operate.server import ServerOptions, TritonServer
-from ensemble.machine import free_port
+from ensemble.base.machine import free_port
 
 
 class _KeepGoing(TritonServer):

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from ensemble.machine import free_port
+from ensemble.base.machine import free_port
 from ensemble import schema
 from ensemble.operate.lifecycle import terminate, wait_ready
 from loadtest.runner import LOCUSTFILE, RunnerOptions, holdout_file, read_locust_csv, run

@@ -18,7 +18,7 @@ from ensemble.data import movielens
 from ensemble.models.registry import Layout
 from ensemble.scoring.pipeline import Pipeline
 from ensemble.operate.server import ServerOptions, TritonServer
-from ensemble.machine import free_port
+from ensemble.base.machine import free_port
 from tests.helpers import post_infer
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from ensemble import dataset, online
 from ensemble.online import materialize
-from ensemble.machine import free_port
+from ensemble.base.machine import free_port
 from ensemble.online.local import LocalRedis
 
 SPEC = dataset.parse_spec("""

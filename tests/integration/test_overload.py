@@ -24,7 +24,7 @@ from ensemble.serving.admission import BULK
 from ensemble.schema import Priority
 from ensemble.models.registry import Layout
 from ensemble.operate.server import ServerOptions, TritonServer
-from ensemble.machine import free_port
+from ensemble.base.machine import free_port
 from tests.helpers import fresh_rows, tree_thread_ticks, wait_until
 
 # Requests of 4,096 rows (batch scoring's size), more at once than one model call takes.

@@ -15,7 +15,7 @@ from ensemble import dataset, schema
 from ensemble.models.registry import Layout
 from ensemble.scoring.pipeline import Pipeline
 from ensemble.operate.server import ServerOptions, TritonServer
-from ensemble.machine import free_port
+from ensemble.base.machine import free_port
 
 SPEC = """
 name = "shop"

@@ -16,7 +16,7 @@ from ensemble.online import materialize
 from ensemble.data import movielens
 from ensemble.models.registry import Layout
 from ensemble.operate.server import ServerOptions, TritonServer
-from ensemble.machine import free_port, free_ports
+from ensemble.base.machine import free_port, free_ports
 from ensemble.online.local import LocalRedis, LocalRedisCluster, cluster_ports
 
 SPEC = dataset.load_spec(movielens.SPEC)

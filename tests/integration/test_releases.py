@@ -15,7 +15,7 @@ from ensemble.operate.deploy import DeployError, deploy
 from ensemble.repository.export import TrainedArtifacts, export_repository
 from ensemble.schema import Model
 from ensemble.operate.server import ServerOptions, TritonServer
-from ensemble.machine import free_port
+from ensemble.base.machine import free_port
 from tests.helpers import ADMIN_KEY, Load, fresh_rows
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ensemble.operate import allocator, processes
-from ensemble.machine import free_port
+from ensemble.base.machine import free_port
 
 
 def _serve(repository, *extra):

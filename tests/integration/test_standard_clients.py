@@ -104,7 +104,7 @@ def test_perf_analyzer_measures_concurrent_clients_without_an_error(served):
 def test_the_plain_client_benchmark_counts_every_answer(served):
     """``loadtest.plain_clients`` (the documented plain-client run) against this server: every
     request answered, and a server that is not there counted as errors, not as answers."""
-    from ensemble.machine import free_port
+    from ensemble.base.machine import free_port
     from loadtest.plain_clients import point
 
     dense, cats = fresh_rows(300, seed=83)

@@ -17,7 +17,7 @@ import pytest
 from benchmarks.tables import forge
 from ensemble.models.registry import Layout
 from ensemble.operate.server import ServerError, ServerOptions, TritonServer
-from ensemble.machine import free_port
+from ensemble.base.machine import free_port
 from ensemble.schema import Model
 from tests.helpers import ADMIN_KEY
 
@@ -29,7 +29,8 @@ BUCKETS = (BIG, 3, 50, 5000, *([300] * 22))
 @pytest.fixture(scope="session")
 def row_store(tmp_path_factory):
     """A release whose DLRMs keep their tables in a row store: (repository, workdir, frames)."""
-    from ensemble import schema, training
+    from ensemble import schema
+    from ensemble.runs import training
     from ensemble.data import criteo
     from ensemble.models.dlrm import DLRMConfig
     from ensemble.models.xgb import XGBConfig
@@ -229,7 +230,7 @@ def test_a_slow_disk_answers_unavailable_at_the_deadline_and_the_server_keeps_se
 def test_a_release_changing_a_few_rows_shares_the_table_files_and_deploys_under_load(row_store, tmp_path):
     from dataclasses import replace
 
-    from ensemble import training
+    from ensemble.runs import training
     from ensemble.operate.control import Control
     from ensemble.operate.deploy import deploy
     from ensemble.repository.export import TrainedArtifacts, export_repository

@@ -183,7 +183,7 @@ sys.meta_path.insert(0, Spy())
 
 @pytest.mark.parametrize("given", [None, "", "-event_engine_listener"])
 @pytest.mark.parametrize("code", [
-    "from ensemble.grpc_polling import import_grpc\nimport_grpc(); import_grpc()",
+    "from ensemble.base.grpc_polling import import_grpc\nimport_grpc(); import_grpc()",
     # an `ensemble` command, before NVTabular or anything else imports grpc
     "from ensemble.cli import main\nmain(['synth', '--rows', '5', '--output', sys.argv[1]])",
 ], ids=["import_grpc", "ensemble-command"])

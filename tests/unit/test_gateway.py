@@ -123,7 +123,7 @@ def test_fleet_plan_ports_and_logs(tmp_path):
 def test_fleet_plan_never_picks_a_port_the_options_name():
     """Replica and admin ports picked at start avoid the gateway's and every replica's metrics port
     (none of which is bound yet), and one another; ports are never handed out twice."""
-    from ensemble.machine import free_ports
+    from ensemble.base.machine import free_ports
 
     seen: set[int] = set()
     for _ in range(30):
@@ -145,7 +145,7 @@ def test_fleet_plan_never_picks_a_port_the_options_name():
 def test_one_exposed_server_is_triton_on_loopback_behind_the_gateway():
     """The door: a fleet of one on a public address puts tritonserver on loopback ports of its own,
     and the gateway takes the user's HTTP, gRPC and metrics ports."""
-    from ensemble.machine import free_ports
+    from ensemble.base.machine import free_ports
 
     http, grpc, metrics = free_ports(3)
     (server,), gateway = plan(FleetOptions(ServerOptions(Path("repo"), host="0.0.0.0", http_port=http, grpc_port=grpc,

@@ -120,7 +120,7 @@ def test_export_writes_the_fil_checkpoint(trained):
 
 
 def test_device_resolution_without_a_gpu(monkeypatch):
-    from ensemble import device
+    from ensemble.base import device
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert device.gpu_visible() is False
@@ -135,7 +135,7 @@ def test_device_resolution_without_a_gpu(monkeypatch):
 def test_gpu_libraries_are_never_imported_on_the_cpu_path():
     from tests.helpers import modules_loaded
 
-    code = ("import ensemble.device, ensemble.scoring.pipeline, ensemble.check.compat, ensemble.repository.configs, "
+    code = ("import ensemble.base.device, ensemble.scoring.pipeline, ensemble.check.compat, ensemble.repository.configs, "
             "ensemble.cli\n"
             "ensemble.repository.configs.all_gpu_configs()")
     assert modules_loaded(code, ("cudf", "cupy", "cuml", "nvforest", "dask_cudf", "rmm")) == []
@@ -197,7 +197,7 @@ def test_gpu_tree_scorer_reads_the_treelite_checkpoint():
 
 
 def test_gpu_tree_scorer_without_cuda_libraries_says_what_is_missing(trained):
-    from ensemble import device
+    from ensemble.base import device
     from ensemble.models.xgb_gpu import GpuTreeScorer
 
     if device.has_module("cupy"):

@@ -54,21 +54,19 @@ def test_ensemble_imports_clients_and_loadtest_only_from_the_command_line_and_de
 
 def test_folders_are_the_roles_and_nesting_stops_at_one_level():
     folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
-    assert folders == ["check", "cli", "data", "features", "fleet", "models", "native", "online", "operate",
-                       "repository", "scoring", "serving", "tables"]
+    assert folders == ["base", "check", "cli", "data", "features", "fleet", "models", "native", "online", "operate",
+                       "repository", "runs", "scoring", "serving", "tables"]
     assert not [p for p in PACKAGE.glob("*/*/__init__.py")], "no package deeper than ensemble/<role>/"
 
 
 # module (or package prefix) -> layer; the longest prefix that matches a module names its layer
 LAYERS = {
-    "ensemble.native": 0, "ensemble.pins": 0, "ensemble.machine": 0, "ensemble.console": 0, "ensemble.device": 0,
-    "ensemble.grpc_polling": 0, "ensemble.model_size": 0,
+    "ensemble.native": 0, "ensemble.base": 0,
     "ensemble.dataset": 1, "ensemble.schema": 1,
     "ensemble.data": 2, "ensemble.features": 3, "ensemble.models": 4, "ensemble.tables": 4, "ensemble.repository": 5,
     "ensemble.scoring": 6, "ensemble.online": 6, "ensemble.online.materialize": 8, "ensemble.online.local": 8,
     "ensemble.serving": 7,
-    "ensemble.operate": 8, "ensemble.training": 8,
-    "ensemble.readme_figures": 8,
+    "ensemble.operate": 8, "ensemble.runs": 8,
     "ensemble.fleet": 9, "ensemble.check": 9,
     "clients": 10, "loadtest": 11,
     "ensemble.cli": 12, "ensemble.__main__": 12, "benchmarks": 12, "ensemble": 0,

@@ -4,7 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from ensemble import cli, dataset, model_size
+from ensemble import cli, dataset
+from ensemble.base import model_size
 from ensemble.models.dlrm import DLRMConfig
 from ensemble.models.xgb import XGBConfig
 

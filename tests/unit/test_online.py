@@ -61,7 +61,7 @@ def test_settings_travel_through_the_environment_and_bad_ones_are_refused():
 
 
 def test_a_store_nothing_listens_on_fails_at_once_naming_it():
-    from ensemble.machine import free_port
+    from ensemble.base.machine import free_port
 
     lookup = online.FeatureLookup(f"redis://:pw@127.0.0.1:{free_port()}/0", "movielens100k", timeout_s=0.05)
     with pytest.raises(online.StoreError, match=r"feature store redis://\*\*\*@127.0.0.1:\d+/0") as err:

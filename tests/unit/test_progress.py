@@ -10,7 +10,7 @@ import pytest
 
 from clients.partitions import plan_partitions, read_chunks, read_partition
 from clients.progress import INPUT_BYTES, Progress, partition_bytes
-from ensemble.console import native_info_quieted
+from ensemble.base.console import native_info_quieted
 from ensemble.data import criteo
 
 

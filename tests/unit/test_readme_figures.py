@@ -1,6 +1,6 @@
 """The README's demo figures are regenerated from the demo's summary and compared with it."""
 
-from ensemble import readme_figures
+from ensemble.runs import readme_figures
 
 SUMMARY = {
     "machine": "x86_64, 2 cores (AMD EPYC), 24 GiB, no GPU",

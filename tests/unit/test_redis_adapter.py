@@ -40,7 +40,7 @@ def test_the_packed_mget_answers_as_redis_pys_own_and_drops_a_broken_connection(
     import redis
 
     from ensemble.online.local import LocalRedis, StoreServerError
-    from ensemble.machine import free_port
+    from ensemble.base.machine import free_port
 
     try:
         store = LocalRedis(free_port(), tmp_path).start()

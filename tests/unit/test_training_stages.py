@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from ensemble import training
+from ensemble.runs import training
 from ensemble.data import criteo
 from ensemble.models.dlrm import DLRMConfig
 from ensemble.models.xgb import XGBConfig

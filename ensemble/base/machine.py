@@ -5,7 +5,7 @@ number, and the instruction-set flags that change this project's speed (``avx512
 AMX separate CPUs that /proc/cpuinfo calls by the same name).
 
 The Debian packages ``make setup``, ``make demo`` and ``make test`` need are listed here, once
-(:data:`PACKAGES`); ``python -m ensemble.machine packages --for test --install`` (what the Makefile
+(:data:`PACKAGES`); ``python -m ensemble.base.machine packages --for test --install`` (what the Makefile
 runs, with the system's Python, before the virtual environment exists) installs the missing ones
 with apt-get when it runs as root, and otherwise stops with the one command that would.
 
@@ -187,7 +187,7 @@ def ensure_packages(target: str, install: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ensemble.machine", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ensemble.base.machine", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("packages", help="check (and as root, install) the Debian packages a make target needs")
     p.add_argument("--for", dest="target", choices=(SETUP, DEMO, TEST), default=TEST)

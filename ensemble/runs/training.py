@@ -32,7 +32,7 @@ from ensemble.models.dlrm import DLRMConfig, score_source
 from ensemble.models.xgb import XGBMatrix
 from ensemble.repository.export import TrainedArtifacts
 from ensemble.tables import SMALL_ROWS
-from ensemble.device import Device
+from ensemble.base.device import Device
 
 SCORE_BATCH = 65536  # rows per batch when scoring validation and test
 SCORES_DIR = "scores"  # <workdir>/scores/<model>.npz: validation and test scores of each trained model
@@ -62,7 +62,7 @@ class TrainConfig:
     freq_threshold: int | None = None
     xgb: xgb.XGBConfig = field(default_factory=xgb.XGBConfig)
     dlrm: DLRMConfig = field(default_factory=DLRMConfig)
-    device: Device = Device.CPU  # `--device auto` is resolved before (ensemble.device.resolve_device)
+    device: Device = Device.CPU  # `--device auto` is resolved before (ensemble.base.device.resolve_device)
     xgb_matrix: XGBMatrix = XGBMatrix.QUANTILE
     part_rows: int = 250_000
     shuffle_rows: int = 1 << 20

@@ -6,7 +6,7 @@ The README marks each generated block with ``<!-- figures:NAME -->`` ... ``<!-- 
 - ``example``: what the README's example row scores in-process (and with one category unseen),
 - ``demo``: the demo's serving figures (sequential latency, parity, memory).
 
-``python -m ensemble.readme_figures --write`` rewrites the blocks from the summary of the last
+``python -m ensemble.runs.readme_figures --write`` rewrites the blocks from the summary of the last
 ``make demo``; ``--check`` (what the demo runs at its end) says whether the README still matches
 this build. The demo is deterministic for its seed on a given machine, so ``accuracy`` and
 ``example`` are compared number by number at the precision the README shows (the machine they name
@@ -26,7 +26,7 @@ from pathlib import Path
 from ensemble.models.registry import ORDER
 from ensemble.schema import Model
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 SUMMARY = Path("build/demo_summary.json")
 COMPARED = ("accuracy", "example")  # deterministic for the demo's seed on one machine
 _BLOCK = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures:(?P=name) -->)", re.S)
@@ -98,12 +98,12 @@ def verdict(readme: str, summary: dict) -> str:
     where = f" (the README's were made on {made_on.group(1)}; this is {summary.get('machine')})" if made_on else ""
     return ("README figures differ from this build's by up to "
             + ", ".join(f"{v:g} in {k}" for k, v in differ.items())
-            + f"{where}: training's float arithmetic differs between CPUs; python -m ensemble.readme_figures --write "
+            + f"{where}: training's float arithmetic differs between CPUs; python -m ensemble.runs.readme_figures --write "
             "updates them")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ensemble.readme_figures", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m ensemble.runs.readme_figures", description=__doc__.splitlines()[0])
     p.add_argument("--summary", default=str(SUMMARY), help="the demo's summary")
     p.add_argument("--readme", default=str(README))
     mode = p.add_mutually_exclusive_group(required=True)
