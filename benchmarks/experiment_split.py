@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from ensemble import cli
-    from ensemble.fleet.gateway import arm_of
+    from ensemble.fleet.arms import arm_of
     from ensemble.repository import declared
 
     scratch, repository, (candidate,) = private_repository(args.repository, [args.workdir], "experiment-split-")

@@ -87,7 +87,8 @@ def _measure(protocol: str, addresses: dict[str, str], requests: int, blocks: in
 def run(args) -> list[dict]:
     from ensemble.fleet.envoy import Envoy
     from ensemble.fleet.fleet import serving_release
-    from ensemble.fleet.gateway import Gateway, Replica, write_routes
+    from ensemble.fleet.gateway import Gateway, Replica
+    from ensemble.fleet.envoy_config import write_routes
     from ensemble.operate.server import ServerOptions, TritonServer
     from ensemble.base.machine import free_port
 

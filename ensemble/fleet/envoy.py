@@ -17,7 +17,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ensemble.fleet.gateway import Gateway, envoy_config
+from ensemble.fleet.gateway import Gateway
+from ensemble.fleet.envoy_config import envoy_config
 from ensemble.operate import lifecycle, processes
 
 # How long the gateway asks clients to go away before its listeners close (--drain-time-s).
@@ -198,3 +199,34 @@ class Envoy:
             (self._scratch / "envoy.json").unlink(missing_ok=True)
             processes.remove_if_empty(self._scratch)
         return None if self.process is None else self.process.returncode
+
+
+def drain_gateway(admin_port: int, settle: float, timeout: float, poll: float = 0.1) -> int:
+    """A gateway pod's preStop: keep accepting for ``settle`` seconds (the Service's endpoints drop the
+    pod meanwhile), then drain as :meth:`Envoy.drain` does and wait at most
+    ``timeout`` seconds for requests in flight; returns how many were left (0: all answered)."""
+    base = f"http://127.0.0.1:{admin_port}"
+
+    def admin(path: str, post: bool = False) -> str:
+        request = urllib.request.Request(base + path, data=b"" if post else None, method="POST" if post else "GET")
+        with urllib.request.urlopen(request, timeout=2) as reply:
+            return reply.read().decode()
+
+    time.sleep(settle)
+    try:
+        admin("/drain_listeners?graceful", post=True)
+        time.sleep(DRAIN_SECONDS)
+        admin("/drain_listeners", post=True)
+    except (urllib.error.URLError, OSError):
+        return 0  # Envoy is gone: nothing to wait for
+    deadline, left = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline:
+        try:
+            text = admin("/stats?filter=^http[.](http|grpc)[.]downstream_rq_active$")
+        except (urllib.error.URLError, OSError):
+            return 0
+        left = sum(int(v) for _, _, v in (line.partition(": ") for line in text.splitlines()) if v.strip().isdigit())
+        if left == 0:
+            break
+        time.sleep(poll)
+    return left

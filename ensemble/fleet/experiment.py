@@ -3,7 +3,7 @@
 An experiment runs on a gateway's replicas (a fleet of ``ensemble serve --replicas N``, or one
 server exposed through its door, ``--host``): the serving release S keeps the requests no candidate
 takes, and each candidate C takes its share P of the inference requests (A/B/N: several candidates,
-each with its share). The gateway chooses a request's arm (:func:`ensemble.fleet.gateway.arm_of`):
+each with its share). The gateway chooses a request's arm (:func:`ensemble.fleet.arms.arm_of`):
 with a key (``--key NAME``: the request header NAME or, in a request without that header, the
 request parameter NAME, such as a user id) the arm is a hash of its value, the same on every
 gateway, replica and restart; without one (or for a request with neither) it is a hash of Envoy's
@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ensemble import schema
-from ensemble.fleet.gateway import GatewayError, check_arms
+from ensemble.fleet.gateway import GatewayError
+from ensemble.fleet.arms import check_arms
 from ensemble.fleet.release import (RETIRE_AFTER, FleetRecord, _declare, _each, _lock, _route, load_and_check,
                                     parity_checks)
 from ensemble.repository import declared

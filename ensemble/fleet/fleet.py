@@ -37,8 +37,8 @@ from typing import Callable
 
 from ensemble.fleet.envoy import Envoy, EnvoyError, validate
 from ensemble.fleet import release as fleet_release
-from ensemble.fleet.gateway import (Gateway, GatewayError, Replica, envoy_config, requests_within_objective,
-                                    write_routes)
+from ensemble.fleet.gateway import Gateway, GatewayError, Replica, requests_within_objective
+from ensemble.fleet.envoy_config import envoy_config, write_routes
 from ensemble.models.registry import Layout
 from ensemble.repository import declared
 from ensemble.operate.server import ServerError, ServerOptions, TritonServer

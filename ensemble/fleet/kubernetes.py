@@ -26,18 +26,16 @@ import inspect
 import json
 import math
 import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
 
 from ensemble import schema
-from ensemble.fleet.envoy import DRAIN_SECONDS, Envoy
+from ensemble.fleet.envoy import DRAIN_SECONDS, Envoy, drain_gateway  # noqa: F401 - drain_gateway: the pod's preStop
 from ensemble.fleet.fleet import FleetOptions
-from ensemble.fleet.gateway import Gateway, Replica, envoy_config, requests_within_objective
+from ensemble.fleet.gateway import Gateway, Replica, requests_within_objective
+from ensemble.fleet.envoy_config import envoy_config
 from ensemble.operate.control import ADMIN_KEY_ENV
 from ensemble.operate.server import DEFAULT_LAYOUT, ServerOptions, TritonServer
 
@@ -249,7 +247,7 @@ def _stats_listener(admin_port: int) -> tuple[dict, dict]:
 
 
 def gateway_envoy_config(shape: Shape) -> dict:
-    """:func:`ensemble.fleet.gateway.envoy_config` of :meth:`Shape.gateway`, plus the stats listener."""
+    """:func:`ensemble.fleet.envoy_config.envoy_config` of :meth:`Shape.gateway`, plus the stats listener."""
     gateway = shape.gateway()
     config = envoy_config(gateway)
     listener, cluster = _stats_listener(gateway.admin_port)
@@ -466,37 +464,6 @@ def write(folder: Path, shape: Shape = Shape()) -> list[Path]:
         path.write_text(text)
         written.append(path)
     return written
-
-
-def drain_gateway(admin_port: int, settle: float, timeout: float, poll: float = 0.1) -> int:
-    """A gateway pod's preStop: keep accepting for ``settle`` seconds (the Service's endpoints drop the
-    pod meanwhile), then drain as :meth:`ensemble.fleet.envoy.Envoy.drain` does and wait at most
-    ``timeout`` seconds for requests in flight; returns how many were left (0: all answered)."""
-    base = f"http://127.0.0.1:{admin_port}"
-
-    def admin(path: str, post: bool = False) -> str:
-        request = urllib.request.Request(base + path, data=b"" if post else None, method="POST" if post else "GET")
-        with urllib.request.urlopen(request, timeout=2) as reply:
-            return reply.read().decode()
-
-    time.sleep(settle)
-    try:
-        admin("/drain_listeners?graceful", post=True)
-        time.sleep(DRAIN_SECONDS)
-        admin("/drain_listeners", post=True)
-    except (urllib.error.URLError, OSError):
-        return 0  # Envoy is gone: nothing to wait for
-    deadline, left = time.monotonic() + timeout, 0
-    while time.monotonic() < deadline:
-        try:
-            text = admin("/stats?filter=^http[.](http|grpc)[.]downstream_rq_active$")
-        except (urllib.error.URLError, OSError):
-            return 0
-        left = sum(int(v) for _, _, v in (line.partition(": ") for line in text.splitlines()) if v.strip().isdigit())
-        if left == 0:
-            break
-        time.sleep(poll)
-    return left
 
 
 def main(argv: list[str] | None = None) -> int:

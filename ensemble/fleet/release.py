@@ -14,7 +14,7 @@ replicas' own ports and the gateway's route files. The switch, from release S to
    A replica that fails aborts the release: every replica goes back to S alone, S stays declared,
    the gateway's pin is lifted, and no request was routed to R.
 4. The gateway's routes are replaced in one step: every request it takes from then on goes to R
-   (Envoy reads the new routes file whole; :func:`ensemble.fleet.gateway.write_routes`). A client
+   (Envoy reads the new routes file whole; :func:`ensemble.fleet.envoy_config.write_routes`). A client
    that has seen an answer from R can only get answers from R after it.
 5. R is declared; after :data:`RETIRE_AFTER` seconds (requests already routed to S finish) every
    replica unloads S, and then the pin is lifted.
@@ -36,7 +36,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from ensemble.fleet.gateway import Gateway, Replica, routes_version, write_routes
+from ensemble.fleet.gateway import Gateway, Replica
+from ensemble.fleet.envoy_config import routes_version, write_routes
 from ensemble.repository import declared
 from ensemble.operate.control import Control, ControlError
 from ensemble.operate.records import run_dir

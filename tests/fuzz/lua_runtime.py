@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ensemble.fleet import gateway, lua_filters
+from ensemble.fleet import envoy_config as ec
+from ensemble.fleet import lua_filters
 
 HANDLE = Path(__file__).with_name("envoy_handle.lua")
 STRICT = Path(__file__).with_name("strict.lua")
@@ -19,7 +20,7 @@ class GatewayLua:
 
     Attributes:
         arm, pin, http: the tables those files return (Lua functions, called with bytes).
-        config: the ``CONFIG`` table they were given: :func:`ensemble.fleet.gateway.lua_config` with
+        config: the ``CONFIG`` table they were given: :func:`ensemble.fleet.ec.lua_config` with
             ``overrides`` (a fuzzer runs the depth walker with a small ``max_json_depth``).
     """
 
@@ -27,7 +28,7 @@ class GatewayLua:
         import lupa.luajit21 as lupa  # LuaJIT 2.1, as Envoy's Lua filter
 
         self.runtime = lupa.LuaRuntime(encoding=None, unpack_returned_tuples=True)
-        self.settings = {**gateway.lua_config(), **overrides}
+        self.settings = {**ec.lua_config(), **overrides}
         self.strict = self.runtime.execute(STRICT.read_bytes())
         self.config = self.runtime.execute(lua_filters.config_table(self.settings) + "return CONFIG")
         self.arm = self.load("arm", self.config)

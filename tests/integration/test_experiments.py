@@ -19,7 +19,7 @@ import pytest
 
 from benchmarks.fleet_release import _in_rotation, _tritonserver_pid, one_row_inputs
 from ensemble import cli, schema
-from ensemble.fleet.gateway import arm_of
+from ensemble.fleet.arms import arm_of
 from ensemble.repository import declared
 from ensemble.repository.export import TrainedArtifacts, export_repository
 from tests.helpers import ReleaseFleet, fresh_rows, release_fleet, run_clients, wait_until

@@ -19,7 +19,8 @@ import pytest
 from benchmarks.fleet_release import Client, _tritonserver_pid
 from ensemble import cli, schema
 from ensemble.fleet import release as fleet_release
-from ensemble.fleet.gateway import Replica, routes_version
+from ensemble.fleet.gateway import Replica
+from ensemble.fleet.envoy_config import routes_version
 from ensemble.repository import declared
 from ensemble.operate.deploy import DeployError
 from ensemble.base.machine import free_port

@@ -9,8 +9,9 @@ from collections import Counter
 
 import pytest
 
-from ensemble.fleet.gateway import (ARM_POINTS, Gateway, GatewayError, Replica, arm_bounds, arm_of, arm_point,
-                                    check_arms, route_config, routes_version, write_routes)
+from ensemble.fleet.arms import ARM_POINTS, arm_bounds, arm_of, arm_point, check_arms
+from ensemble.fleet.envoy_config import route_config, routes_version, write_routes
+from ensemble.fleet.gateway import Gateway, GatewayError, Replica
 from ensemble.repository import declared
 from ensemble.schema import Model
 

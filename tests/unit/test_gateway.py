@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ensemble.fleet import envoy_config as ec
 from ensemble.fleet import gateway as gw
 from ensemble.fleet.envoy import EnvoyError, validate
 from ensemble.fleet.fleet import FleetError, FleetOptions, plan
@@ -31,11 +32,11 @@ def _gateways() -> dict[str, gw.Gateway]:
 
 @pytest.mark.parametrize("name", list(_gateways()))
 def test_envoy_accepts_every_generated_config(name):
-    validate(gw.envoy_config(_gateways()[name]))
+    validate(ec.envoy_config(_gateways()[name]))
 
 
 def test_validate_reports_envoys_reason():
-    config = gw.envoy_config(TWO)
+    config = ec.envoy_config(TWO)
     config["static_resources"]["clusters"][0]["lb_policy"] = "NO_SUCH_POLICY"
     with pytest.raises(EnvoyError, match="NO_SUCH_POLICY"):
         validate(config)
@@ -48,7 +49,7 @@ def _routes(config: dict, listener: str) -> list[dict]:
 
 
 def test_only_client_routes_reach_the_replicas():
-    config = gw.envoy_config(TWO)
+    config = ec.envoy_config(TWO)
     http = _routes(config, "http")
     forwarded = [r["match"] for r in http if "route" in r]
     assert {m.get("path") for m in forwarded} >= {"/v2", "/v2/health/ready"}
@@ -62,7 +63,7 @@ def test_only_client_routes_reach_the_replicas():
 
 
 def test_cluster_policies():
-    config = gw.envoy_config(TWO)
+    config = ec.envoy_config(TWO)
     for cluster in config["static_resources"]["clusters"]:
         assert cluster["lb_policy"] == "LEAST_REQUEST"
         assert cluster["common_lb_config"]["healthy_panic_threshold"]["value"] == 0
@@ -105,7 +106,7 @@ def test_the_overload_bound_follows_the_objective():
 ])
 def test_bad_gateways_are_refused(change, message):
     with pytest.raises(gw.GatewayError, match=message):
-        gw.envoy_config(replace(TWO, **change))
+        ec.envoy_config(replace(TWO, **change))
 
 
 def test_fleet_plan_ports_and_logs(tmp_path):
@@ -156,7 +157,7 @@ def test_one_exposed_server_is_triton_on_loopback_behind_the_gateway():
     assert gateway.replicas[0].metrics_port == server.metrics_port
     assert set(gateway.listeners()) == {("0.0.0.0", http), ("0.0.0.0", grpc), ("0.0.0.0", metrics),
                                         ("127.0.0.1", gateway.admin_port)}
-    config = gw.envoy_config(gateway)
+    config = ec.envoy_config(gateway)
     listener = next(item for item in config["static_resources"]["listeners"] if item["name"] == "metrics")
     manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
     routes = manager["route_config"]["virtual_hosts"][0]["routes"]
@@ -204,7 +205,7 @@ def test_serve_refuses_bad_fleet_flags_before_starting_anything(capsys, argv, me
 
 
 def test_a_pinned_gateway_names_the_release_in_every_ranker_request():
-    config = gw.envoy_config(replace(TWO, release=7))
+    config = ec.envoy_config(replace(TWO, release=7))
     http = _routes(config, "http")
     pinned = [r for r in http if r["match"].get("path") == "/v2/models/ranker/infer"]
     assert pinned and pinned[0]["route"]["prefix_rewrite"] == "/v2/models/ranker/versions/7/infer"
@@ -213,41 +214,41 @@ def test_a_pinned_gateway_names_the_release_in_every_ranker_request():
     assert "prefix_rewrite" not in versioned["route"]  # a request naming its version keeps it
     grpc = _routes(config, "grpc")
     infer = next(r for r in grpc if r["match"].get("path", "").endswith("/ModelInfer"))
-    assert infer["metadata"]["filter_metadata"][gw.LUA_FILTER] == {"release": "7"}
+    assert infer["metadata"]["filter_metadata"][ec.LUA_FILTER] == {"release": "7"}
     manager = {item["name"]: item["filter_chains"][0]["filters"][0]["typed_config"]
                for item in config["static_resources"]["listeners"]}
     for name in ("http", "grpc"):
         header = manager[name]["route_config"]["virtual_hosts"][0]["request_headers_to_add"][0]["header"]
         assert header == {"key": "ensemble-release", "value": "7"}
-    assert [f["name"] for f in manager["grpc"]["http_filters"]][-2:] == [gw.LUA_FILTER, "envoy.filters.http.router"]
+    assert [f["name"] for f in manager["grpc"]["http_filters"]][-2:] == [ec.LUA_FILTER, "envoy.filters.http.router"]
     http_lua = [f["typed_config"]["default_source_code"]["inline_string"] for f in manager["http"]["http_filters"]
-                if f["name"] == gw.LUA_FILTER]
-    assert http_lua == [gw.lua_source(gw.LuaFilter.CLIENT_ERROR)]  # the HTTP listener's only Lua (JSON depth, 500s)
-    unpinned = gw.envoy_config(TWO)
+                if f["name"] == ec.LUA_FILTER]
+    assert http_lua == [ec.lua_source(ec.LuaFilter.CLIENT_ERROR)]  # the HTTP listener's only Lua (JSON depth, 500s)
+    unpinned = ec.envoy_config(TWO)
     assert "/v2/models/ranker/infer" not in [r["match"].get("path") for r in _routes(unpinned, "http")]
 
 
 def test_routes_from_files_switch_by_rename(tmp_path):
     gateway = replace(TWO, release=3, routes_dir=str(tmp_path))
     with pytest.raises(gw.GatewayError, match="bootstrap"):
-        gw.write_routes(TWO)
-    written = gw.write_routes(gateway)
+        ec.write_routes(TWO)
+    written = ec.write_routes(gateway)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["routes-grpc.json", "routes-http.json"] == \
         sorted(p.name for p in written)  # no temporary file left beside them
     import json
 
     http = json.loads((tmp_path / "routes-http.json").read_text())
-    assert http["version_info"] == gw.routes_version(3) and http["resources"][0]["name"] == "http"
-    manager = gw.envoy_config(gateway)["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    assert http["version_info"] == ec.routes_version(3) and http["resources"][0]["name"] == "http"
+    manager = ec.envoy_config(gateway)["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
     rds = manager["typed_config"]["rds"]
     assert rds["config_source"]["path_config_source"]["path"] == str(tmp_path / "routes-http.json")
-    validate(gw.envoy_config(gateway))  # Envoy reads the files
-    gw.write_routes(replace(gateway, release=4))
-    assert json.loads((tmp_path / "routes-grpc.json").read_text())["version_info"] == gw.routes_version(4)
+    validate(ec.envoy_config(gateway))  # Envoy reads the files
+    ec.write_routes(replace(gateway, release=4))
+    assert json.loads((tmp_path / "routes-grpc.json").read_text())["version_info"] == ec.routes_version(4)
     # between releases nothing is pinned and the Lua filter is off on every gRPC route (no cost)
-    unpinned = gw.route_config("grpc", replace(gateway, release=None), grpc=True)
+    unpinned = ec.route_config("grpc", replace(gateway, release=None), grpc=True)
     forwarded = [r for r in unpinned["virtual_hosts"][0]["routes"] if "route" in r]
-    assert forwarded and all(r["typed_per_filter_config"][gw.LUA_FILTER]["disabled"] for r in forwarded)
+    assert forwarded and all(r["typed_per_filter_config"][ec.LUA_FILTER]["disabled"] for r in forwarded)
     assert "request_headers_to_add" not in unpinned["virtual_hosts"][0]
 
 
@@ -255,7 +256,7 @@ def test_a_grpc_client_is_told_the_status_each_refusal_means():
     """Envoy's own table would answer a gRPC client 413 as UNKNOWN and 400 as INTERNAL; the gateway
     gives each of its own answers the gRPC status its HTTP status means (tests/integration/test_door.py
     sends them)."""
-    config = gw.envoy_config(TWO)
+    config = ec.envoy_config(TWO)
     for listener in config["static_resources"]["listeners"][:2]:
         manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
         mapped = {}

@@ -11,7 +11,8 @@ import json
 import numpy as np
 import pytest
 
-from ensemble.fleet import gateway as gw
+from ensemble.fleet import arms as fleet_arms
+from ensemble.fleet import envoy_config as ec
 from ensemble.fleet import lua_filters
 from tests.fuzz.lua_runtime import GatewayLua
 
@@ -54,15 +55,15 @@ def test_each_file_is_lua_by_itself(lua, name):
     assert not isinstance(compiled, tuple), compiled  # (nil, error) when it does not compile
 
 
-@pytest.mark.parametrize("which", list(gw.LuaFilter))
+@pytest.mark.parametrize("which", list(ec.LuaFilter))
 def test_the_generated_source_runs_and_defines_envoys_entry_points(which):
     import lupa.luajit21 as lupa
 
     runtime = lupa.LuaRuntime(encoding=None)
-    runtime.execute(gw.lua_source(which).encode())
+    runtime.execute(ec.lua_source(which).encode())
     entry = runtime.globals()
     assert entry.envoy_on_request is not None
-    assert (entry.envoy_on_response is not None) == (which is gw.LuaFilter.CLIENT_ERROR)
+    assert (entry.envoy_on_response is not None) == (which is ec.LuaFilter.CLIENT_ERROR)
 
 
 def test_config_values_are_quoted_as_lua_literals(lua):
@@ -74,7 +75,7 @@ def test_config_values_are_quoted_as_lua_literals(lua):
         lua_filters.literal(True)
     with pytest.raises(ValueError, match="Lua names"):
         lua_filters.config_table({"not a name": 1})
-    assert lua.config.ranker == b"ranker" and lua.config.max_json_depth == gw.MAX_JSON_DEPTH
+    assert lua.config.ranker == b"ranker" and lua.config.max_json_depth == ec.MAX_JSON_DEPTH
 
 
 def test_the_files_run_with_no_global_of_their_own(lua):
@@ -94,15 +95,15 @@ def test_the_arm_point_is_pythons(lua):
     rng = np.random.default_rng(5)
     values = [b"", b"user-1", "é".encode(), bytes(range(256))] + [rng.bytes(int(n)) for n in rng.integers(1, 40, 300)]
     for value in values:
-        assert lua.arm.point_of(value, 3) == gw.arm_point(value), value
-        assert lua.arm.point_of(value, 5) == gw.arm_point(value, 5), value
+        assert lua.arm.point_of(value, 3) == fleet_arms.arm_point(value), value
+        assert lua.arm.point_of(value, 5) == fleet_arms.arm_point(value, 5), value
 
 
 def test_the_arm_is_pythons(lua):
     arms = ((4, 10.0), (5, 5.5))
-    text = ";".join(f"{r}:{upto}" for r, upto in gw.arm_bounds(3, arms)[:-1])
+    text = ";".join(f"{r}:{upto}" for r, upto in fleet_arms.arm_bounds(3, arms)[:-1])
     for value in [f"user-{i}".encode() for i in range(500)]:
-        assert int(lua.arm.choose(text.encode(), lua.arm.point_of(value, 3), b"3")) == gw.arm_of(value, 3, arms)
+        assert int(lua.arm.choose(text.encode(), lua.arm.point_of(value, 3), b"3")) == fleet_arms.arm_of(value, 3, arms)
 
 
 # --- pin_version.lua: the gRPC reader and rewriter -------------------------------------------------------------
@@ -185,7 +186,7 @@ def test_pinning_appends_the_version_and_nothing_else(lua):
 
 
 def test_json_deeper_than_the_limit_is_refused_and_no_shallower(lua):
-    limit = gw.MAX_JSON_DEPTH
+    limit = ec.MAX_JSON_DEPTH
     assert not lua.http.too_deep(b"[" * limit + b"]" * limit)
     assert lua.http.too_deep(b"[" * (limit + 1))
     assert lua.http.too_deep(b'{"a":' * (limit + 1))
@@ -301,7 +302,7 @@ def test_the_grpc_filter_arms_by_the_key_parameter_and_refuses_another_kind(lua)
         handle = lua.handle([("x-request-id", "id"), ("ensemble-shadow", "forged")], meta,
                             _grpc_request(parameters={"user": user}))
         lua.pin.envoy_on_request(handle)
-        release = gw.arm_of(user, 3, arms)
+        release = fleet_arms.arm_of(user, 3, arms)
         assert _headers(handle)[b"ensemble-release"] == [str(release).encode()]
         assert b"ensemble-shadow" not in _headers(handle)
         assert _parse(handle.body_buffer.bytes).model_version == str(release)
@@ -331,12 +332,12 @@ def test_the_http_filter_routes_by_the_key_parameter(lua):
         body = json.dumps({"inputs": [], "parameters": {"user": user}}).encode()
         handle = lua.handle([(":method", "POST"), (":path", "/v2/models/ranker/infer")], meta, body)
         lua.http.envoy_on_request(handle)
-        release = gw.arm_of(user, 3, arms)
+        release = fleet_arms.arm_of(user, 3, arms)
         assert _headers(handle)[b":path"] == [f"/v2/models/ranker/versions/{release}/infer".encode()]
         assert _headers(handle)[b"ensemble-release"] == [str(release).encode()]
     handle = lua.handle([(":method", "POST"), ("user", "u-1")], meta, b'{"parameters": {"user": 0.5}}')
     lua.http.envoy_on_request(handle)  # the header wins: the body is not read for the key
-    assert handle.responded is None and _headers(handle)[b"ensemble-release"] == [str(gw.arm_of("u-1", 3, arms)).encode()]
+    assert handle.responded is None and _headers(handle)[b"ensemble-release"] == [str(fleet_arms.arm_of("u-1", 3, arms)).encode()]
     handle = lua.handle([(":method", "POST")], meta, b'{"parameters": {"user": 0.5}}')
     lua.http.envoy_on_request(handle)
     assert b"arm key parameter 'user'" in handle.responded.body

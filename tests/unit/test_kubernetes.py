@@ -18,7 +18,8 @@ import yaml
 from ensemble import cli
 from ensemble.fleet import kubernetes as k8s
 from ensemble.fleet.envoy import validate as envoy_validate
-from ensemble.fleet.gateway import Gateway, GatewayError, Replica, envoy_config
+from ensemble.fleet.gateway import Gateway, GatewayError, Replica
+from ensemble.fleet.envoy_config import envoy_config
 from ensemble.operate.monitoring import dashboard_metric_names, promql_metric_names
 
 # The oldest and the newest Kubernetes minor the manifests are checked against (schemas shipped in the

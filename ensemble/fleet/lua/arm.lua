@@ -1,12 +1,12 @@
 -- The arm of a request, shared by the gateway's two Lua filters (pin_version.lua, client_error.lua).
 --
--- A route's metadata (ensemble/fleet/gateway.py, _arm_metadata) names the serving release
+-- A route's metadata (ensemble/fleet/envoy_config.py, _arm_metadata) names the serving release
 -- ("release") and, during an experiment, the candidates with their upper bounds in CONFIG.points
 -- ("arms": "4:1000;5:1500"), the key ("key"), the shadow share in CONFIG.points ("shadow") and the
 -- candidates a shadow request names ("candidates"). The key's value is the request header of that
 -- name or, when the request has none, the request parameter of that name (key_wanted says when the
 -- filter must read the body for it); a request with neither hashes Envoy's x-request-id (random per
--- request). The value is hashed as ensemble.fleet.gateway.arm_point does (the Python twin, tested
+-- request). The value is hashed as ensemble.fleet.arms.arm_point does (the Python twin, tested
 -- against this one); the request gets the release whose bound is the first above its point, and the
 -- release header naming it. Outside an experiment arm_of gives the pinned release, or nil. A client's
 -- own shadow header is always removed; a sample of the serving arm's requests, drawn from the
