@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from clients.partitions import ScoreSettings, local_pipeline
-from clients.scoring import score_files
+from clients.batch.score import ScoreSettings, local_pipeline
+from clients.batch import score_files
 from clients.triton import RankerClient
 from clients.wire import WireStrings, serialize_bytes
 from ensemble import schema

@@ -18,7 +18,7 @@ from pathlib import Path
 INPUT_BYTES = "input_bytes"
 
 def partition_bytes(part) -> int:
-    """The input bytes a :class:`clients.partitions.Partition` covers (its share of the bar)."""
+    """The input bytes a :class:`clients.batch.input.Partition` covers (its share of the bar)."""
     size = Path(part.path).stat().st_size
     if part.kind == "parquet":
         import pyarrow.parquet as pq

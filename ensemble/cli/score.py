@@ -114,8 +114,9 @@ def cmd_materialize(args) -> int:
     return 0
 
 def cmd_score(args) -> int:
-    from clients.partitions import BadInput, ChunkFailed, ScoreSettings
-    from clients.scoring import score_files, score_files_dask
+    from clients.batch.input import BadInput
+    from clients.batch.score import ChunkFailed, ScoreSettings
+    from clients.batch import score_files, score_files_dask
     from clients.triton import Retry
 
     if not args.local and not args.url:

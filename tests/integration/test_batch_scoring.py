@@ -16,8 +16,8 @@ import pytest
 import tritonclient.http
 
 from benchmarks.batch_scoring import SharedMemorySettings
-from clients.partitions import ScoreSettings
-from clients.scoring import read_parts, score_files
+from clients.batch.score import ScoreSettings
+from clients.batch import read_parts, score_files
 from ensemble import cli, schema
 from ensemble.data import criteo
 from ensemble.operate.control import admin_headers

@@ -140,7 +140,7 @@ def test_grpc_request_is_the_message_tritonclient_builds(frame, all_scores, prio
 
 def test_tsv_chunks_carry_the_tensors_pandas_gives(frame, tmp_path):
     from clients.inputs import from_frame
-    from clients.partitions import plan_partitions, read_chunks, read_partition
+    from clients.batch.input import plan_partitions, read_chunks, read_partition
     from clients.progress import INPUT_BYTES
     from clients.wire import WireStrings
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from clients.partitions import plan_partitions, read_chunks, read_partition
+from clients.batch.input import plan_partitions, read_chunks, read_partition
 from clients.progress import INPUT_BYTES, Progress, partition_bytes
 from ensemble.base.console import native_info_quieted
 from ensemble.data import criteo

@@ -1,5 +1,5 @@
-"""`ensemble score`: a batch-scoring run over every partition (:mod:`clients.partitions`), in this
-process or across a Dask cluster.
+"""`ensemble score`: a batch-scoring run over every partition (its input: :mod:`clients.batch.input`; a partition
+scored: :mod:`clients.batch.score`), in this process or across a Dask cluster.
 
 Single process: one output file (Parquet or CSV). Dask: an output folder with one Parquet part
 per input partition and ``manifest.json``; the folder is built as ``<output>.partial`` and
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from clients.partitions import (BadInput, ChunkFailed, LineReport, OutputWriter, Partition, ScoreSettings, Summary,
-                           local_pipeline, output_schema, plan_partitions, score_chunks)
+from clients.batch.input import BadInput, LineReport, Partition, plan_partitions
+from clients.batch.score import ChunkFailed, OutputWriter, ScoreSettings, Summary, local_pipeline, output_schema, score_chunks
 from clients.progress import INPUT_BYTES, Progress
 from ensemble import schema
 
