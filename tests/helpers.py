@@ -397,3 +397,22 @@ def dockerfile_instructions(path: Path):
 
     done = subprocess.run([sys.executable, "-c", _DOCKERFILE_PARSE, str(path)], capture_output=True, text=True, check=True)
     return [types.SimpleNamespace(**c) for c in json.loads(done.stdout)]
+
+
+def requirement_pins(root: Path, names) -> dict[str, str | None]:
+    """The versions requirements.txt pins for ``names`` (None where it pins none): what an adapter of a library's
+    private API (clients/adapter.py, ensemble/online/redis_adapter.py) was written for must be what is pinned."""
+    import re
+
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)(?:\[[^]]*\])?==(\S+)", (root / "requirements.txt").read_text(), re.M))
+    return {name: pins.get(name) for name in names}
+
+
+def lines_matching(root: Path, skip: str, matches: Callable[[str], bool]) -> list[str]:
+    """``path:line`` of every line of the project's code (clients, loadtest, benchmarks, ensemble) but the file
+    named ``skip`` for which ``matches`` holds (its comment left out)."""
+    return [f"{path.relative_to(root)}:{number}"
+            for folder in ("clients", "loadtest", "benchmarks", "ensemble")
+            for path in sorted((root / folder).rglob("*.py")) if path.name != skip
+            for number, line in enumerate(path.read_text().splitlines(), 1)
+            if matches(line.split("#")[0])]

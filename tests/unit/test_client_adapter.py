@@ -8,6 +8,7 @@ from importlib import metadata
 from pathlib import Path
 
 from clients import adapter
+from tests.helpers import lines_matching, requirement_pins
 
 ROOT = Path(__file__).resolve().parents[2]
 # attribute names of tritonclient's and grpcio's objects that are not their public API
@@ -22,14 +23,8 @@ def test_the_adapter_was_written_for_the_installed_versions():
 
 
 def test_requirements_pin_the_versions_the_adapter_was_written_for():
-    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)(?:\[[^]]*\])?==(\S+)", (ROOT / "requirements.txt").read_text(), re.M))
-    assert {name: pins.get(name) for name in adapter.WRITTEN_FOR} == adapter.WRITTEN_FOR
+    assert requirement_pins(ROOT, adapter.WRITTEN_FOR) == adapter.WRITTEN_FOR
 
 
 def test_no_other_module_touches_their_private_api():
-    offenders = [f"{path.relative_to(ROOT)}:{number}"
-                 for folder in ("clients", "loadtest", "benchmarks", "ensemble")
-                 for path in sorted((ROOT / folder).rglob("*.py")) if path.name != "adapter.py"
-                 for number, line in enumerate(path.read_text().splitlines(), 1)
-                 if any(m.group(1) != "self" for m in PRIVATE.finditer(line.split("#")[0]))]
-    assert offenders == []
+    assert lines_matching(ROOT, "adapter.py", lambda line: any(m.group(1) != "self" for m in PRIVATE.finditer(line))) == []

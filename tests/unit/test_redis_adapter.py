@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ensemble.online import redis_adapter
+from tests.helpers import lines_matching, requirement_pins
 
 ROOT = Path(__file__).resolve().parents[2]
 # redis-py's connection-pool and connection calls that are not its documented API
@@ -23,17 +24,11 @@ def test_the_adapter_was_written_for_the_installed_versions():
 
 
 def test_requirements_pin_the_versions_the_adapter_was_written_for():
-    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)(?:\[[^]]*\])?==(\S+)", (ROOT / "requirements.txt").read_text(), re.M))
-    assert {name: pins.get(name) for name in redis_adapter.WRITTEN_FOR} == redis_adapter.WRITTEN_FOR
+    assert requirement_pins(ROOT, redis_adapter.WRITTEN_FOR) == redis_adapter.WRITTEN_FOR
 
 
 def test_no_other_module_touches_redis_pys_private_api():
-    offenders = [f"{path.relative_to(ROOT)}:{number}"
-                 for folder in ("clients", "loadtest", "benchmarks", "ensemble")
-                 for path in sorted((ROOT / folder).rglob("*.py")) if path.name != "redis_adapter.py"
-                 for number, line in enumerate(path.read_text().splitlines(), 1)
-                 if PRIVATE.search(line.split("#")[0])]
-    assert offenders == []
+    assert lines_matching(ROOT, "redis_adapter.py", lambda line: PRIVATE.search(line) is not None) == []
 
 
 def test_the_packed_mget_answers_as_redis_pys_own_and_drops_a_broken_connection(tmp_path):
