@@ -73,7 +73,7 @@ def _server_options(args):
                          admin_key=os.environ.get(ADMIN_KEY_ENV) or None,
                          latency_summaries=_latency_summaries(args),
                          latency_objective_ms=args.latency_objective_ms, allocator=Allocator(args.allocator),
-                         require_declared=getattr(args, "require_declared", False), store=_store(args),
+                         require_engine=getattr(args, "require_engine", False), store=_store(args),
                          tables=_tables_settings(args))
 
 def _tables_settings(args) -> dict[str, str]:
@@ -141,9 +141,10 @@ def _add_server(p: argparse.ArgumentParser) -> None:
                    help="quantiles (with allowed rank error) of the latency summaries; implies "
                         "--latency-summaries (default: "
                         f"{monitoring.format_quantiles(monitoring.DEFAULT_QUANTILES)})")
-    p.add_argument("--require-declared", action="store_true",
-                   help="refuse to start when a DLRM step's declared engine (the release's engine.json) cannot "
-                        "run on this machine, instead of scoring with the C pass or the framework (logged)")
+    p.add_argument("--require-engine", "--require-declared", dest="require_engine", action="store_true",
+                   help="refuse to start when a DLRM step's recorded engine (the release's engine.json) cannot "
+                        "run on this machine, instead of scoring with the C pass or the framework (logged); "
+                        "--require-declared is its former name, kept for one release")
     p.add_argument("--store", default=None, metavar="URL",
                    help="the online feature store of ranking requests by ids (redis://[user:password@]host:port/db, "
                         "rediss://...; a Redis Cluster node works too); default: ENSEMBLE_STORE_URL (docs/your-data.md, "

@@ -16,8 +16,8 @@ version folder's ``engine.json``. ``ensemble engines`` re-chooses for the machin
 
 At load (:func:`load`) a step builds its declared engine; when it cannot (OpenVINO not built, the CPU
 lacks bf16, the engine fails its parity check) it logs an error naming the step, the declared and the
-substitute engine, and counts it in :data:`UNDECLARED`; with ``ENSEMBLE_REQUIRE_DECLARED=1``
-(``ensemble serve --require-declared``) it raises instead, so the model does not load.
+substitute engine, and counts it in :data:`UNDECLARED`; with ``ENSEMBLE_REQUIRE_ENGINE=1``
+(``ensemble serve --require-engine``) it raises instead, so the model does not load.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ INT8_LOAD_TOLERANCE = 0.05
 HELD_OUT_DIR = "held_out"  # in a training run's work folder: valid.npz and test.npz (ensemble.runs.training)
 HELD_OUT_ROWS = 20000  # test rows an export scores to judge a reduced precision
 CALIBRATION_ROWS = 3000  # validation rows the int8 quantization calibrates its activation ranges on
-REQUIRE_ENV = "ENSEMBLE_REQUIRE_DECLARED"
+REQUIRE_ENV = "ENSEMBLE_REQUIRE_ENGINE"
+REQUIRE_ENV_FORMER = "ENSEMBLE_REQUIRE_DECLARED"  # its former name, still honoured for one release
 BUDGET_ENV = "ENSEMBLE_ENGINE_BUDGET"  # seconds of calls per engine and point at export (default 0.02)
 # Steps that loaded an engine other than the one their release declares in this process: step -> reason.
 UNDECLARED: dict[str, str] = {}
@@ -372,7 +373,7 @@ def load(model_dir: Path, step: str, kernel, framework: Callable, limits: np.nda
         reason = f"unknown engine {declared.engine!r}"
     substitute = "c" if kernel is not None else "framework"
     message = f"{step}: the declared engine {declared.name} cannot score here: {reason}; {substitute} scores instead"
-    if os.environ.get(REQUIRE_ENV) == "1":
+    if os.environ.get(REQUIRE_ENV) == "1" or os.environ.get(REQUIRE_ENV_FORMER) == "1":
         raise EngineUnavailable(message + f" ({REQUIRE_ENV}=1: refusing to load)")
     LOG.error(message)
     UNDECLARED[step] = reason

@@ -78,7 +78,7 @@ typedef struct {
     uint64_t interactive_ns;
     /* This version's ensemble_backend_requests_total series: [0] path "c", [1] path "python". */
     TRITONSERVER_Metric *path_metrics[2];
-    /* This version's ensemble_engine_info and ensemble_engine_undeclared series, one pair per DLRM step. */
+    /* This version's ensemble_engine_info, ensemble_engine_substituted and its former name's series, three per DLRM step. */
     int n_metrics;
     TRITONSERVER_Metric *metrics[ENGINE_METRICS];
     /* The model's own counters (see model_metrics), when it has any: its metric_updates method and the

@@ -70,7 +70,7 @@ class ServerOptions:
             the ranker is loaded with it in its config. None: the repository config's own
             (``configs.DEFAULT_OBJECTIVE_MS`` as exported).
         allocator: the memory allocator tritonserver runs with (:mod:`ensemble.operate.allocator`).
-        require_declared: a DLRM step whose release declares an engine that cannot run here fails to load
+        require_engine: a DLRM step whose release records an engine that cannot run here fails to load
             (so the server does not start) instead of scoring with another (:mod:`ensemble.models.engines`).
     """
 
@@ -86,7 +86,7 @@ class ServerOptions:
     admin_key: str | None = None
     latency_summaries: LatencySummaries = LatencySummaries()
     latency_objective_ms: float | None = None
-    require_declared: bool = False
+    require_engine: bool = False
     allocator: Allocator = Allocator.AUTO
     store: online.StoreSettings | None = None  # the online store of ranking requests by ids
     tables: dict[str, str] = field(default_factory=dict)  # a row store's settings (ensemble.tables.serving)
@@ -230,7 +230,7 @@ class TritonServer:
         # allocated with glibc's free, and tritonserver aborts ("free(): invalid pointer") at the first
         # model OpenVINO compiles. The variable changes only that binding flag.
         env.setdefault("TBB_ENABLE_SANITIZERS", "1")
-        if self.options.require_declared:  # a DLRM step whose declared engine cannot run here does not load
+        if self.options.require_engine:  # a DLRM step whose recorded engine cannot run here does not load
             from ensemble.models.engines import REQUIRE_ENV
 
             env[REQUIRE_ENV] = "1"

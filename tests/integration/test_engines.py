@@ -1,7 +1,7 @@
 """A release at the DLRM seed's widths (small vocabularies keep it quick) served in the native layout by
 a real tritonserver: each DLRM step declares the engine its export measured fastest here, the server
 scores with it (its log says so) and answers as the in-process pipeline on the same engines does; a
-declared engine that cannot run here is said loudly, or refused with --require-declared."""
+declared engine that cannot run here is said loudly, or refused with --require-engine."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def _server(repository, log_file, **options) -> TritonServer:
 
 def _engine_metrics(server) -> dict:
     """The ranker's engine series on the metrics endpoint: (family, step) -> (engine, declared, value) for
-    ensemble_engine_info, the value for ensemble_engine_undeclared."""
+    ensemble_engine_info, the value for ensemble_engine_substituted (which its former name, ensemble_engine_undeclared,
+    repeats for one release)."""
     import urllib.request
 
     from ensemble.operate.monitoring import parse_exposition
@@ -60,8 +61,10 @@ def _engine_metrics(server) -> dict:
     for labels, value in families.get("ensemble_engine_info", []):
         assert labels["model"] == "ranker"
         found["ensemble_engine_info", labels["step"]] = (labels["engine"], labels["declared"], value)
-    for labels, value in families.get("ensemble_engine_undeclared", []):
-        found["ensemble_engine_undeclared", labels["step"]] = value
+    for labels, value in families.get("ensemble_engine_substituted", []):
+        found["ensemble_engine_substituted", labels["step"]] = value
+    former = {labels["step"]: value for labels, value in families.get("ensemble_engine_undeclared", [])}
+    assert former == {step: v for (family, step), v in found.items() if family == "ensemble_engine_substituted"}
     return found
 
 
@@ -112,7 +115,7 @@ def test_the_native_layout_scores_with_the_declared_engines(trained, seed_releas
         server.stop()
     for step, name in names.items():
         assert metrics["ensemble_engine_info", step] == (name, name, 1.0)
-        assert metrics["ensemble_engine_undeclared", step] == 0.0
+        assert metrics["ensemble_engine_substituted", step] == 0.0
     log = (root / "native.log").read_text(errors="replace")
     for step, name in names.items():
         assert f"ensemble: {step} scores with {name} (declared" in log, log[-3000:]
@@ -147,14 +150,14 @@ def test_an_engine_that_cannot_run_here_is_said_loudly_and_refused_when_required
         metrics = _engine_metrics(server)
     finally:
         server.stop()
-    assert metrics["ensemble_engine_undeclared", "dlrm_torch"] == 1.0
+    assert metrics["ensemble_engine_substituted", "dlrm_torch"] == 1.0
     assert metrics["ensemble_engine_info", "dlrm_torch"][1:] == ("openvino-int4", 1.0)
-    assert metrics["ensemble_engine_undeclared", "dlrm_tf"] == 0.0
+    assert metrics["ensemble_engine_substituted", "dlrm_tf"] == 0.0
     log = (tmp_path / "loud.log").read_text(errors="replace")
     assert "dlrm_torch: the declared engine openvino-int4 cannot score here" in log
     assert "ensemble: dlrm_torch scores with" in log and "(UNDECLARED: this install does not know the precision" in log
-    strict = _server(repository, tmp_path / "strict.log", require_declared=True)
+    strict = _server(repository, tmp_path / "strict.log", require_engine=True)
     with pytest.raises(ServerError):
         strict.start()
     strict.stop()
-    assert "ENSEMBLE_REQUIRE_DECLARED=1: refusing to load" in (tmp_path / "strict.log").read_text(errors="replace")
+    assert "ENSEMBLE_REQUIRE_ENGINE=1: refusing to load" in (tmp_path / "strict.log").read_text(errors="replace")
