@@ -96,16 +96,16 @@ def local_pipeline(repository: str):
     progress bar."""
     import os
 
-    from ensemble.base.console import native_info_quieted
+    from ensemble.base.console import framework_info_quieted
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # read when TensorFlow is imported (if it is)
     from ensemble.scoring.pipeline import Pipeline
 
-    with native_info_quieted():
+    with framework_info_quieted():
         pipeline = Pipeline.from_repository(repository)
         widths = pipeline.widths
         pipeline.score(np.zeros((1, widths.dense), np.float32), np.full((1, widths.categorical), b"", object))
-        pipeline.native_chain  # noqa: B018 - built and checked now (Criteo TSV is scored through it)
+        pipeline.c_chain  # noqa: B018 - built and checked now (Criteo TSV is scored through it)
     return pipeline
 
 

@@ -4,7 +4,7 @@ Some libraries write straight to file descriptor 2 from C++, where Python's ``wa
 ``logging`` cannot reach: LiteRT's "INFO: Created TensorFlow Lite XNNPACK delegate for CPU." (no
 switch turns it off) and absl/TensorFlow info lines ("I0000 00:00:... file.cc:12] ..."); others
 hand their C++ log lines to a Python callback that prints them to stdout.
-:func:`native_info_quieted` holds both while a block runs and passes on everything but those
+:func:`framework_info_quieted` holds both while a block runs and passes on everything but those
 lines, so warnings and errors still show.
 """
 
@@ -22,7 +22,7 @@ INFO_LINE = re.compile(r"^(INFO: |I\d{4} \d\d:\d\d:\d\d)")
 
 
 @contextlib.contextmanager
-def native_info_quieted(*dropped: Pattern[str]) -> Iterator[None]:
+def framework_info_quieted(*dropped: Pattern[str]) -> Iterator[None]:
     """Hold what C++ code writes to stderr (fd 2) and what Python prints to ``sys.stdout`` while
     the block runs, then pass on everything but info lines and the lines matching ``dropped``."""
     keep = lambda text: "".join(line for line in text.splitlines(keepends=True)  # noqa: E731

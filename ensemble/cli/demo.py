@@ -14,7 +14,7 @@ import numpy as np
 from ensemble import schema
 from ensemble.base import machine
 from ensemble.runs import training
-from ensemble.base.console import native_info_quieted
+from ensemble.base.console import framework_info_quieted
 from ensemble.data import criteo
 from ensemble.data.edge_cases import edge_case_rows
 from ensemble.features import transforms
@@ -106,7 +106,7 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> dict:
                                                  seed=options.synth.seed + 1000)).frame
         dense = np.concatenate([transforms.dense_array(fresh), edge_case_rows(np.random.default_rng(7))[0]])
         cats = np.concatenate([transforms.encode_categorical(fresh), edge_case_rows(np.random.default_rng(7))[1]])
-        with native_info_quieted():  # LiteRT's XNNPACK line, at the first TFLite call
+        with framework_info_quieted():  # LiteRT's XNNPACK line, at the first TFLite call
             pipeline = Pipeline.from_repository(options.repository, threads=1)
             local = pipeline.score(dense, cats)
         served = http.score(dense, cats, all_scores=True)

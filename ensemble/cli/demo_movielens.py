@@ -18,7 +18,7 @@ import numpy as np
 from ensemble import dataset, online, schema
 from ensemble.base import machine
 from ensemble.runs import training
-from ensemble.base.console import native_info_quieted
+from ensemble.base.console import framework_info_quieted
 from ensemble.data import movielens
 from ensemble.cli.demo import DemoOptions, finish
 from ensemble.features import transforms
@@ -85,7 +85,7 @@ def run_movielens_demo(options: DemoOptions, log: Callable[[str], None] = print,
 
     log(f"3/5 exporting the model repository to {options.repository}")
     export_repository(TrainedArtifacts.under(workdir), options.repository)
-    with native_info_quieted():
+    with framework_info_quieted():
         pipeline = Pipeline.from_repository(options.repository, threads=1)
         dense, cats = _inputs(test, spec)
         local = pipeline.score(dense, cats)

@@ -108,7 +108,7 @@ def write_int8(model_dir: Path, calibration: tuple[np.ndarray, np.ndarray]) -> P
     ov = openvino_module()
     import nncf
 
-    from ensemble.base.console import native_info_quieted
+    from ensemble.base.console import framework_info_quieted
 
     folder = Path(model_dir) / OPENVINO_DIR
     model = ov.Core().read_model(str(folder / OPENVINO_MODEL))
@@ -124,7 +124,7 @@ def write_int8(model_dir: Path, calibration: tuple[np.ndarray, np.ndarray]) -> P
     # nncf's progress bars and per-operator info lines say nothing an export's user acts on; its warnings
     # and errors still show
     nncf.set_log_level(logging.WARNING)
-    with native_info_quieted(re.compile(r"━|^\s*\d+ \S+\s*$")):
+    with framework_info_quieted(re.compile(r"━|^\s*\d+ \S+\s*$")):
         quantized = nncf.quantize(model, nncf.Dataset(batches, feed), subset_size=len(batches),
                                   ignored_scope=nncf.IgnoredScope(names=_int8_ignored(model)))
     path = folder / OPENVINO_INT8

@@ -88,7 +88,7 @@ class KernelChain:
         wire) before it, as one C object (``_chain.Chain``, ``ensemble/native/_chain.c``): raw float32
         dense values and Triton's BYTES wire buffers in, the outputs out, with no Python call, for the
         native backend. None when ``_chain`` or the C vocabulary was not built. Unchecked:
-        :attr:`ensemble.scoring.pipeline.Pipeline.native_chain` compares it with the Python chain."""
+        :attr:`ensemble.scoring.pipeline.Pipeline.c_chain` compares it with the Python chain."""
         from ensemble.features.transforms import OOV_ID
 
         vocabulary = transform.vocabulary

@@ -265,7 +265,7 @@ class Pipeline:
         scored as the native backend scores a call: by the chain in C when it is built here, else by
         looking the strings up from the buffer, else from the strings. Each output flat, [rows] float32."""
         dense = np.ascontiguousarray(dense, np.float32)
-        chain = self.native_chain
+        chain = self.c_chain
         if chain is not None:
             out = np.empty((len(schema.RANKER_OUTPUTS), rows), np.float32)
             split = self._parallel and rows >= self.PARALLEL_MIN_ROWS
@@ -310,7 +310,7 @@ class Pipeline:
         return chain
 
     @functools.cached_property
-    def native_chain(self):
+    def c_chain(self):
         """The whole chain in C from raw dense values and Triton's BYTES wire buffers
         (:meth:`ensemble.scoring.chain.KernelChain.native`), which the native backend scores plain calls
         with, when it builds here and gives :meth:`chain_scores`' outputs bit for bit on a sample of

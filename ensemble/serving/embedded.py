@@ -154,7 +154,7 @@ class RankerModel:
             return None
         policy = self.ranker.admission
         native_policy = policy.native if isinstance(policy, admission.NativeAdmission) else None
-        chain = self.pipeline.native_chain
+        chain = self.pipeline.c_chain
         if chain is None or (policy is not None and native_policy is None):
             return None
         return (tuple((_TRITON_TYPES[t.dtype], t.dims[0]) for t in self.step.inputs), outputs, chain, native_policy,

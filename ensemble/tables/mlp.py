@@ -165,7 +165,7 @@ def write_int8(ir: Path, out: Path, calibration: tuple[np.ndarray, np.ndarray]) 
 
     import nncf
 
-    from ensemble.base.console import native_info_quieted
+    from ensemble.base.console import framework_info_quieted
     from ensemble.models import engines
 
     ov = engines.openvino_module()
@@ -179,7 +179,7 @@ def write_int8(ir: Path, out: Path, calibration: tuple[np.ndarray, np.ndarray]) 
         return {names[1 - pooled_index]: dense[rows], names[pooled_index]: pooled[rows]}
 
     nncf.set_log_level(logging.WARNING)
-    with native_info_quieted(re.compile(r"━|^\s*\d+ \S+\s*$")):
+    with framework_info_quieted(re.compile(r"━|^\s*\d+ \S+\s*$")):
         quantized = nncf.quantize(model, nncf.Dataset(list(range(0, len(dense), 100)), feed),
                                   subset_size=-(-len(dense) // 100),
                                   ignored_scope=nncf.IgnoredScope(names=engines._int8_ignored(model)))

@@ -163,6 +163,6 @@ def test_the_chain_in_c_scores_tensors_at_any_address(pipeline):
     wire = native.join_wire(cats.reshape(-1).tolist())
     aligned = np.full((len(schema.RANKER_OUTPUTS), len(dense)), -1, np.float32)
     odd = np.full_like(aligned, -1)
-    pipeline.native_chain.score(((dense.tobytes(), wire, len(dense)),), aligned)
-    pipeline.native_chain.score(((_at_odd_address(dense.tobytes()), _at_odd_address(wire), len(dense)),), odd, 2)
+    pipeline.c_chain.score(((dense.tobytes(), wire, len(dense)),), aligned)
+    pipeline.c_chain.score(((_at_odd_address(dense.tobytes()), _at_odd_address(wire), len(dense)),), odd, 2)
     assert np.array_equal(odd, aligned) and (aligned != -1).all()

@@ -27,7 +27,7 @@ def one_thread(pipeline):
 
 
 def test_the_chain_in_c_is_built_here_and_passes_its_check(pipeline):
-    assert native.COMPILED and pipeline.native_chain is not None
+    assert native.COMPILED and pipeline.c_chain is not None
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -37,7 +37,7 @@ def test_the_chain_in_c_scores_what_the_pipeline_scores(pipeline, one_thread, si
     dense, cats = fresh_rows(max(sum(sizes) - 8, 1), seed=sum(sizes) + 40)  # with unseen values and edge cases
     dense, cats = dense[-sum(sizes):] if sum(sizes) else dense[:0], cats[-sum(sizes):] if sum(sizes) else cats[:0]
     out = np.full((len(schema.RANKER_OUTPUTS), sum(sizes)), -1, np.float32)
-    pipeline.native_chain.score(_parts(dense, cats, sizes), out, threads)
+    pipeline.c_chain.score(_parts(dense, cats, sizes), out, threads)
     for reference in (pipeline, one_thread):  # two threads and one
         want = reference.score(dense, cats)
         for k, tensor in enumerate(schema.RANKER_OUTPUTS):
@@ -54,7 +54,7 @@ def test_the_dense_transform_in_c_is_numpys_to_the_bit(pipeline):
         np.array([np.nan, np.inf, -np.inf, -0.0, 1e-45, -1e-45, 3.4e38, -3.4e38], np.float32)])
     values = np.resize(values, (len(values) + width - 1) // width * width).reshape(-1, width)
     out = np.empty_like(values)
-    pipeline.native_chain.transform_dense(values.tobytes(), out)
+    pipeline.c_chain.transform_dense(values.tobytes(), out)
     assert np.array_equal(out, transform.transform_dense(values))
 
 
@@ -63,18 +63,18 @@ def test_the_chain_in_c_refuses_what_does_not_add_up(pipeline):
     (d, wire, rows), = _parts(dense[:3], cats[:3], [3])
     out = np.empty((len(schema.RANKER_OUTPUTS), 3), np.float32)
     with pytest.raises(ValueError, match="truncated"):
-        pipeline.native_chain.score(((d, wire[:-1], rows),), out)
+        pipeline.c_chain.score(((d, wire[:-1], rows),), out)
     big = _parts(*fresh_rows(40, seed=10), [48])  # on two threads: the helper's part fails
     (bd, bwire, brows), = big
     with pytest.raises(ValueError, match="truncated"):
-        pipeline.native_chain.score(((bd, bwire[:-1], brows),), np.empty((len(schema.RANKER_OUTPUTS), 48), np.float32), 2)
-    pipeline.native_chain.score(big, np.empty((len(schema.RANKER_OUTPUTS), 48), np.float32), 2)  # and it recovers
+        pipeline.c_chain.score(((bd, bwire[:-1], brows),), np.empty((len(schema.RANKER_OUTPUTS), 48), np.float32), 2)
+    pipeline.c_chain.score(big, np.empty((len(schema.RANKER_OUTPUTS), 48), np.float32), 2)  # and it recovers
     with pytest.raises(ValueError, match="values in the BYTES tensor"):
-        pipeline.native_chain.score(((d, wire + native.join_wire([b"x"]), rows),), out)
+        pipeline.c_chain.score(((d, wire + native.join_wire([b"x"]), rows),), out)
     with pytest.raises(ValueError, match="dense"):
-        pipeline.native_chain.score(((d[:-4], wire, rows),), out)
+        pipeline.c_chain.score(((d[:-4], wire, rows),), out)
     with pytest.raises(ValueError, match="out"):
-        pipeline.native_chain.score(((d, wire, rows),), out[:, :2].copy())
+        pipeline.c_chain.score(((d, wire, rows),), out[:, :2].copy())
 
 
 def test_a_chain_in_c_that_disagrees_is_not_used(pipeline, monkeypatch, caplog):
@@ -88,7 +88,7 @@ def test_a_chain_in_c_that_disagrees_is_not_used(pipeline, monkeypatch, caplog):
 
     monkeypatch.setattr(runtime.Pipeline, "chain_scores", one_ulp_off)
     with caplog.at_level("WARNING"):
-        assert off.native_chain is None
+        assert off.c_chain is None
     assert "does not give the Python chain's scores" in caplog.text
     off.close()
 

@@ -99,7 +99,7 @@ def test_the_plain_path_offers_the_chain_and_the_policy_in_c(ranker_model):
     from ensemble.serving import admission
 
     chain, policy, split_rows = ranker_model.plain[2:]
-    assert chain is not None and chain is ranker_model.pipeline.native_chain
+    assert chain is not None and chain is ranker_model.pipeline.c_chain
     assert isinstance(ranker_model.ranker.admission, admission.NativeAdmission)
     assert policy is ranker_model.ranker.admission.native
     assert split_rows == (ranker_model.pipeline.PARALLEL_MIN_ROWS if ranker_model.pipeline.parallel else 0)
@@ -117,12 +117,12 @@ def test_no_c_path_beside_a_python_policy_or_without_the_chain_in_c(ranker_model
     finally:
         ranker_model.ranker.admission = compiled
     pipeline = ranker_model.pipeline
-    chain = pipeline.native_chain
-    pipeline.__dict__["native_chain"] = None  # a build without ensemble.native._chain
+    chain = pipeline.c_chain
+    pipeline.__dict__["c_chain"] = None  # a build without ensemble.native._chain
     try:
         assert ranker_model._plain_spec() is None
     finally:
-        pipeline.__dict__["native_chain"] = chain
+        pipeline.__dict__["c_chain"] = chain
     assert ranker_model._plain_spec() is not None
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from clients.batch.input import plan_partitions, read_chunks, read_partition
 from clients.progress import INPUT_BYTES, Progress, partition_bytes
-from ensemble.base.console import native_info_quieted
+from ensemble.base.console import framework_info_quieted
 from ensemble.data import criteo
 
 
@@ -50,7 +50,7 @@ def test_bar_total_is_the_input_size_and_chunks_advance_it(inputs, kind, reader)
 
 
 def test_framework_info_lines_are_held_back_and_the_rest_passed_on(capfd):
-    with native_info_quieted():
+    with framework_info_quieted():
         os.write(2, b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n")
         os.write(2, b"I0000 00:00:1795396058.763184   24042 reader.cc:83] Reading SavedModel\n")
         os.write(2, b"WARNING: something the user should see\n")
