@@ -75,3 +75,12 @@ def test_help_answers_without_importing_pandas():
 def test_score_refuses_contradictory_or_unsupported_options(tmp_path, capsys, argv, message):
     assert cli.main(["score", str(tmp_path / "in.tsv"), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_renamed_engine_flag_still_takes_its_former_name():
+    from ensemble.cli import build_parser
+    from ensemble.cli.common import _server_options
+
+    for flag in ("--require-engine", "--require-declared"):
+        assert _server_options(build_parser().parse_args(["serve", flag])).require_engine is True
+    assert _server_options(build_parser().parse_args(["serve"])).require_engine is False
