@@ -138,6 +138,19 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
     if (nice == NULL) PyErr_Clear(); /* a model without the attribute: threads left as they are */
     else if (PyLong_Check(nice)) state->thread_nice = (int)PyLong_AsLong(nice);
     Py_XDECREF(nice);
+    PyObject *limits = PyObject_GetAttrString(state->model, "lane_limits");
+    double yield_s = 0.0;
+    if (limits == NULL || !PyArg_ParseTuple(limits, "iid", &state->lane_requests, &state->lane_nice, &yield_s) ||
+        state->lane_requests < 1 || state->lane_nice < 0 || state->lane_nice > 19 || !(yield_s >= 0)) {
+        PyErr_Clear();
+        state->lane_requests = 0; /* no lane: bulk requests are scored in the call, as without a lane thread */
+        char text[300];
+        snprintf(text, sizeof text, "model '%s': no bulk lane limits (lane_limits): bulk requests are scored in the call",
+                 name);
+        log_line(TS_LOG_WARN, text);
+    }
+    state->lane_yield_ns = (uint64_t)(yield_s * 1e9);
+    Py_XDECREF(limits);
     c_module_metrics();
     engine_metrics(state, name, version);
     table_metrics_create(state, name, version);

@@ -73,8 +73,13 @@ typedef struct {
     int64_t split_rows;
     /* The nice value the model's instance threads take on their first call (0: left as they are). */
     int thread_nice;
+    /* The bulk lane's limits, read from the model's lane_limits (ensemble/serving/lane.py: the one set the
+     * fused ranker's Python lane reads too): requests it holds, its thread's nice value, and how recently an
+     * interactive request must have been served for bulk requests to go to it. */
+    int lane_requests, lane_nice;
+    uint64_t lane_yield_ns;
     /* When a call last held an interactive request (now_ns; 0: never): bulk requests go to the bulk
-     * lane while one did within the last LANE_YIELD_NS. Written and read with __atomic builtins. */
+     * lane while one did within the last lane_yield_ns. Written and read with __atomic builtins. */
     uint64_t interactive_ns;
     /* This version's ensemble_backend_requests_total series: [0] path "c", [1] path "python". */
     TRITONSERVER_Metric *path_metrics[2];
@@ -153,9 +158,6 @@ typedef struct {
     const char *shadow; /* the releases that score it too (the "ensemble-shadow" parameter), or NULL */
 } PlainRequest;
 
-#define LANE_REQUESTS 64
-#define LANE_NICE 19
-#define LANE_YIELD_NS 1000000000ull
 
 /* backend_io.c: the clock, errors, log lines, a request's parameters and its answers */
 TRITONSERVER_Error *add_output(TRITONBACKEND_Response *response, const char *name, TS_DataType datatype,

@@ -89,12 +89,13 @@ static int chain_threads(const ModelState *state, int64_t rows) {
  *
  * Triton's queue is first come, first served: an interactive request that arrives behind bulk
  * requests waits for all of them. So while interactive requests are being served (a call held one
- * within the last LANE_YIELD_NS), a call hands the bulk requests its plan takes to its instance's lane
- * and returns: the lane's thread scores them one at a time, in arrival order, at nice LANE_NICE (below
+ * within the last lane_yield_ns), a call hands the bulk requests its plan takes to its instance's lane
+ * and returns: the lane's thread scores them one at a time, in arrival order, at nice lane_nice (below
  * the model thread's), so an interactive request handed over meanwhile takes the core from it at once
  * (a running thread of equal weight would finish its time slice first). The lane holds at most
- * LANE_REQUESTS requests; more are refused (UNAVAILABLE, retryable). A request that has waited in the
- * lane past its own timeout is refused when its turn comes. Unloading the model first answers every
+ * lane_requests requests; more are refused (UNAVAILABLE, retryable). The three limits are the model's
+ * (ensemble/serving/lane.py, read at load: the fused ranker's Python lane reads the same). A request
+ * that has waited in the lane past its own timeout is refused when its turn comes. Unloading the model first answers every
  * request the lane holds. While the lane holds requests, later bulk requests join it too, so they are
  * scored in arrival order and the model thread stays free for interactive requests that a starved
  * client sends late. Bulk requests on a server with no interactive traffic and an empty lane are
@@ -177,7 +178,8 @@ struct Lane {
     bool stop;
     size_t head, count;
     TRITONSERVER_Metric *waiting, *outcomes[LANE_OUTCOMES]; /* NULL: not created */
-    LaneItem items[LANE_REQUESTS];
+    size_t capacity; /* the model's lane_requests */
+    LaneItem *items;
 };
 
 static void lane_count(Lane *lane, int outcome) {
@@ -248,7 +250,7 @@ static int lane_answer(Lane *lane, const LaneItem *item) {
 
 static void *lane_main(void *arg) {
     Lane *lane = arg;
-    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), LANE_NICE); /* only lowers: needs no privilege */
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), lane->state->lane_nice); /* only lowers: no privilege */
     for (;;) {
         pthread_mutex_lock(&lane->lock);
         while (lane->count == 0 && !lane->stop) pthread_cond_wait(&lane->wake, &lane->lock);
@@ -260,7 +262,7 @@ static void *lane_main(void *arg) {
         pthread_mutex_unlock(&lane->lock);
         lane_count(lane, lane_answer(lane, &item));
         pthread_mutex_lock(&lane->lock);
-        lane->head = (lane->head + 1) % LANE_REQUESTS;
+        lane->head = (lane->head + 1) % lane->capacity;
         lane->count--;
         lane_gauge(lane);
         pthread_mutex_unlock(&lane->lock);
@@ -280,8 +282,15 @@ static void lane_metrics_delete(Lane *lane) {
 Lane *lane_of(Instance *owner, ModelState *state, TRITONBACKEND_ModelInstance *instance) {
     if (owner == NULL) return NULL;
     if (owner->lane != NULL) return owner->lane;
+    if (state->lane_requests < 1) return NULL;
     Lane *lane = calloc(1, sizeof *lane);
     if (lane == NULL) return NULL;
+    lane->capacity = (size_t)state->lane_requests;
+    lane->items = calloc(lane->capacity, sizeof *lane->items);
+    if (lane->items == NULL) {
+        free(lane);
+        return NULL;
+    }
     lane->state = state;
     lane->instance = instance;
     lane->reporter = owner->reporter;
@@ -311,6 +320,7 @@ Lane *lane_of(Instance *owner, ModelState *state, TRITONBACKEND_ModelInstance *i
         pthread_cond_destroy(&lane->wake);
         pthread_mutex_destroy(&lane->lock);
         lane_metrics_delete(lane);
+        free(lane->items);
         free(lane);
         log_line(TS_LOG_WARN, "could not start the bulk lane's thread: bulk requests are scored in the call");
         return NULL;
@@ -330,9 +340,9 @@ static size_t lane_held(Lane *lane) {
 /* Hands a request to the lane: false when the lane is full (the caller refuses it). */
 static bool lane_take(Lane *lane, TRITONBACKEND_Request *request, const PlainRequest *plain, uint64_t handed_ns) {
     pthread_mutex_lock(&lane->lock);
-    const bool room = lane->count < LANE_REQUESTS && !lane->stop;
+    const bool room = lane->count < lane->capacity && !lane->stop;
     if (room) {
-        lane->items[(lane->head + lane->count) % LANE_REQUESTS] = (LaneItem){request, *plain, handed_ns};
+        lane->items[(lane->head + lane->count) % lane->capacity] = (LaneItem){request, *plain, handed_ns};
         if (lane->count++ == 0) pthread_cond_signal(&lane->wake);
         lane_gauge(lane);
     }
@@ -346,6 +356,7 @@ void lane_stop(Lane *lane) {
     pthread_cond_destroy(&lane->wake);
     pthread_mutex_destroy(&lane->lock);
     lane_metrics_delete(lane);
+    free(lane->items);
     free(lane);
 }
 
@@ -389,7 +400,7 @@ void native_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_
     /* While the lane still holds requests, later bulk requests queue behind them there (arrival order,
      * and the model thread stays free), however long ago the last interactive request was served. */
     const bool yielding = lane != NULL && deferred != NULL &&
-                          ((last != 0 && handed_ns - last <= LANE_YIELD_NS) || lane_held(lane) > 0);
+                          ((last != 0 && handed_ns - last <= state->lane_yield_ns) || lane_held(lane) > 0);
     int32_t n = 0;
     for (uint32_t r = 0; r < count; r++) {
         if (!yielding || !plain[r].bulk) {
@@ -403,7 +414,7 @@ void native_execute(ModelState *state, TRITONBACKEND_Request **requests, uint32_
             snprintf(why, sizeof why,
                      "refused: %d bulk requests already wait beside interactive traffic (the bulk lane's limit); "
                      "retry with backoff",
-                     LANE_REQUESTS);
+                     state->lane_requests);
             send_error(requests[r], TS_ERROR_UNAVAILABLE, why);
         }
         answered[r] = true;

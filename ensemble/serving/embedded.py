@@ -31,6 +31,7 @@ from ensemble import online, schema
 from ensemble.repository import configs
 from ensemble.serving import admission, calls
 from ensemble.scoring import pipeline, ranking
+from ensemble.serving.lane import LIMITS
 
 # Triton's data type codes (the backend API's TRITONSERVER_DataType order) of the types the schema uses.
 _TRITON_TYPES = {schema.DType.FP32: 11, schema.DType.INT64: 9, schema.DType.STRING: 13}
@@ -74,6 +75,7 @@ class RankerModel:
         _check_config(config, runner.step)
         objective = params.get("latency_objective_ms")
         self.thread_nice = thread_nice(params)  # the backend lowers its instance threads to it
+        self.lane_limits = LIMITS  # the backend's bulk lane reads its limits here (ensemble/serving/lane.py)
         # Categorical strings go from Triton's buffer to ids in C when the release allows it.
         self.pipeline: pipeline.Pipeline = runner.fn
         self._wire = pipeline.wire_runner(runner)
@@ -238,6 +240,7 @@ class RankModel:
         self.max_candidates = ranking.max_candidates(params, ranker_rows)
         self.chunk_rows = min(ranking.CHUNK_ROWS, ranker_rows)
         self.thread_nice = thread_nice(params)  # the backend lowers its instance threads to it
+        self.lane_limits = LIMITS  # the backend's bulk lane reads its limits here (ensemble/serving/lane.py)
         self.rows = 0
         self.seconds_per_row: float | None = None  # measured on this model's own chunks (decayed)
         # Ranking by ids: the online store tritonserver's environment names (ensemble serve --store).

@@ -24,6 +24,7 @@ import triton_python_backend_utils as pb_utils
 from ensemble import schema
 from ensemble.serving import admission, calls
 from ensemble.scoring import pipeline
+from ensemble.serving.lane import LANE_NICE, LANE_REQUESTS, LANE_YIELD_S, lane_full_text
 
 class TritonPythonModel:
     def initialize(self, args):
@@ -99,11 +100,7 @@ class TritonPythonModel:
         return kept
 
 
-LANE_REQUESTS = 64  # the most requests the lane holds; more are refused (retryable)
-LANE_NICE = 19  # the lane's thread: below everything else in the stub's process
-LANE_YIELD_S = 1.0
-LANE_FULL = (f"refused: {LANE_REQUESTS} bulk requests already wait beside interactive traffic (the bulk "
-             "lane's limit); retry with backoff")
+LANE_FULL = lane_full_text()
 
 
 class BulkLane:

@@ -199,8 +199,8 @@ SENT_AT_ONCE = 128  # twice the lane's limit: more arrive than it drains meanwhi
 
 def test_the_bulk_lane_holds_a_bounded_number_of_requests(tight_server, pipeline):
     """Beside interactive traffic, 128 bulk requests of 4,096 rows sent at once: the bulk lane holds at
-    most 64 (LANE_REQUESTS in backend.c and model.py); the rest are refused at once, retryably,
-    naming the lane's limit, and every bulk request it took is answered with the right scores."""
+    most 64 (LANE_REQUESTS, ensemble/serving/lane.py, which both lanes read); the rest are refused at once,
+    retryably, naming the lane's limit, and every bulk request it took is answered with the right scores."""
     dense, cats = fresh_rows(ROWS, seed=67)
     dense, cats = dense[:ROWS], cats[:ROWS]
     expected = pipeline.score(dense, cats)["score"].ravel()
