@@ -26,6 +26,9 @@ meanwhile. Parts (``--parts``):
   tier (admission ``none``), calls of ``--read-rows`` Zipf rows at each queue depth of ``--read-depths``
   (io_uring): microseconds a cold block, against fio's at the same depth (how the depth was chosen).
   It runs before fio: on the build VM the disk reads slower for minutes after fio's bursts.
+- ``warm``: both DLRMs' stores opened as the server opens them, each warmed on its own thread from a warm
+  file of ``--warm-fill`` times its tier's slots of the Zipf keys' likeliest rows (written once into
+  ``--warm-scratch``, read from the disk): seconds until the tiers stop filling, and how full they are.
 
 Values reach the server as strings: a large table's id is ``crc32(value) % rows``, so each drawn id is
 sent as a string whose CRC-32 is that id (:func:`forge`). ::

@@ -25,7 +25,6 @@ from ensemble.data import criteo
 from ensemble.dataset import DatasetSpec
 from ensemble import native
 
-FEATURE_COLUMNS = (*schema.DENSE_COLUMNS, *schema.CATEGORICAL_COLUMNS)
 
 
 def _features(spec: DatasetSpec) -> tuple[str, ...]:

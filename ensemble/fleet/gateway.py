@@ -1,7 +1,6 @@
-"""The gateway's Envoy configuration, generated from one typed description of the fleet.
-
-``envoy_config(Gateway(...))`` returns the bootstrap as a dict (JSON is YAML, so Envoy reads the
-``json.dumps`` of it as it is). What the gateway does, and why (docs/fleet.md has the long form):
+"""The gateway: one typed description of the fleet (:class:`Gateway`), from which its Envoy configuration is
+generated (:func:`ensemble.fleet.envoy_config.envoy_config` returns the bootstrap as a dict; JSON is YAML, so
+Envoy reads the ``json.dumps`` of it as it is). What the gateway does, and why (docs/fleet.md has the long form):
 
 - **Two public listeners.** HTTP (HTTP/1.1 or cleartext HTTP/2) to the replicas' HTTP ports over
   HTTP/1.1 (Triton's HTTP front end speaks only that), gRPC to their gRPC ports over HTTP/2. Every
