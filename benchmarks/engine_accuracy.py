@@ -1,5 +1,5 @@
-"""Held-out accuracy of a release's declared DLRM engines against the frameworks' fp32: each DLRM's test AUC
-through its declared engine (the C pass, or OpenVINO in f32 or bf16) and through the framework (TorchScript,
+"""Held-out accuracy of a release's recorded DLRM engines against the frameworks' fp32: each DLRM's test AUC
+through its recorded engine (the C pass, or OpenVINO in f32 or bf16) and through the framework (TorchScript,
 LiteRT), the largest score difference, and the blend's AUC both ways (the blender weighs the three models'
 scores as served).
 

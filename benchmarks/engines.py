@@ -11,7 +11,7 @@ Engines, each on the same weights (random, seeded; 26 tables of ``--table-rows``
   inference precision hint; the plugin uses bf16 only where the CPU has bf16 instructions);
 - for the Keras DLRM (``--tf``): ``litert`` (its TFLite conversion, what the CPU layouts run), ``c`` and
   ``openvino`` (from the TFLite file);
-- ``served:<engine>``: the engines a release can declare (``ensemble.models.engines``), called through their
+- ``served:<engine>``: the engines a release can record (``ensemble.models.engines``), called through their
   C entry points as the server calls them, ``served:openvino-int8`` included (calibrated here on random rows:
   a speed figure; a release judges int8's accuracy on its held-out rows).
 
@@ -156,7 +156,7 @@ def tf_engines(size, table_rows: int, folder: Path, seed: int = 0) -> dict:
 
 
 def served(folder: Path, step: str, scorer) -> dict:
-    """The engines a server can declare for the step (``ensemble.models.engines``), called as the native
+    """The engines a server can record for the step (``ensemble.models.engines``), called as the native
     backend calls them (C entry points; here through their Python wrappers), named ``served:<engine>``."""
     from ensemble.models import dlrm_kernel, engines
 

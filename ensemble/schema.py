@@ -86,10 +86,10 @@ SCORE_XGB = Tensor("score_xgb", DType.FP32, (1,))
 SCORE_DLRM_TORCH = Tensor("score_dlrm_torch", DType.FP32, (1,))
 SCORE_DLRM_TF = Tensor("score_dlrm_tf", DType.FP32, (1,))
 
-# Between the steps of the ensemble. The per-model probabilities travel under their own
-# names and the blend step re-emits them as the ensemble outputs: a tensor that is both an
-# ensemble output and another step's input deadlocks Triton's ensemble scheduler when the
-# client asks for `score` alone (seen with tritonserver 2.51).
+# Between the steps (in the GPU layout, of its Triton ensemble). The per-model probabilities travel
+# under their own names and the blend step re-emits them as the ensemble outputs: a tensor that is
+# both an ensemble output and another step's input deadlocks Triton's ensemble scheduler when the
+# client asks for `score` alone (seen with tritonserver 2.51, on a CPU ensemble of the same steps).
 DENSE_FEATURES = Tensor("dense_features", DType.FP32, (N_DENSE,))  # normalized
 CATEGORY_IDS = Tensor("category_ids", DType.INT64, (N_CATEGORICAL,))  # Categorify ids
 PROB_XGB = Tensor("prob_xgb", DType.FP32, (1,))

@@ -78,8 +78,6 @@ def add_arguments(p) -> None:
                    help="use a running server of the native layout (http://host:port)")
     p.add_argument("--triton-native-grpc-url", default=None,
                    help="use a running server of the native layout (grpc://host:port)")
-    p.add_argument("--triton-ensemble-http-url", default=None,
-                   help="use a running server of the ensemble layout (http://host:port)")
     p.add_argument("--inproc-url", default=None, help="use a running inproc baseline (http://host:port)")
     p.add_argument("--naive-url", default=None, help="use a running naive baseline (http://host:port)")
     p.add_argument("--mlserver-url", default=None, help="use a running mlserver baseline (http://host:port)")
@@ -206,7 +204,7 @@ class Servers:
         layout = Target(target).layout
         if layout is None:
             return None
-        http = self.urls.get(Target.TRITON_ENSEMBLE_HTTP.value if layout is Layout.ENSEMBLE else Target.TRITON_HTTP.value)
+        http = self.urls.get(Target.TRITON_NATIVE_HTTP.value if layout is Layout.NATIVE else Target.TRITON_HTTP.value)
         if http is None and layout in self.triton:
             http = f"http://{self.triton[layout].http_url}"
         return f"{http}/v2/models/stats" if http else None

@@ -9,15 +9,13 @@ from ensemble.models.registry import Layout
 
 class Target(str, enum.Enum):
     """What a scenario loads. The two plain Triton targets serve the fused layout (the python-backend
-    fallback); ``triton-native-*`` the default, the ranker in the project's own backend; ``triton-ensemble-http`` the
-    per-model ensemble layout. The baselines: ``inproc`` and ``naive`` (FastAPI processes) and
+    fallback); ``triton-native-*`` the default, the ranker in the project's own backend. The baselines: ``inproc`` and ``naive`` (FastAPI processes) and
     ``mlserver`` (the in-process pipeline as an MLServer runtime)."""
 
     TRITON_HTTP = "triton-http"
     TRITON_GRPC = "triton-grpc"
     TRITON_NATIVE_HTTP = "triton-native-http"
     TRITON_NATIVE_GRPC = "triton-native-grpc"
-    TRITON_ENSEMBLE_HTTP = "triton-ensemble-http"
     INPROC = "inproc"
     NAIVE = "naive"
     MLSERVER = "mlserver"
@@ -25,8 +23,6 @@ class Target(str, enum.Enum):
     @property
     def layout(self) -> Layout | None:
         """The Triton layout it loads (None for a baseline)."""
-        if self is Target.TRITON_ENSEMBLE_HTTP:
-            return Layout.ENSEMBLE
         if self.value.startswith("triton-native"):
             return Layout.NATIVE
         return Layout.FUSED if self.value.startswith("triton") else None

@@ -3,10 +3,12 @@ repository against the pinned NGC Triton release (:data:`ensemble.models.triton_
 
 Checks, each reported PASS/FAIL with the file and the reason:
 
-1. configs: every ``config.pbtxt`` and ``configs/gpu.pbtxt`` parses as Triton's ``ModelConfig``.
+1. configs: every ``configs/gpu.pbtxt`` parses as Triton's ``ModelConfig`` (``--target cpu``: the
+   ranker's ``configs/fused.pbtxt`` and ``configs/native.pbtxt``).
 2. agreement: seen through the ``ranker`` ensemble's input/output maps, each model's GPU tensors
-   are its CPU tensors (names, dtypes, shapes); the only difference is the trees' design matrix
-   (``schema.GPU_STEPS``). The ensemble's client contract is identical and fully wired.
+   are the tensors its step reads and writes on the CPU (``schema.STEPS``: names, dtypes, shapes);
+   the only difference is the trees' design matrix (``schema.GPU_STEPS``). The ensemble's client
+   contract is the CPU ranker's and fully wired.
 3. backends: every backend (or platform) named exists in that release's container.
 4. fil: the FIL parameters are ones that release reads, with valid values, required ones present,
    the model file for ``model_type`` present, and the I/O shapes FIL produces.
@@ -71,9 +73,10 @@ def _ios(entries) -> list[IO]:
     return [IO(e.name, pb.DataType.Name(e.data_type), tuple(e.dims)) for e in entries]
 
 
-def _load_configs(repository: Path, relative: str) -> tuple[dict[str, object], list[Finding]]:
+def _load_configs(repository: Path, relative: str, models: tuple[Model, ...] = tuple(Model)
+                  ) -> tuple[dict[str, object], list[Finding]]:
     parsed, findings = {}, []
-    for model in Model:
+    for model in models:
         path = repository / model.value / relative
         subject = model.value
         if not path.is_file():
@@ -111,47 +114,35 @@ def _views(parsed: dict[str, object]) -> dict[str, dict[str, dict[str, IO]]] | s
     return views
 
 
-def _agreement(cpu: dict, gpu: dict) -> list[Finding]:
+def _agreement(gpu: dict) -> list[Finding]:
     findings = []
-    contract = {kind: [IO(t.name, t.dtype.value, t.dims) for t in tensors]
-                for kind, tensors in (("input", schema.RANKER_INPUTS), ("output", schema.RANKER_OUTPUTS))}
-    for label, parsed in (("CPU", cpu), ("GPU", gpu)):
-        ranker = parsed[Model.RANKER.value]
-        for kind in ("input", "output"):
-            if _ios(getattr(ranker, kind)) != contract[kind]:
-                findings.append(Finding("agreement", "ranker", False,
-                                        f"{label} ensemble {kind}s differ from the client contract in schema.py"))
-    cpu_views, gpu_views = _views(cpu), _views(gpu)
-    for label, views in (("CPU", cpu_views), ("GPU", gpu_views)):
-        if isinstance(views, str):
-            findings.append(Finding("agreement", "ranker", False, f"{label} ensemble: {views}"))
+    contract = [IO(t.name, t.dtype.value, t.dims) for t in (*schema.RANKER_INPUTS, *schema.RANKER_OUTPUTS)]
+    ranker = gpu[Model.RANKER.value]
+    if [*_ios(ranker.input), *_ios(ranker.output)] != contract:
+        findings.append(Finding("agreement", "ranker", False,
+                                "GPU ensemble inputs/outputs differ from the client contract in schema.py"))
+    views = _views(gpu)
+    if isinstance(views, str):
+        findings.append(Finding("agreement", "ranker", False, f"GPU ensemble: {views}"))
     if findings:
         return findings
     for model in configs.ORDER:
         name = model.value
-        # Differences allowed by the typed source (the trees' design matrix), nothing else.
-        allowed = {t.name for k in ("inputs", "outputs") for t in
-                   set(getattr(schema.STEPS[model], k)) ^ set(getattr(schema.GPU_STEPS[model], k))}
         problems = []
-        gpu_step = schema.GPU_STEPS[model]
-        for kind, tensors in (("input", gpu_step.inputs), ("output", gpu_step.outputs)):
-            for tensor in tensors:  # the GPU-only tensors are checked against their schema definition
-                seen = gpu_views[name][kind].get(tensor.name)
-                if tensor.name in allowed and (seen is None or (seen.dtype, seen.dims) != (tensor.dtype.value, tensor.dims)):
-                    problems.append(f"GPU {kind} '{tensor.name}' should be {tensor.dtype.value} {list(tensor.dims)} "
-                                    f"(schema.GPU_STEPS), is {f'{seen.dtype} {list(seen.dims)}' if seen else 'absent'}")
-        for kind in ("input", "output"):
-            c, g = cpu_views[name][kind], gpu_views[name][kind]
-            for tensor in sorted((set(c) | set(g)) - allowed):
-                if tensor not in g:
-                    problems.append(f"{kind} '{tensor}' of the CPU config is missing from the GPU config")
-                elif tensor not in c:
-                    problems.append(f"GPU {kind} '{g[tensor].name}' carries '{tensor}', which the CPU config lacks")
-                elif (c[tensor].dtype, c[tensor].dims) != (g[tensor].dtype, g[tensor].dims):
-                    problems.append(f"{kind} '{tensor}': GPU '{g[tensor].name}' is {g[tensor].dtype} "
-                                    f"{list(g[tensor].dims)}, CPU is {c[tensor].dtype} {list(c[tensor].dims)}")
+        for kind in ("input", "output"):  # schema.GPU_STEPS: the CPU step's tensors and the trees' design matrix
+            want = {t.name: t for t in getattr(schema.GPU_STEPS[model], f"{kind}s")}
+            seen = views[name][kind]
+            for tensor_name in sorted(set(want) | set(seen)):
+                tensor, io = want.get(tensor_name), seen.get(tensor_name)
+                if tensor is None:
+                    problems.append(f"GPU {kind} '{io.name}' carries '{tensor_name}', which the step does not have")
+                elif io is None:
+                    problems.append(f"{kind} '{tensor_name}' of the step is missing from the GPU config")
+                elif (io.dtype, io.dims) != (tensor.dtype.value, tensor.dims):
+                    problems.append(f"{kind} '{tensor_name}': GPU '{io.name}' is {io.dtype} {list(io.dims)}, the "
+                                    f"step's is {tensor.dtype.value} {list(tensor.dims)}")
         findings.append(Finding("agreement", name, not problems, "; ".join(problems) or
-                                "same tensors, dtypes and shapes as the CPU config"))
+                                "the step's tensors, dtypes and shapes (schema.GPU_STEPS)"))
     available = {t.name for t in schema.RANKER_INPUTS}
     for step in gpu[Model.RANKER.value].ensemble_scheduling.step:
         missing = set(step.input_map.values()) - available
@@ -267,13 +258,15 @@ def _artifacts(parsed: dict, options: CheckOptions) -> list[Finding]:
 def run_check(options: CheckOptions) -> list[Finding]:
     """Run every check for ``options.target`` and return the findings (none raise)."""
     repository = Path(options.repository)
-    cpu, findings = _load_configs(repository, configs.CONFIG_FILE)
-    if options.target == "cpu":  # the embedded server: nvidia-pytriton's tritonserver has these two
-        return findings + _backends(cpu, frozenset({"python", "ensemble"}), "the nvidia-pytriton tritonserver")
-    gpu, gpu_findings = _load_configs(repository, configs.GPU_CONFIG_FILE)
-    findings += gpu_findings
-    if len(cpu) == len(gpu) == len(Model):
-        findings += _agreement(cpu, gpu)
+    if options.target == "cpu":  # the ranker's CPU layouts: the python backend, the project's backend
+        findings = []
+        for layout, backends in ((configs.Layout.FUSED, {"python"}), (configs.Layout.NATIVE, {configs.NATIVE_BACKEND})):
+            parsed, found = _load_configs(repository, configs.config_file(layout), (Model.RANKER,))
+            findings += found + _backends(parsed, frozenset(backends), f"the {layout.value} layout")
+        return findings
+    gpu, findings = _load_configs(repository, configs.GPU_CONFIG_FILE)
+    if len(gpu) == len(Model):
+        findings += _agreement(gpu)
     findings += _backends(gpu, options.release.backends, options.release.image)
     findings += _artifacts(gpu, options)
     return findings

@@ -124,9 +124,8 @@ def _add_server(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port")
     p.add_argument("--layout", choices=[layout.value for layout in Layout], default=DEFAULT_LAYOUT.value,
                    help="native: the ranker inside Triton's process through the project's backend (the CPU "
-                        "default); fused: the ranker as one python-backend model (the fallback); ensemble: a "
-                        "Triton ensemble of one python-backend model per step; gpu: the NGC container's "
-                        "native backends")
+                        "default); fused: the ranker as one python-backend model (the fallback); gpu: a Triton "
+                        "ensemble of the NGC container's FIL, libtorch and TensorFlow backends")
     p.add_argument("--log-file", default=None, help="server log (default: a temp file)")
     p.add_argument("--latency-objective-ms", type=float, default=None, metavar="MS",
                    help="the ranker (native and fused layouts) refuses (503 / UNAVAILABLE) only a request it "

@@ -189,7 +189,7 @@ def _check_readme(summary: dict, log: Callable[[str], None]) -> None:
 
 def _step_timings(pipeline: Pipeline, dense: np.ndarray, cats: np.ndarray) -> dict[str, dict[str, float]]:
     """Median time of each step called in-process back to back (warm caches): what the served
-    chain would cost without the five python-backend hops."""
+    chain's steps cost apart from serving."""
     out = {}
     for rows in (1, 100):
         tensors = {schema.DENSE.name: dense[:rows], schema.CATEGORICAL.name: cats[:rows]}

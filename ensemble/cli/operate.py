@@ -57,7 +57,7 @@ def _print_c_modules() -> None:
         print(f"warning: {line}", file=sys.stderr, flush=True)
 
 def _print_engines(repository: Path) -> None:
-    """Which engine scores each DLRM step of the newest release, as the release declares it (the server's
+    """Which engine scores each DLRM step of the newest release, as the release records it (the server's
     log says what each replica loaded: ensemble.models.engines)."""
     from ensemble.models import engines
     from ensemble.scoring.pipeline import release_versions
@@ -74,7 +74,7 @@ def cmd_engines(args) -> int:
     from ensemble.scoring.pipeline import release_versions
 
     folders = release_versions(Path(args.repository), args.release)
-    for choice in args.declare or ():
+    for choice in args.choose or ():
         step, _, name = choice.partition("=")
         try:
             engines.set_engine(folders, step, name)
@@ -83,7 +83,7 @@ def cmd_engines(args) -> int:
             return 2
     if args.measure:
         with engines.held_out(Path(args.workdir) / engines.HELD_OUT_DIR if args.workdir else None):
-            records = registry.redeclare(folders, args.budget)
+            records = registry.choose_engines_again(folders, args.budget)
         for record in records:
             print(f"{record['step']}: measured on {record['machine']['model']}: "
                   + "; ".join(f"{e} " + " ".join(f"{r}:{t:g}" for r, t in times.items())
@@ -333,16 +333,16 @@ def add_commands(sub) -> None:
     p.add_argument("--repository", default="model_repository", help="the Triton model repository")
     p.add_argument("--release", type=int, default=None, help="the release (default: the newest)")
     p.add_argument("--measure", action="store_true",
-                   help="measure every engine that runs here at 1, 16, 100 and 1,000 rows and declare the one the "
+                   help="measure every engine that runs here at 1, 16, 100 and 1,000 rows and record the one the "
                         "rule picks (rewrites engine.json and the step's manifest; a server takes it at its next load)")
     p.add_argument("--budget", type=float, default=0.05, help="seconds of calls per engine and point (--measure)")
     p.add_argument("--workdir", default=None,
                    help="the training run's work folder (--measure): its held-out validation rows calibrate int8 and "
                         "its test rows judge bf16 and int8 (test AUC within 0.001 of fp32); without it int8 is not "
                         "measured and bf16 is judged on random rows")
-    p.add_argument("--declare", action="append", metavar="STEP=ENGINE",
-                   help="declare an engine by hand (c, openvino-f32, openvino-bf16, framework), e.g. "
-                        "dlrm_torch=openvino-f32; repeatable")
+    p.add_argument("--choose", "--declare", dest="choose", action="append", metavar="STEP=ENGINE",
+                   help="choose an engine by hand (c, openvino-f32, openvino-bf16, openvino-int8, framework), e.g. "
+                        "dlrm_torch=openvino-f32; repeatable (--declare: its former name, kept for one release)")
     p.set_defaults(func=cmd_engines)
 
     p = _command(sub, "check", "verify the repository against the pinned NGC Triton release (no GPU needed)")

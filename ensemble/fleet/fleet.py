@@ -94,7 +94,7 @@ def _log_path(log: Path | None, name: str) -> Path | None:
 
 def serving_release(options: ServerOptions) -> int | None:
     """The release a fleet on ``options.repository`` serves at start: the declared one, else the
-    newest; None when the layout's ranker is not one version per release (ensemble, gpu)."""
+    newest; None when the layout's ranker is not one version per release (the gpu layout's)."""
     from ensemble.operate.deploy import available_releases
 
     if Layout(options.layout) not in (Layout.FUSED, Layout.NATIVE):

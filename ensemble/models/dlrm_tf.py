@@ -248,7 +248,7 @@ class TFScorer:
         self.folder = Path(model_dir)
         self._local = threading.local()
         interpreter = self._interpreter()[0]  # load now: a broken file fails at load, not on the first request
-        # The engine the release declares for this step (ensemble.models.engines): the C pass (the same
+        # The engine the release records for this step (ensemble.models.engines): the C pass (the same
         # weights through one C call, ensemble/native/_dlrm.c) or OpenVINO, said loudly when it cannot run here.
         from ensemble.models import engines
 

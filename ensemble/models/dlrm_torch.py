@@ -303,7 +303,7 @@ class TorchScorer:
         self.folder = Path(model_dir)
         # On the CPU the same weights through one C call (ensemble/native/_dlrm.c) when it gives
         # TorchScript's scores on a sample batch: 1 row ~15 us instead of ~60-100, 100 rows ~1.6x.
-        # The engine the release declares for this step (ensemble.models.engines): the C pass or
+        # The engine the release records for this step (ensemble.models.engines): the C pass or
         # OpenVINO, chosen by measurement at export; said loudly when it cannot run here.
         self._kernel, self.kernel_c, self.weights, self.engine = None, None, None, "framework (GPU)"
         if device is Device.CPU:

@@ -1,4 +1,4 @@
-"""Which inference engine scores each DLRM step: chosen by measurement at export, declared in the
+"""Which inference engine scores each DLRM step: chosen by measurement at export, recorded in the
 release, stated at load.
 
 Engines a CPU server can run from C (no Python call per request):
@@ -8,15 +8,15 @@ Engines a CPU server can run from C (no Python call per request):
   (``openvino/model.xml``, converted at export from the TorchScript or TFLite model), in ``f32``, or in
   ``bf16`` where the CPU has bfloat16 instructions and the scores hold (:data:`BF16_TOLERANCE`).
 
-At export (:func:`declare`) each engine scores random rows of the step's own tables at 1, 16, 100 and
+At export (:func:`choose`) each engine scores random rows of the step's own tables at 1, 16, 100 and
 1,000 rows, alternating, best of a few repetitions; the rule (:func:`pick`) keeps the engine whose
 slowest point, against the fastest engine at that point, is the least slow. The choice, the machine
 (CPU model and flags), every measurement and the parity against the framework's fp32 go into the
 version folder's ``engine.json``. ``ensemble engines`` re-chooses for the machine it runs on.
 
-At load (:func:`load`) a step builds its declared engine; when it cannot (OpenVINO not built, the CPU
-lacks bf16, the engine fails its parity check) it logs an error naming the step, the declared and the
-substitute engine, and counts it in :data:`UNDECLARED`; with ``ENSEMBLE_REQUIRE_ENGINE=1``
+At load (:func:`load`) a step builds its recorded engine; when it cannot (OpenVINO not built, the CPU
+lacks bf16, the engine fails its parity check) it logs an error naming the step, the recorded and the
+substitute engine, and counts it in :data:`SUBSTITUTED`; with ``ENSEMBLE_REQUIRE_ENGINE=1``
 (``ensemble serve --require-engine``) it raises instead, so the model does not load.
 """
 
@@ -58,12 +58,12 @@ CALIBRATION_ROWS = 3000  # validation rows the int8 quantization calibrates its 
 REQUIRE_ENV = "ENSEMBLE_REQUIRE_ENGINE"
 REQUIRE_ENV_FORMER = "ENSEMBLE_REQUIRE_DECLARED"  # its former name, still honoured for one release
 BUDGET_ENV = "ENSEMBLE_ENGINE_BUDGET"  # seconds of calls per engine and point at export (default 0.02)
-# Steps that loaded an engine other than the one their release declares in this process: step -> reason.
-UNDECLARED: dict[str, str] = {}
+# Steps that loaded an engine other than the one their release records in this process: step -> reason.
+SUBSTITUTED: dict[str, str] = {}
 
 
 class EngineUnavailable(RuntimeError):
-    """The declared engine cannot score here and the server was told to require it."""
+    """The recorded engine cannot score here and the server was told to require it."""
 
 
 def finish(staging: Path, step: str, load_scorer: Callable, budget: float | None = None) -> None:
@@ -98,28 +98,28 @@ def finish(staging: Path, step: str, load_scorer: Callable, budget: float | None
             write_int8(staging, calibration[:2])
         except Exception as exc:  # noqa: BLE001 - any quantizer failure: the other engines are measured
             LOG.warning("%s: no int8 model (%s)", step, exc)
-    declare(staging, step, scorer.kernel_c, scorer.framework, limits, n_dense, budget)
+    choose(staging, step, scorer.kernel_c, scorer.framework, limits, n_dense, budget)
 
 
 STEPS = ("dlrm_torch", "dlrm_tf")
 
 
 def describe(folders: dict) -> list[str]:
-    """One line per DLRM step of a release (``Model`` -> version folder): its declared engine and why."""
+    """One line per DLRM step of a release (``Model`` -> version folder): its recorded engine and why."""
     lines = []
     for model, folder in folders.items():
         if getattr(model, "value", model) not in STEPS:
             continue
-        declared = Declared.read(folder)
-        if declared is None:
-            lines.append(f"{model.value}: no engine declared (a release exported before engines were declared): "
+        recorded = Recorded.read(folder)
+        if recorded is None:
+            lines.append(f"{model.value}: no engine recorded (a release exported before engines were recorded): "
                          "the C pass where it agrees with the framework, else the framework")
             continue
-        record = declared.record
+        record = recorded.record
         worst = record.get("worst_ratio", {})
-        parity = record.get("parity", {}).get("max_abs_diff_vs_framework_fp32", {}).get(declared.name)
-        how = "declared by hand" if "by hand" in record.get("rule", "") else "chosen"
-        lines.append(f"{model.value}: {declared.name}, {how} on {record.get('machine', {}).get('model', '?')} "
+        parity = record.get("parity", {}).get("max_abs_diff_vs_framework_fp32", {}).get(recorded.name)
+        how = "chosen by hand" if "by hand" in record.get("rule", "") else "chosen"
+        lines.append(f"{model.value}: {recorded.name}, {how} on {record.get('machine', {}).get('model', '?')} "
                      f"(measured: {', '.join(f'{e} x{r}' for e, r in worst.items())} of the fastest at its slowest point of "
                      f"{', '.join(map(str, ROWS))} rows"
                      + (f"; differs from the framework's fp32 by at most {parity:.1g}" if parity is not None else "")
@@ -172,7 +172,7 @@ def _held_out_rows(split: str, rows: int, n_dense: int, n_ids: int):
 
 
 @dataclass(frozen=True)
-class Declared:
+class Recorded:
     """What ``engine.json`` says: the engine and precision, and the record behind the choice."""
 
     engine: str
@@ -184,7 +184,7 @@ class Declared:
         return self.engine if self.engine == "c" else f"{self.engine}-{self.precision}"
 
     @classmethod
-    def read(cls, model_dir: Path) -> "Declared | None":
+    def read(cls, model_dir: Path) -> "Recorded | None":
         path = Path(model_dir) / ENGINE_FILE
         if not path.is_file():
             return None
@@ -271,7 +271,7 @@ def pick(times: dict[str, dict[int, float]], eligible: list[str]) -> tuple[str, 
     return min(eligible, key=lambda e: (worst[e], eligible.index(e))), worst
 
 
-def declare(model_dir: Path, step: str, kernel, framework: Callable, limits: np.ndarray, n_dense: int,
+def choose(model_dir: Path, step: str, kernel, framework: Callable, limits: np.ndarray, n_dense: int,
             budget: float | None = None) -> dict:
     """Measure the engines that run here on this step, pick one, write ``engine.json``; return the record."""
     model_dir = Path(model_dir)
@@ -315,7 +315,7 @@ def declare(model_dir: Path, step: str, kernel, framework: Callable, limits: np.
                          "held_out": held or "none at hand (bf16 judged on random rows; int8 not eligible)"},
               "openvino": _runtime().version() if _runtime() is not None else None}
     (model_dir / ENGINE_FILE).write_text(json.dumps(record, indent=1))
-    LOG.info("%s: declared engine %s (%s)", step, chosen, ", ".join(f"{e} worst x{r}" for e, r in worst.items()))
+    LOG.info("%s: recorded engine %s (%s)", step, chosen, ", ".join(f"{e} worst x{r}" for e, r in worst.items()))
     return record
 
 
@@ -336,67 +336,67 @@ def announce(step: str, text: str) -> None:
 
 def load(model_dir: Path, step: str, kernel, framework: Callable, limits: np.ndarray | None, n_dense: int,
          threads: int = 2):
-    """The engine that scores ``step`` here: its declared one when it runs and agrees with the framework,
+    """The engine that scores ``step`` here: its recorded one when it runs and agrees with the framework,
     else the C kernel (when checked) or None (the framework), said loudly. Returns (engine or None, text)."""
-    declared = Declared.read(model_dir)
-    if declared is None:
-        return kernel, "c (no engine declared: the release predates engine.json)" if kernel is not None else \
-            "framework (no engine declared, no C kernel)"
+    recorded = Recorded.read(model_dir)
+    if recorded is None:
+        return kernel, "c (no engine recorded: the release predates engine.json)" if kernel is not None else \
+            "framework (no engine recorded, no C kernel)"
     reason = None
-    if declared.engine == "c":
+    if recorded.engine == "c":
         if kernel is not None:
-            return kernel, "c (declared)"
+            return kernel, "c (recorded)"
         reason = "the C forward pass is not built for this CPU or declined the model"
-    elif declared.engine == "openvino":
+    elif recorded.engine == "openvino":
         if _runtime() is None:
             reason = "OpenVINO's C runtime is not built into this install"
-        elif declared.precision not in ("f32", "bf16", "int8"):
-            reason = f"this install does not know the precision {declared.precision!r}"
-        elif declared.precision == "bf16" and not has_bf16():
+        elif recorded.precision not in ("f32", "bf16", "int8"):
+            reason = f"this install does not know the precision {recorded.precision!r}"
+        elif recorded.precision == "bf16" and not has_bf16():
             reason = "this CPU has no bfloat16 instructions"
         elif limits is None:
             reason = "the model's tables could not be read"
         else:
             try:
-                engine = OpenVinoDLRM(model_dir, declared.precision, limits, n_dense, threads)
+                engine = OpenVinoDLRM(model_dir, recorded.precision, limits, n_dense, threads)
                 dense, ids = _inputs(limits, n_dense, 64, 11)
                 gap = float(np.abs(engine(dense, ids).reshape(-1) - np.asarray(framework(dense, ids)).reshape(-1)).max())
-                bound = {"bf16": BF16_TOLERANCE, "int8": INT8_LOAD_TOLERANCE}.get(declared.precision, F32_TOLERANCE)
+                bound = {"bf16": BF16_TOLERANCE, "int8": INT8_LOAD_TOLERANCE}.get(recorded.precision, F32_TOLERANCE)
                 if gap <= bound:
-                    return engine, f"{declared.name} (declared; measured on {declared.record['machine']['model']})"
+                    return engine, f"{recorded.name} (recorded; measured on {recorded.record['machine']['model']})"
                 reason = f"it differs from the framework by {gap:.2g} (bound {bound:g})"
             except (RuntimeError, ValueError, OSError) as exc:
                 reason = f"it did not load ({exc})"
-    elif declared.engine == "framework":
-        return None, "framework (declared: no C-callable engine reads this model)"
+    elif recorded.engine == "framework":
+        return None, "framework (recorded: no C-callable engine reads this model)"
     else:
-        reason = f"unknown engine {declared.engine!r}"
+        reason = f"unknown engine {recorded.engine!r}"
     substitute = "c" if kernel is not None else "framework"
-    message = f"{step}: the declared engine {declared.name} cannot score here: {reason}; {substitute} scores instead"
+    message = f"{step}: the recorded engine {recorded.name} cannot score here: {reason}; {substitute} scores instead"
     if os.environ.get(REQUIRE_ENV) == "1" or os.environ.get(REQUIRE_ENV_FORMER) == "1":
         raise EngineUnavailable(message + f" ({REQUIRE_ENV}=1: refusing to load)")
     LOG.error(message)
-    UNDECLARED[step] = reason
-    return kernel, f"{substitute} (UNDECLARED: {reason})"
+    SUBSTITUTED[step] = reason
+    return kernel, f"{substitute} (SUBSTITUTED: {reason})"
 
 
 def set_engine(folders: dict, step: str, name: str) -> dict:
-    """Declare ``name`` (``c``, ``openvino-f32``, ``openvino-bf16`` or ``framework``) for ``step`` by hand,
-    keeping the record of the last measurement (``ensemble engines --declare STEP=ENGINE``): for an operator
+    """Choose ``name`` (``c``, ``openvino-f32``, ``openvino-bf16`` or ``framework``) for ``step`` by hand,
+    keeping the record of the last measurement (``ensemble engines --choose STEP=ENGINE``): for an operator
     who wants, say, fp32 where bf16 measured faster. The step's manifest is written again."""
     from ensemble.models import manifest
     from ensemble.schema import Model
 
     if step not in STEPS:
-        raise ValueError(f"{step}: engines are declared for {', '.join(STEPS)}")
+        raise ValueError(f"{step}: engines are recorded for {', '.join(STEPS)}")
     engine, _, precision = name.partition("-")
     if engine not in ("c", "openvino", "framework") or (engine == "openvino") != bool(precision) or \
             precision not in ("", "f32", "bf16", "int8"):
         raise ValueError(f"{name}: one of c, openvino-f32, openvino-bf16, openvino-int8, framework")
     folder = folders[Model(step)]
     manifest.verify(folder, Model(step))
-    record = (Declared.read(folder).record if Declared.read(folder) else {"step": step, "machine": cpu()})
-    record.update(engine=engine, precision=precision or "f32", rule="declared by hand (ensemble engines --declare)")
+    record = (Recorded.read(folder).record if Recorded.read(folder) else {"step": step, "machine": cpu()})
+    record.update(engine=engine, precision=precision or "f32", rule="chosen by hand (ensemble engines --choose)")
     (Path(folder) / ENGINE_FILE).write_text(json.dumps(record, indent=1))
     manifest.write(folder, Model(step))
     return record

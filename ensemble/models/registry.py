@@ -29,14 +29,13 @@ Loader = Callable[[Path, int, Device], Callable[..., object]]
 class Layout(str, enum.Enum):
     """How the ranker is laid out in Triton; each layout has its own config file per model.
 
-    ENSEMBLE: CPU, a Triton ensemble of five python-backend models (one process each).
     FUSED: CPU, ``ranker`` is one python-backend model running the five steps in one process.
     NATIVE: CPU, ``ranker`` is one model of the project's own backend (``libtriton_native.so``), which
         runs the same five steps inside Triton's process (:mod:`ensemble.serving.embedded`).
-    GPU: the NGC container: FIL, libtorch and TensorFlow backends plus python features/blend.
+    GPU: the NGC container, a Triton ensemble of five models: FIL, libtorch and TensorFlow backends plus
+        python features/blend.
     """
 
-    ENSEMBLE = "ensemble"
     FUSED = "fused"
     NATIVE = "native"
     GPU = "gpu"
@@ -84,7 +83,7 @@ class Component:
     finish: Callable[[Path], object] | None = None
     optional: tuple[str, ...] = ()
 
-    def step(self, layout: Layout = Layout.ENSEMBLE) -> schema.Step:
+    def step(self, layout: Layout = Layout.NATIVE) -> schema.Step:
         """The tensors this component reads and writes in a layout."""
         return (schema.GPU_STEPS if layout is Layout.GPU else schema.STEPS)[self.model]
 
@@ -227,7 +226,7 @@ COMPONENTS: tuple[Component, ...] = (
               GpuServing(platform="tensorflow_savedmodel", on_gpu=True, output_names=(artifacts.SAVEDMODEL_OUTPUT,)),
               finish=_finish_dlrm_tf, optional=(artifacts.TFLITE, artifacts.MLP_WEIGHTS, artifacts.TOUCHED_ROWS)),
     Component(Model.BLEND, (artifacts.BLEND_JSON,), _load_blend,
-              GpuServing(backend="python", parameters=lambda r: (("threads", "1"),))),
+              GpuServing(backend="python", parameters=lambda r: (("layout", Layout.GPU.value), ("threads", "1")))),
 )
 
 BY_MODEL: dict[Model, Component] = {c.model: c for c in COMPONENTS}
@@ -235,7 +234,7 @@ BY_MODEL: dict[Model, Component] = {c.model: c for c in COMPONENTS}
 ORDER: tuple[Model, ...] = tuple(c.model for c in COMPONENTS)
 
 
-def redeclare(folders: dict, budget: float | None = None) -> list[dict]:
+def choose_engines_again(folders: dict, budget: float | None = None) -> list[dict]:
     """Measure again on this machine and rewrite each DLRM step's ``engine.json`` (and its manifest):
     ``ensemble engines --measure``; within :func:`ensemble.models.engines.held_out` the reduced precisions
     are judged on its test rows and int8 is quantized anew. A running server takes the new choice when it
@@ -250,5 +249,5 @@ def redeclare(folders: dict, budget: float | None = None) -> list[dict]:
         scorer = dlrm_torch.TorchScorer if model.value == "dlrm_torch" else dlrm_tf.TFScorer
         engines.finish(folder, model.value, lambda: scorer(folder), budget)  # as an export measures it
         manifest.write(folder, model)
-        records.append(engines.Declared.read(folder).record)
+        records.append(engines.Recorded.read(folder).record)
     return records

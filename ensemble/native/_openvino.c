@@ -1,5 +1,5 @@
 /* A DLRM scored by OpenVINO's CPU runtime through its C API, callable from C without the interpreter:
- * the engine a release declares for a DLRM step when it measured fastest on the machine
+ * the engine a release records for a DLRM step when it measured fastest on the machine
  * (ensemble/models/engines.py chooses and records it; the model is the step's OpenVINO IR, written at
  * export from the TorchScript or TFLite model).
  *

@@ -189,6 +189,7 @@ void count_arm(ModelState *state, const char *release, bool answered, uint64_t n
                int64_t rows);
 void delete_served_metrics(ModelState *state);
 TRITONSERVER_MetricFamily *new_family(TS_MetricKind kind, const char *name, const char *help);
+#define METRIC_LABELS_MAX 6 /* the most labels a series of labelled() / labelled_histogram() carries */
 TRITONSERVER_Metric *labelled(TRITONSERVER_MetricFamily *family, const char *const *names,
                               const char *const *values, int count, double value);
 TRITONSERVER_Metric *labelled_histogram(TRITONSERVER_MetricFamily *family, const char *const *names,

@@ -154,14 +154,15 @@ static void model_metrics(ModelState *state) {
 
 /* ----- which engine scores each DLRM step, as metrics -----
  *
- * ensemble_engine_info{model, version, step, engine, declared} is 1 per DLRM step of a loaded version
- * (engine: what scores it here; declared: what its release declares, ensemble/models/engines.py), and
+ * ensemble_engine_info{model, version, step, engine, recorded, declared} is 1 per DLRM step of a loaded
+ * version (engine: what scores it here; recorded: what its release records, ensemble/models/engines.py;
+ * declared: recorded's former name, the same value, kept for one release), and
  * ensemble_engine_substituted{model, version, step} is 1 when the two differ (the load logged why), else 0:
  * what an alert watches; ensemble_engine_undeclared, its former name, says the same for one release. The series
  * go when the version unloads. */
 static TRITONSERVER_MetricFamily *engine_info_family, *engine_substituted_family, *engine_undeclared_family;
 
-/* The series of the model's engines attribute ((step, engine, declared) tuples), when it has one. Called
+/* The series of the model's engines attribute ((step, engine, recorded) tuples), when it has one. Called
  * with the interpreter's lock held. */
 void engine_metrics(ModelState *state, const char *name, uint64_t version) {
     PyObject *engines = PyObject_GetAttrString(state->model, "engines");
@@ -172,7 +173,8 @@ void engine_metrics(ModelState *state, const char *name, uint64_t version) {
     }
     if (engine_info_family == NULL) {
         engine_info_family = new_family(TS_METRIC_GAUGE, "ensemble_engine_info",
-                                        "1 per DLRM step: the engine that scores it here and the one its release declares");
+                                        "1 per DLRM step: the engine that scores it here and the one its release records "
+                                        "(label recorded; declared: its former name)");
         if (engine_info_family != NULL) {
             engine_substituted_family = new_family(TS_METRIC_GAUGE, "ensemble_engine_substituted",
                                                    "1 when a DLRM step scores with another engine than its release records");
@@ -189,15 +191,15 @@ void engine_metrics(ModelState *state, const char *name, uint64_t version) {
     char version_text[24];
     snprintf(version_text, sizeof version_text, "%llu", (unsigned long long)version);
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(engines) && state->n_metrics + 3 <= ENGINE_METRICS; i++) {
-        const char *step, *engine, *declared;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(engines, i), "sss", &step, &engine, &declared)) {
+        const char *step, *engine, *recorded;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(engines, i), "sss", &step, &engine, &recorded)) {
             PyErr_Clear();
             continue;
         }
-        const char *info_names[] = {"model", "version", "step", "engine", "declared"};
-        const char *info_values[] = {name, version_text, step, engine, declared};
-        TRITONSERVER_Metric *info = labelled(engine_info_family, info_names, info_values, 5, 1.0);
-        const double other = strcmp(engine, declared) != 0 && strcmp(declared, "none") != 0;
+        const char *info_names[] = {"model", "version", "step", "engine", "recorded", "declared"};
+        const char *info_values[] = {name, version_text, step, engine, recorded, recorded};
+        TRITONSERVER_Metric *info = labelled(engine_info_family, info_names, info_values, 6, 1.0);
+        const double other = strcmp(engine, recorded) != 0 && strcmp(recorded, "none") != 0;
         TRITONSERVER_Metric *off = labelled(engine_substituted_family, info_names, info_values, 3, other);
         TRITONSERVER_Metric *former = labelled(engine_undeclared_family, info_names, info_values, 3, other);
         if (info) state->metrics[state->n_metrics++] = info;

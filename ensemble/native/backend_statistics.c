@@ -90,8 +90,8 @@ TRITONSERVER_Metric *model_series(ModelState *state, int family, const char *lab
 
 TRITONSERVER_Metric *labelled(TRITONSERVER_MetricFamily *family, const char *const *names,
                               const char *const *values, int count, double value) {
-    const TRITONSERVER_Parameter *labels[5];
-    if (count > 5) return NULL;
+    const TRITONSERVER_Parameter *labels[METRIC_LABELS_MAX];
+    if (count > METRIC_LABELS_MAX) return NULL;
     bool made = true; /* every label made: a value may be missing, and Triton may have no memory for one */
     for (int k = 0; k < count; k++) {
         labels[k] = values[k] ? TRITONSERVER_ParameterNew(names[k], TS_PARAMETER_STRING, values[k]) : NULL;
@@ -114,8 +114,8 @@ TRITONSERVER_Metric *labelled(TRITONSERVER_MetricFamily *family, const char *con
  * `labelled` labels; NULL when Triton cannot make it. */
 TRITONSERVER_Metric *labelled_histogram(TRITONSERVER_MetricFamily *family, const char *const *names,
                                         const char *const *values, int count, const double *bounds, uint64_t n_bounds) {
-    const TRITONSERVER_Parameter *labels[5];
-    if (family == NULL || count > 5) return NULL;
+    const TRITONSERVER_Parameter *labels[METRIC_LABELS_MAX];
+    if (family == NULL || count > METRIC_LABELS_MAX) return NULL;
     bool made = true;
     for (int k = 0; k < count; k++) {
         labels[k] = values[k] ? TRITONSERVER_ParameterNew(names[k], TS_PARAMETER_STRING, values[k]) : NULL;

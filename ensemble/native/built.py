@@ -41,7 +41,7 @@ def missing_lines() -> list[str]:
     lines = [f"the C module ensemble.native.{name} is not built: {instead}"
              for name, instead in MODULES.items() if not found[name]]
     if not found[backend.FILE_NAME]:
-        lines.append(f"the native backend ({backend.FILE_NAME}) is not built: only the fused and ensemble layouts serve")
+        lines.append(f"the native backend ({backend.FILE_NAME}) is not built: only the fused layout serves on CPU")
     return lines
 
 

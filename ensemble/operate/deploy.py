@@ -5,8 +5,8 @@ versions exported together). In the fused layout the ranker is one Triton model 
 is the release, so a switch is one model load: Triton loads the new version while the old one
 keeps answering, then routes new requests to it and unloads the old one once its requests are
 done. Every request is scored by one release's models and blender, never a mix, and none is
-refused during the switch. The per-model layouts (ensemble, gpu) cannot switch all steps in
-one step, so deploy refuses them.
+refused during the switch. The GPU layout, an ensemble of one model a step, cannot switch all steps
+in one step, so deploy refuses it.
 
 Before the switch a release must pass, in this process: its manifests (every file's checksum),
 loading it, finite scores in [0, 1] on fresh rows, and held-out AUC not worse than the serving

@@ -191,9 +191,7 @@ class TritonServer:
                f"--metrics-address={o.host}", f"--metrics-port={o.metrics_port}",
                "--allow-gpu-metrics=false", "--exit-on-error=true", "--log-verbose=0",
                *o.latency_summaries.server_args()]
-        name = config_name(Layout(o.layout))
-        if name:
-            cmd.append(f"--model-config-name={name}")
+        cmd.append(f"--model-config-name={config_name(Layout(o.layout))}")
         cmd.append("--model-control-mode=explicit")
         if not self._ranker_override():  # else start() loads it with the objective or release in its config
             cmd.append(f"--load-model={Model.RANKER.value}")
@@ -225,7 +223,7 @@ class TritonServer:
         # the next fork then waits on a thread that never ends (seen: `rank` stubs starting after the
         # native ranker loaded, about 1 start in 9). The models here compute on one thread anyway.
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
-        # oneTBB (under OpenVINO, the DLRM engine a release may declare) opens its hwloc binding with
+        # oneTBB (under OpenVINO, the DLRM engine a release may record) opens its hwloc binding with
         # RTLD_DEEPBIND unless this is set: the deep-bound hwloc then frees memory the preloaded tcmalloc
         # allocated with glibc's free, and tritonserver aborts ("free(): invalid pointer") at the first
         # model OpenVINO compiles. The variable changes only that binding flag.
@@ -242,8 +240,8 @@ class TritonServer:
     def start(self) -> "TritonServer":
         layout = Layout(self.options.layout)
         if self.options.latency_objective_ms is not None and layout not in (Layout.FUSED, Layout.NATIVE):
-            raise ServerError("a latency objective applies to the fused and native layouts' ranker (the "
-                              "ensemble layout does not refuse requests)")
+            raise ServerError("a latency objective applies to the fused and native layouts' ranker (the gpu "
+                              "layout's steps do not refuse requests)")
         if layout is Layout.NATIVE:
             _check_native_backend(Path(self.options.repository))
         try:  # a declared release that is gone: refuse, rather than serve a release nobody deployed

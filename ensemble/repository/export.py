@@ -119,6 +119,10 @@ def export_repository(artifacts: TrainedArtifacts, repository: str | Path, keep:
 
     repository = Path(repository)
     configs.write_configs(repository, widths=workflow_widths(artifacts.workflow_dir))
+    retired = sorted(p.parent.name for p in repository.glob(f"*/{configs.RETIRED_CONFIG_FILE}"))
+    if retired:  # an earlier export's, or an operator's: not ours to delete
+        log(f"left in place: {configs.RETIRED_CONFIG_FILE} of {', '.join(retired)} (the retired per-step CPU "
+            "ensemble layout's; no `ensemble serve` layout reads it)")
     written: dict[Model, Path] = {}
     with engines.held_out(artifacts.held_out):
         for component in COMPONENTS:

@@ -84,7 +84,7 @@ def workflow_widths(features_version_dir: str | Path) -> schema.Widths:
 
 
 def load_step(model: Model | str, version_dir: str | Path, threads: int = 1,
-              layout: Layout | str = Layout.ENSEMBLE, device: Device | str = Device.CPU,
+              layout: Layout | str = Layout.NATIVE, device: Device | str = Device.CPU,
               widths: schema.Widths | None = None) -> StepRunner:
     """Verify a version folder against its manifest and load its step.
 

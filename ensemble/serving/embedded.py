@@ -99,9 +99,9 @@ class RankerModel:
 
     @property
     def engines(self) -> tuple[tuple[str, str, str], ...]:
-        """(step, the engine that scores it, the engine its release declares) per DLRM step: the backend's
+        """(step, the engine that scores it, the engine its release records) per DLRM step: the backend's
         ``ensemble_engine_*`` metrics (:mod:`ensemble.models.engines`)."""
-        from ensemble.models.engines import Declared
+        from ensemble.models.engines import Recorded
 
         found = []
         for model, step in self.pipeline.steps.items():
@@ -109,8 +109,8 @@ class RankerModel:
             if not hasattr(scorer, "engine"):
                 continue
             folder = getattr(scorer, "folder", None)
-            declared = Declared.read(folder) if folder is not None else None
-            found.append((model.value, scorer.engine.split(" ", 1)[0], declared.name if declared else "none"))
+            recorded = Recorded.read(folder) if folder is not None else None
+            found.append((model.value, scorer.engine.split(" ", 1)[0], recorded.name if recorded else "none"))
         return tuple(found)
 
     @property

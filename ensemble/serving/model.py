@@ -1,5 +1,5 @@
 """The python-backend ``model.py`` of every python model (export copies this file): a composing
-step of the ``ensemble`` and ``gpu`` layouts, or the whole ranker in the ``fused`` layout.
+step of the ``gpu`` layout (features, blend), or the whole ranker in the ``fused`` layout.
 
 One dynamic batch = one call of the step (:class:`ensemble.serving.calls.Ranker`: a request that
 fails validation gets its own error response and the rest of the batch is still scored). With a
@@ -32,7 +32,11 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = pipeline.model_parameters(args["model_config"])
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        threads, layout = int(params.get("threads", "1")), params.get("layout", "ensemble")
+        threads, layout = int(params.get("threads", "1")), params.get("layout")
+        if layout not in ("fused", "gpu"):  # the retired CPU ensemble's configs named none
+            raise pb_utils.TritonModelException(
+                f"{config['name']}: the config's 'layout' parameter is {layout!r}, not 'fused' or 'gpu': the per-step "
+                "CPU ensemble layout is retired; serve the repository with `ensemble serve` (the native layout)")
         pipeline.refuse_row_stores(version_dir, config["name"], layout)
         if layout == "fused":
             runner = pipeline.load_fused(version_dir, threads)

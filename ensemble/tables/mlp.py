@@ -10,7 +10,7 @@ the framework's own layers); the engines take ``(dense [B x n_dense], pooled [B 
   gathered rows as its second input (``ensemble/native/_openvino.c``; int8 quantized by nncf, the
   interaction and the layer reading it kept as they are, as :mod:`ensemble.models.engines` does).
 
-:func:`declare` measures them at export (1, 16, 100 and 1,000 rows, alternating) and writes the choice
+:func:`choose` measures them at export (1, 16, 100 and 1,000 rows, alternating) and writes the choice
 to ``engine.json`` with the rule of :func:`ensemble.models.engines.pick`; a reduced precision is
 eligible only when its held-out AUC is within :data:`ensemble.models.engines.AUC_TOLERANCE` of fp32.
 """
@@ -210,7 +210,7 @@ def measure(engines: dict[str, Callable], n_dense: int, width: int, rows=(1, 16,
     return times
 
 
-def declare(folder: Path, step: str, weights: MlpWeights, candidates: dict[str, Callable],
+def choose(folder: Path, step: str, weights: MlpWeights, candidates: dict[str, Callable],
             aucs: dict[str, float], budget: float = 0.02) -> dict:
     """Measure the eligible engines and write ``engine.json``; returns its record."""
     from ensemble.models import engines

@@ -11,7 +11,7 @@ import numpy as np
 
 from ensemble.tables import export
 from ensemble.tables.files import TablesManifest
-from ensemble.tables.mlp import MlpWeights, OpenVinoMlp, declare, write_int8, write_openvino
+from ensemble.tables.mlp import MlpWeights, OpenVinoMlp, choose, write_int8, write_openvino
 
 LOG = logging.getLogger(__name__)
 OPENVINO_DIR = "openvino"
@@ -37,7 +37,7 @@ def pooled_rows(version_dir: Path, manifest: TablesManifest, ids: np.ndarray) ->
 
 
 def finish(staging: Path, step: str, budget: float | None = None, log=LOG.info) -> None:
-    """Write the step's tables and declare its MLPs' engine (``engine.json``)."""
+    """Write the step's tables and choose its MLPs' engine (``engine.json``)."""
     from ensemble.models import engines, metrics
 
     staging = Path(staging)
@@ -63,7 +63,7 @@ def finish(staging: Path, step: str, budget: float | None = None, log=LOG.info) 
         pooled = pooled_rows(staging, manifest, test[1])
         for name, engine in candidates.items():
             aucs[name] = metrics.auc(test[2], engine(test[0], pooled))
-    record = declare(staging, step, weights, candidates, aucs,
+    record = choose(staging, step, weights, candidates, aucs,
                      budget or float(os.environ.get(engines.BUDGET_ENV) or 0.02))
     log(f"{step}: MLPs on {record['engine']}-{record['precision']} (held-out AUC {aucs or 'not measured'})")
 

@@ -1,5 +1,5 @@
 """A row store DLRM step, served: its tables in a :class:`ensemble.native._tables.Store` (small ones in RAM,
-large ones through the hot tier and the disk), its MLPs in the engine its release declares, both in
+large ones through the hot tier and the disk), its MLPs in the engine its release records, both in
 one ``_tables.Dlrm`` that the chain in C calls without Python (``ensemble/native/_chain.c``).
 
 The server's settings come from its environment (``ensemble serve`` sets them from its flags):
@@ -132,7 +132,7 @@ def open_store(version_dir: Path, manifest: TablesManifest, budget_bytes: int, s
 
 
 def mlp_engine(version_dir: Path, weights: MlpWeights, threads: int = 2):
-    """(name, engine callable, its native object) as ``engine.json`` declares (the C pass when it does not)."""
+    """(name, engine callable, its native object) as ``engine.json`` records (the C pass when it does not)."""
     record_path = Path(version_dir) / "engine.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {"engine": "c"}
     name = record.get("engine", "c")
@@ -143,7 +143,7 @@ def mlp_engine(version_dir: Path, weights: MlpWeights, threads: int = 2):
             engine = OpenVinoMlp(ir, precision, weights.n_tables, weights.dim, weights.n_dense, threads)
             return f"openvino-{precision}", engine, engine.native
         except Exception as exc:  # noqa: BLE001 - OpenVINO not built or failing: the C pass, said
-            LOG.error("%s: the declared engine openvino-%s cannot run here (%s); the C pass scores", version_dir, precision,
+            LOG.error("%s: the recorded engine openvino-%s cannot run here (%s); the C pass scores", version_dir, precision,
                       exc)
     c = weights.c_engine()
     return "c", c, c.native

@@ -63,7 +63,7 @@ SERVED_TESTS = ("tests/integration/test_hostile_input.py", "tests/integration/te
                 "tests/fuzz/backend_faults.py",
                 *(f"--deselect=tests/integration/{test}" for test in (
                     "test_rank_bounds.py::test_the_python_rank_model_runs_below_the_rankers_priority",
-                    "test_tables.py::test_the_python_backend_layouts_refuse_a_row_store_release",
+                    "test_tables.py::test_the_fused_layout_refuses_a_row_store_release",
                     "test_tables.py::test_a_fleets_cold_tier_in_a_redis_cluster_gives_the_disks_answers")))
 SERVED = BUILD / "served"  # the servers' sanitizer logs (sanitizer.<program>.<pid>)
 LEAK_CHECK = BUILD / "leak_check"

@@ -19,7 +19,7 @@ from ensemble.operate.server import DEFAULT_LAYOUT, ServerOptions, TritonServer
 from ensemble.base.machine import free_port
 from tests.helpers import ADMIN_KEY
 
-CPU_LAYOUTS = (Layout.FUSED, Layout.NATIVE, Layout.ENSEMBLE)
+CPU_LAYOUTS = (Layout.FUSED, Layout.NATIVE)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -68,9 +68,9 @@ def server(servers):
 
 
 @pytest.fixture(scope="session")
-def ensemble_server(servers):
-    """The per-model layout: one python-backend process per step under a Triton ensemble."""
-    return servers(Layout.ENSEMBLE)
+def fused_server(servers):
+    """The python-backend layout: the ranker and `rank` each in a stub process beside Triton's."""
+    return servers(Layout.FUSED)
 
 
 @pytest.fixture(scope="session", params=CPU_LAYOUTS, ids=lambda layout: layout.value)
@@ -82,7 +82,7 @@ def layout_server(request, servers):
 @pytest.fixture(autouse=True)
 def _server_still_up(request):
     yield
-    for name in ("server", "ensemble_server", "layout_server"):
+    for name in ("server", "fused_server", "layout_server"):
         if name in request.fixturenames:
             srv = request.getfixturevalue(name)
             assert srv.alive() and srv.ready(), f"server stopped serving:\n{srv.log_tail(80)}"

@@ -6,14 +6,12 @@ import subprocess
 import sys
 
 
-def test_light_steps_load_no_heavy_framework(ensemble_server):
-    processes = ensemble_server.backend_processes()
-    assert set(processes) == {"features", "xgb", "dlrm_torch", "dlrm_tf", "blend", "rank"}
+def test_stub_processes_load_only_their_frameworks(fused_server):
+    processes = fused_server.backend_processes()
+    assert set(processes) == {"ranker", "rank"}
     assert processes["rank"]["frameworks"] == []  # ranking requests: numpy, the ranker does the work
-    assert processes["features"]["frameworks"] == []
-    assert processes["blend"]["frameworks"] == []
-    assert processes["dlrm_torch"]["frameworks"] == ["torch"]
-    assert processes["dlrm_tf"]["frameworks"] == ["litert"]  # TensorFlow Lite's runtime, not TensorFlow
+    # the models' runtimes (XGBoost's library, TorchScript, TensorFlow Lite's), not TensorFlow itself
+    assert processes["ranker"]["frameworks"] == ["litert", "torch", "xgboost"], processes["ranker"]
 
 
 def test_server_memory_under_three_gib(layout_server):
@@ -32,13 +30,13 @@ def test_light_steps_import_no_framework_in_process(trained):
     assert out.stdout.strip() == ""
 
 
-def test_cpu_seconds_are_split_by_process_and_grow_with_work(ensemble_server):
-    server = ensemble_server
+def test_cpu_seconds_are_split_by_process_and_grow_with_work(fused_server):
+    server = fused_server
     from clients.triton import RankerClient
     from tests.helpers import fresh_rows
 
     before = server.cpu_seconds()
-    assert set(before) == {"tritonserver", "features", "xgb", "dlrm_torch", "dlrm_tf", "blend", "rank"}
+    assert set(before) == {"tritonserver", "ranker", "rank"}
     before.pop("rank")  # ranking requests only: these flat requests never reach it
     dense, cats = fresh_rows(100, seed=77)
     client = RankerClient(server.http_url, "http")

@@ -1,7 +1,7 @@
 """A release at the DLRM seed's widths (small vocabularies keep it quick) served in the native layout by
-a real tritonserver: each DLRM step declares the engine its export measured fastest here, the server
+a real tritonserver: each DLRM step records the engine its export measured fastest here, the server
 scores with it (its log says so) and answers as the in-process pipeline on the same engines does; a
-declared engine that cannot run here is said loudly, or refused with --require-engine."""
+recorded engine that cannot run here is said loudly, or refused with --require-engine."""
 
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ def _server(repository, log_file, **options) -> TritonServer:
 
 
 def _engine_metrics(server) -> dict:
-    """The ranker's engine series on the metrics endpoint: (family, step) -> (engine, declared, value) for
-    ensemble_engine_info, the value for ensemble_engine_substituted (which its former name, ensemble_engine_undeclared,
+    """The ranker's engine series on the metrics endpoint: (family, step) -> (engine, recorded, value) for
+    ensemble_engine_info (whose former label `declared` repeats `recorded` for one release), the value for ensemble_engine_substituted (which its former name, ensemble_engine_undeclared,
     repeats for one release)."""
     import urllib.request
 
@@ -60,7 +60,8 @@ def _engine_metrics(server) -> dict:
     found = {}
     for labels, value in families.get("ensemble_engine_info", []):
         assert labels["model"] == "ranker"
-        found["ensemble_engine_info", labels["step"]] = (labels["engine"], labels["declared"], value)
+        assert labels["declared"] == labels["recorded"], labels
+        found["ensemble_engine_info", labels["step"]] = (labels["engine"], labels["recorded"], value)
     for labels, value in families.get("ensemble_engine_substituted", []):
         found["ensemble_engine_substituted", labels["step"]] = value
     former = {labels["step"]: value for labels, value in families.get("ensemble_engine_undeclared", [])}
@@ -73,18 +74,18 @@ def _rows(trained, n: int = 100):
     return transforms.dense_array(frame), transforms.encode_categorical(frame)
 
 
-def test_each_dlrm_step_declares_the_engine_its_measurement_picked(seed_release):
+def test_each_dlrm_step_records_the_engine_its_measurement_picked(seed_release):
     _, repository = seed_release
     folders = release_versions(repository)
     for step in engines.STEPS:
-        declared = engines.Declared.read(folders[Model(step)])
-        record = declared.record
+        recorded = engines.Recorded.read(folders[Model(step)])
+        record = recorded.record
         assert record["machine"] == engines.cpu() and record["step"] == step
         times = record["us_per_row"]
-        # every eligible engine measured at every point; the declared one is what the rule picks from them
+        # every eligible engine measured at every point; the recorded one is what the rule picks from them
         assert times and all(set(points) == {str(r) for r in engines.ROWS} for points in times.values())
         as_ints = {e: {int(r): t for r, t in points.items()} for e, points in times.items()}
-        assert engines.pick(as_ints, list(times))[0] == declared.name
+        assert engines.pick(as_ints, list(times))[0] == recorded.name
         parity = record["parity"]["max_abs_diff_vs_framework_fp32"]
         if engines._runtime() is not None:  # OpenVINO built: f32 always, bf16 where the CPU has it, int8 (held out)
             assert "openvino-f32" in parity and ("openvino-bf16" in parity) == engines.has_bf16()
@@ -99,10 +100,10 @@ def test_each_dlrm_step_declares_the_engine_its_measurement_picked(seed_release)
     assert len(lines) == 2 and all(" chosen on " in line and "measured: " in line for line in lines)
 
 
-def test_the_native_layout_scores_with_the_declared_engines(trained, seed_release):
+def test_the_native_layout_scores_with_the_recorded_engines(trained, seed_release):
     root, repository = seed_release
     folders = release_versions(repository)
-    names = {step: engines.Declared.read(folders[Model(step)]).name for step in engines.STEPS}
+    names = {step: engines.Recorded.read(folders[Model(step)]).name for step in engines.STEPS}
     dense, categorical = _rows(trained)
     pipeline = Pipeline.from_repository(repository)
     expected = pipeline.score(dense, categorical)
@@ -118,15 +119,15 @@ def test_the_native_layout_scores_with_the_declared_engines(trained, seed_releas
         assert metrics["ensemble_engine_substituted", step] == 0.0
     log = (root / "native.log").read_text(errors="replace")
     for step, name in names.items():
-        assert f"ensemble: {step} scores with {name} (declared" in log, log[-3000:]
-    assert "UNDECLARED" not in log
+        assert f"ensemble: {step} scores with {name} (recorded" in log, log[-3000:]
+    assert "SUBSTITUTED" not in log
     for tensor in schema.RANKER_OUTPUTS:
         gap = np.abs(np.asarray(got[tensor.name]).reshape(-1) - expected[tensor.name].reshape(-1)).max()
         assert gap <= 1e-5, (tensor.name, gap)
 
 
-def _declare_unknown_precision(repository):
-    """A release whose torch DLRM declares OpenVINO in a precision this install does not know (as a release
+def _record_unknown_precision(repository):
+    """A release whose torch DLRM records OpenVINO in a precision this install does not know (as a release
     written by a newer version would), its manifest written again as an operator's tool would."""
     folder = release_versions(repository)[Model.DLRM_TORCH]
     path = folder / engines.ENGINE_FILE
@@ -140,7 +141,7 @@ def test_an_engine_that_cannot_run_here_is_said_loudly_and_refused_when_required
     _, source = seed_release
     repository = tmp_path / "repo"
     shutil.copytree(source, repository)
-    _declare_unknown_precision(repository)
+    _record_unknown_precision(repository)
     server = _server(repository, tmp_path / "loud.log")
     server.start()
     try:
@@ -154,8 +155,8 @@ def test_an_engine_that_cannot_run_here_is_said_loudly_and_refused_when_required
     assert metrics["ensemble_engine_info", "dlrm_torch"][1:] == ("openvino-int4", 1.0)
     assert metrics["ensemble_engine_substituted", "dlrm_tf"] == 0.0
     log = (tmp_path / "loud.log").read_text(errors="replace")
-    assert "dlrm_torch: the declared engine openvino-int4 cannot score here" in log
-    assert "ensemble: dlrm_torch scores with" in log and "(UNDECLARED: this install does not know the precision" in log
+    assert "dlrm_torch: the recorded engine openvino-int4 cannot score here" in log
+    assert "ensemble: dlrm_torch scores with" in log and "(SUBSTITUTED: this install does not know the precision" in log
     strict = _server(repository, tmp_path / "strict.log", require_engine=True)
     with pytest.raises(ServerError):
         strict.start()

@@ -75,9 +75,9 @@ def test_baselines_reject_bad_requests_and_keep_serving(baselines):
         assert post_infer(url, good)[0] == 200
 
 
-def test_runner_writes_a_complete_report(ensemble_server, trained, tmp_path):
-    """Against the ensemble layout, whose statistics have one entry per step."""
-    server = ensemble_server
+def test_runner_writes_a_complete_report(fused_server, trained, tmp_path):
+    """Against a server given by URL, whose statistics name its models."""
+    server = fused_server
     options = RunnerOptions(repository=trained.repository, out=tmp_path / "report",
                             targets=("triton-http", "triton-grpc", "inproc"), rows=(1,), users=(2,),
                             duration=3, warmup=1, urls={"triton-http": f"http://{server.http_url}",
@@ -89,7 +89,7 @@ def test_runner_writes_a_complete_report(ensemble_server, trained, tmp_path):
     assert [s["target"] for s in results["scenarios"]] == ["triton-http", "triton-grpc", "inproc"]
     for scenario in results["scenarios"]:
         assert scenario["requests"] > 0 and scenario["failures"] == 0, scenario
-    assert "features" in results["scenarios"][0]["stages"]  # per-stage times from Triton's statistics
+    assert "ranker" in results["scenarios"][0]["stages"]  # per-model times from Triton's statistics
     assert results["scenarios"][0]["server_cpu_ms"] == {}  # a server given by URL is not ours to measure
     inproc_cpu = results["scenarios"][2]["server_cpu_ms"]
     assert list(inproc_cpu) == ["inproc"] and 0 < inproc_cpu["inproc"] < 1000
@@ -105,8 +105,7 @@ def test_runner_writes_a_complete_report(ensemble_server, trained, tmp_path):
 
 
 def test_runner_report_has_the_overload_scenario(server, trained, tmp_path):
-    """The open-loop run at 2x capacity on triton-http (the fused layout: Triton 2.51 crashed or
-    wedged the per-model ensemble layout under open-loop overload, docs/reliability.md)."""
+    """The open-loop run at 2x capacity on triton-http."""
     options = RunnerOptions(repository=trained.repository, out=tmp_path / "report", targets=("triton-http",),
                             rows=(1,), users=(2,), duration=2, warmup=1,
                             urls={"triton-http": f"http://{server.http_url}"}, overload_seconds=2,

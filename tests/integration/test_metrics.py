@@ -16,7 +16,6 @@ from tests.helpers import fresh_rows
 
 # Metrics without a model label (host-wide).
 HOST_METRICS = {"nv_cpu_utilization", "nv_cpu_memory_used_bytes", "nv_cpu_memory_total_bytes"}
-COMPOSING = {Model.FEATURES, Model.XGB, Model.DLRM_TORCH, Model.DLRM_TF, Model.BLEND}
 REQUESTS = 6
 
 
@@ -61,8 +60,6 @@ def test_every_dashboard_metric_is_exported(layout_server):
     missing = sorted(n for n in names if n not in after)
     assert not missing, f"the dashboard queries metrics this server does not export: {missing}"
     expected_models = {Model.RANKER.value}
-    if layout_server.options.layout is Layout.ENSEMBLE:
-        expected_models |= {m.value for m in COMPOSING}
     for name in names - HOST_METRICS:
         assert expected_models <= _models(after[name]), f"{name}: no samples for {expected_models - _models(after[name])}"
 

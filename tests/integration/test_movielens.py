@@ -39,7 +39,7 @@ def test_demo_trains_serves_and_ranks_better_than_popularity(movielens_run):
     assert ranking["blend"]["mrr"] > ranking["popularity"]["mrr"], ranking
 
 
-@pytest.mark.parametrize("layout", [Layout.NATIVE, Layout.ENSEMBLE], ids=lambda layout: layout.value)
+@pytest.mark.parametrize("layout", [Layout.NATIVE, Layout.FUSED], ids=lambda layout: layout.value)
 def test_every_cpu_layout_serves_the_dataset_widths(movielens_run, layout):
     from clients.triton import RankerClient
 

@@ -64,7 +64,7 @@ def test_malformed_ranking_input_is_a_client_error(layout_server, pipeline, case
     if case == "wrapping shape" and layout_server.options.layout is not Layout.NATIVE:
         # Triton 2.51's python-backend stub dies reading such a tensor, before the model sees it (the
         # supervisor heals it: tests/integration/test_faults.py): docs/reliability.md, "Known limits"
-        pytest.skip("a shape whose byte size wraps kills Triton 2.51's python-backend stub (fused, ensemble layouts)")
+        pytest.skip("a shape whose byte size wraps kills Triton 2.51's python-backend stub (fused layout)")
     if case == "truncated BYTES":
         body = _rank_body(3, categorical_wire=b"\x05\x00\x00\x00ab")
     elif case == "wrapping shape":  # 2^62 x 13 x 4 bytes wraps to 0 in 64 bits

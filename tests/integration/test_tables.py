@@ -119,7 +119,7 @@ def test_a_row_store_release_serves_the_pipelines_scores_reading_cold_rows_from_
         server.stop()
 
 
-def test_the_python_backend_layouts_refuse_a_row_store_release(row_store, tmp_path):
+def test_the_fused_layout_refuses_a_row_store_release(row_store, tmp_path):
     repository, _, _, _ = row_store
     server = _server(repository, tmp_path / "fused.log", layout=Layout.FUSED)
     with pytest.raises(ServerError, match="native layout: ensemble serve --layout native"):

@@ -53,6 +53,15 @@ def test_cli_exit_codes(trained, repo, capsys):
     assert "FAIL  backends   dlrm_tf     backend 'tensorflw' does not exist" in capsys.readouterr().out
 
 
+def test_cpu_target_checks_both_cpu_layouts_of_the_ranker(trained, repo):
+    findings = run_check(CheckOptions(trained.repository, target="cpu"))
+    assert [(f.check, f.ok) for f in findings] == [("configs", True), ("backends", True)] * 2, findings
+    _edit(repo / "ranker" / configs.config_file(configs.Layout.NATIVE), f'backend: "{configs.NATIVE_BACKEND}"',
+          'backend: "python"')
+    failed = [f.line() for f in run_check(CheckOptions(repo, target="cpu")) if not f.ok]
+    assert failed == ["FAIL  backends   ranker      backend 'python' does not exist in the native layout (it has: native)"]
+
+
 def test_wrong_backend_name(repo):
     _edit(repo / "xgb" / configs.GPU_CONFIG_FILE, 'backend: "fil"', 'backend: "forest"')
     failures = _failures(repo)
@@ -72,7 +81,7 @@ def test_wrong_tensor_dtype(repo):
     _edit(path, 'name: "category_ids__1"\n  data_type: TYPE_INT64', 'name: "category_ids__1"\n  data_type: TYPE_INT32')
     failures = _failures(repo)
     assert any("agreement" in f and "dlrm_torch" in f and
-               "input 'category_ids': GPU 'category_ids__1' is TYPE_INT32 [26], CPU is TYPE_INT64 [26]" in f
+               "input 'category_ids': GPU 'category_ids__1' is TYPE_INT32 [26], the step's is TYPE_INT64 [26]" in f
                for f in failures), failures
 
 

@@ -84,3 +84,6 @@ def test_the_renamed_engine_flag_still_takes_its_former_name():
     for flag in ("--require-engine", "--require-declared"):
         assert _server_options(build_parser().parse_args(["serve", flag])).require_engine is True
     assert _server_options(build_parser().parse_args(["serve"])).require_engine is False
+    for flag in ("--choose", "--declare"):  # ensemble engines: a step's engine chosen by hand
+        args = build_parser().parse_args(["engines", flag, "dlrm_torch=c", flag, "dlrm_tf=openvino-f32"])
+        assert args.choose == ["dlrm_torch=c", "dlrm_tf=openvino-f32"]

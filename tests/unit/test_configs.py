@@ -12,25 +12,34 @@ from ensemble.schema import Model
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
 
 
-@pytest.mark.parametrize("relative", [configs.CONFIG_FILE, configs.GPU_CONFIG_FILE])
-def test_committed_configs_are_generated(tmp_path, relative):
+def test_committed_configs_are_generated(tmp_path):
     written = configs.write_configs(tmp_path)
-    assert {p.relative_to(tmp_path).as_posix() for p in written} == {
-        f"{m.value}/{r}" for m in Model for r in (configs.CONFIG_FILE, configs.GPU_CONFIG_FILE)} | {
+    relative = {p.relative_to(tmp_path).as_posix() for p in written}
+    assert relative == {f"{m.value}/{configs.GPU_CONFIG_FILE}" for m in Model} | {
         f"ranker/{configs.config_file(Layout.FUSED)}", f"ranker/{configs.config_file(Layout.NATIVE)}"} | {
         f"{schema.RANK_MODEL}/{configs.config_file(layout)}" for layout in Layout}
-    for name in [*configs.all_configs(), schema.RANK_MODEL]:
-        committed = REPO / name / relative
-        assert committed.read_text() == (tmp_path / name / relative).read_text(), (
-            f"{committed} differs from ensemble/repository/configs.py: run `ensemble export` or regenerate")
+    committed = {p.relative_to(REPO).as_posix() for p in REPO.glob("*/**/*.pbtxt")}
+    assert committed == relative  # no file of a retired layout left among the committed ones
+    for name in sorted(relative):
+        assert (REPO / name).read_text() == (tmp_path / name).read_text(), (
+            f"{REPO / name} differs from ensemble/repository/configs.py: run `ensemble export` or regenerate")
 
 
-@pytest.mark.parametrize("relative", [configs.CONFIG_FILE, configs.GPU_CONFIG_FILE])
+@pytest.mark.parametrize("layout", list(Layout), ids=lambda layout: layout.value)
 @pytest.mark.parametrize("name", [m.value for m in Model])
-def test_config_parses_as_triton_model_config(name, relative):
-    config = configs.parse((REPO / name / relative).read_text())
+def test_config_parses_as_triton_model_config(name, layout):
+    path = REPO / name / configs.config_file(layout)
+    if not path.is_file():
+        assert layout is not Layout.GPU and name != "ranker"  # the CPU layouts serve the ranker alone
+        return
+    config = configs.parse(path.read_text())
     assert config.name == name
     assert config.max_batch_size >= 8192
+
+
+def test_no_layout_is_the_default_config():
+    """Every layout is chosen by name (`--model-config-name`): none hides in config.pbtxt."""
+    assert {configs.config_file(layout) for layout in Layout} == {f"configs/{la.value}.pbtxt" for la in Layout}
 
 
 def test_native_layout_is_the_fused_ranker_in_the_projects_backend():
@@ -47,36 +56,38 @@ def test_native_layout_is_the_fused_ranker_in_the_projects_backend():
         assert committed.read_text() == configs.layout_texts(layout)["ranker"], committed
 
 
-def test_ranker_contract():
-    config = configs.layout_configs(Layout.ENSEMBLE)["ranker"]
-    assert config.platform == "ensemble"
+@pytest.mark.parametrize("layout", list(Layout), ids=lambda layout: layout.value)
+def test_ranker_contract(layout):
+    config = configs.layout_configs(layout)["ranker"]
+    assert config.platform == ("ensemble" if layout is Layout.GPU else "")
     assert [(i.name, list(i.dims)) for i in config.input] == [("dense", [13]), ("categorical", [26])]
     assert [o.name for o in config.output] == ["score", "score_xgb", "score_dlrm_torch", "score_dlrm_tf"]
 
 
-def test_ensemble_wiring_is_complete():
-    config = configs.layout_configs(Layout.ENSEMBLE)["ranker"]
+def test_gpu_ensemble_wiring_is_complete():
+    config = configs.layout_configs(Layout.GPU)["ranker"]
     available = {t.name for t in schema.RANKER_INPUTS}
     for step in config.ensemble_scheduling.step:
-        spec = schema.STEPS[Model(step.model_name)]
-        assert set(step.input_map) == {t.name for t in spec.inputs}
+        spec = schema.GPU_STEPS[Model(step.model_name)]
+        assert set(step.input_map.values()) == {t.name for t in spec.inputs}
         assert set(step.input_map.values()) <= available, f"{step.model_name} reads a tensor not produced yet"
         available |= set(step.output_map.values())
     assert {t.name for t in schema.RANKER_OUTPUTS} <= available
 
 
-def test_python_models_batch_dynamically():
-    for spec in configs.layout_specs(Layout.ENSEMBLE)[0]:
+def test_gpu_python_steps_batch_dynamically_on_the_cpu():
+    python = [s for s in configs.layout_specs(Layout.GPU)[0] if s.backend == "python"]
+    assert sorted(s.name for s in python) == ["blend", "features"]
+    for spec in python:
         config = configs.model_config(spec)
-        assert config.backend == "python"
         assert config.HasField("dynamic_batching")
         assert config.instance_group[0].kind == config.instance_group[0].KIND_CPU
 
 
-def test_no_cpu_model_has_a_queue_policy_so_triton_prefetches():
+def test_no_model_has_a_queue_policy_so_triton_prefetches():
     """Any queue policy or priority level turns off the dynamic batcher's prefetching in Triton 2.51
     (and with it the instance's next batch waits for a wake-up only an accepted request sends)."""
-    for layout in (Layout.FUSED, Layout.ENSEMBLE):
+    for layout in Layout:
         for spec in configs.layout_specs(layout)[0]:
             batching = configs.model_config(spec).dynamic_batching
             assert batching.priority_levels == 0 and not batching.priority_queue_policy
@@ -88,8 +99,8 @@ def test_the_fused_ranker_carries_the_default_latency_objective():
     config = configs.model_config(ranker)
     objective = config.parameters[configs.LATENCY_OBJECTIVE_PARAMETER].string_value
     assert float(objective) == configs.DEFAULT_OBJECTIVE_MS
-    # the per-model layout's steps refuse nothing
-    for spec in configs.layout_specs(Layout.ENSEMBLE)[0]:
+    # the GPU layout's steps refuse nothing
+    for spec in configs.layout_specs(Layout.GPU)[0]:
         assert configs.LATENCY_OBJECTIVE_PARAMETER not in configs.model_config(spec).parameters
 
 

@@ -120,9 +120,9 @@ def test_unknown_spec_name_lists_the_built_in_ones(tmp_path):
     assert dataset.load_spec(path).name == "clicks"
 
 
-def test_configs_of_every_cpu_layout_take_the_dataset_widths():
+def test_configs_of_every_layout_take_the_dataset_widths():
     widths = schema.Widths(21, 5)
-    for layout in (Layout.FUSED, Layout.NATIVE, Layout.ENSEMBLE):
+    for layout in Layout:
         for name, config in configs.layout_configs(layout, widths=widths).items():
             tensors = {t.name: list(t.dims) for t in (*config.input, *config.output)}
             for tensor, dims in tensors.items():

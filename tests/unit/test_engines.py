@@ -1,4 +1,4 @@
-"""The engine rule and the declared engine at load, on small real DLRMs (TorchScript and TFLite)."""
+"""The engine rule and the recorded engine at load, on small real DLRMs (TorchScript and TFLite)."""
 
 from __future__ import annotations
 
@@ -36,16 +36,16 @@ def test_the_rule_keeps_the_engine_least_slow_at_its_slowest_point():
     assert engines.pick({"a": {r: 1.0 for r in engines.ROWS}, "b": {r: 1.0 for r in engines.ROWS}}, ["b", "a"])[0] == "b"
 
 
-def test_export_declares_a_measured_engine_that_serves_the_framework_s_scores(torch_step):
-    declared = engines.Declared.read(torch_step)
-    record = declared.record
+def test_export_records_a_measured_engine_that_serves_the_framework_s_scores(torch_step):
+    recorded = engines.Recorded.read(torch_step)
+    record = recorded.record
     assert record["step"] == "dlrm_torch" and record["machine"]["model"] == engines.cpu()["model"]
-    assert declared.name in record["us_per_row"] and set(map(int, record["us_per_row"][declared.name])) == set(engines.ROWS)
+    assert recorded.name in record["us_per_row"] and set(map(int, record["us_per_row"][recorded.name])) == set(engines.ROWS)
     scorer = dlrm_torch.TorchScorer(torch_step)
-    assert scorer.engine.startswith(f"{declared.name} (declared")
+    assert scorer.engine.startswith(f"{recorded.name} (recorded")
     dense, ids = _rows()
     assert np.abs(scorer(dense, ids) - scorer.framework(dense, ids)).max() <= (
-        engines.BF16_TOLERANCE if declared.precision == "bf16" else engines.F32_TOLERANCE)
+        engines.BF16_TOLERANCE if recorded.precision == "bf16" else engines.F32_TOLERANCE)
 
 
 @pytest.mark.skipif(engines._runtime() is None, reason="OpenVINO's C runtime is not built into this install")
@@ -70,28 +70,28 @@ def test_the_openvino_engine_scores_as_the_framework_and_refuses_ids_outside_the
         engine.native(dense[:, :5].copy(), ids, np.empty(len(ids), np.float32))
 
 
-def _declare(folder, **fields):
+def _record_engine(folder, **fields):
     path = folder / engines.ENGINE_FILE
     record = json.loads(path.read_text())
     record.update(fields)
     path.write_text(json.dumps(record))
 
 
-def test_a_declared_engine_that_cannot_run_is_said_loudly_or_refused(torch_step, tmp_path, monkeypatch, capsys):
+def test_a_recorded_engine_that_cannot_run_is_said_loudly_or_refused(torch_step, tmp_path, monkeypatch, capsys):
     import shutil
 
     folder = tmp_path / "step"
     shutil.copytree(torch_step, folder)
-    _declare(folder, engine="openvino", precision="int4")
-    engines.UNDECLARED.clear()
+    _record_engine(folder, engine="openvino", precision="int4")
+    engines.SUBSTITUTED.clear()
     scorer = dlrm_torch.TorchScorer(folder)
-    assert "UNDECLARED: this install does not know the precision 'int4'" in scorer.engine
-    assert "dlrm_torch" in engines.UNDECLARED
-    assert "ensemble: dlrm_torch scores with c (UNDECLARED" in capsys.readouterr().err
+    assert "SUBSTITUTED: this install does not know the precision 'int4'" in scorer.engine
+    assert "dlrm_torch" in engines.SUBSTITUTED
+    assert "ensemble: dlrm_torch scores with c (SUBSTITUTED" in capsys.readouterr().err
     dense, ids = _rows()
     assert np.abs(scorer(dense, ids) - scorer.framework(dense, ids)).max() <= engines.F32_TOLERANCE
     monkeypatch.setenv(engines.REQUIRE_ENV, "1")
-    with pytest.raises(engines.EngineUnavailable, match="declared engine openvino-int4 cannot score here"):
+    with pytest.raises(engines.EngineUnavailable, match="recorded engine openvino-int4 cannot score here"):
         dlrm_torch.TorchScorer(folder)
 
 
@@ -102,22 +102,22 @@ def test_a_release_without_engine_json_keeps_the_checked_c_pass(torch_step, tmp_
     shutil.copytree(torch_step, folder)
     (folder / engines.ENGINE_FILE).unlink()
     scorer = dlrm_torch.TorchScorer(folder)
-    assert scorer.engine.startswith("c (no engine declared") and scorer.kernel is scorer.kernel_c
+    assert scorer.engine.startswith("c (no engine recorded") and scorer.kernel is scorer.kernel_c
 
 
-def test_the_keras_dlrm_declares_and_loads_its_engine(tmp_path):
+def test_the_keras_dlrm_records_and_loads_its_engine(tmp_path):
     model = dlrm_tf.build(CONFIG)
     dlrm_tf.save(model, tmp_path)
     dlrm_tf.write_tflite(tmp_path)
     engines.finish(tmp_path, "dlrm_tf", lambda: dlrm_tf.TFScorer(tmp_path))
-    declared = engines.Declared.read(tmp_path)
+    recorded = engines.Recorded.read(tmp_path)
     scorer = dlrm_tf.TFScorer(tmp_path)
-    assert scorer.engine.startswith(f"{declared.name} (declared")
+    assert scorer.engine.startswith(f"{recorded.name} (recorded")
     dense, ids = _rows()
     assert np.abs(scorer(dense, ids) - scorer.framework(dense, ids)).max() <= engines.BF16_TOLERANCE
 
 
-def test_declare_by_hand_checks_the_name(torch_step, tmp_path):
+def test_choose_by_hand_checks_the_name(torch_step, tmp_path):
     import shutil
 
     from ensemble.models import manifest
@@ -133,7 +133,7 @@ def test_declare_by_hand_checks_the_name(torch_step, tmp_path):
     record = engines.set_engine(folders, "dlrm_torch", "c")
     assert record["engine"] == "c" and "by hand" in record["rule"]
     manifest.verify(folder, Model.DLRM_TORCH)  # written again: the folder still loads
-    assert dlrm_torch.TorchScorer(folder).engine == "c (declared)"
+    assert dlrm_torch.TorchScorer(folder).engine == "c (recorded)"
 
 
 def _held_out(folder, step_dir, rows=4000, seed=5):
@@ -158,7 +158,7 @@ def test_with_held_out_rows_int8_is_quantized_and_the_reduced_precisions_judged_
     with engines.held_out(tmp_path / "held_out"):
         engines.finish(folder, "dlrm_torch", lambda: dlrm_torch.TorchScorer(folder))
     assert (folder / engines.OPENVINO_DIR / engines.OPENVINO_INT8).is_file()
-    record = engines.Declared.read(folder).record
+    record = engines.Recorded.read(folder).record
     held = record["parity"]["held_out"]
     assert held["rows"] == 4000 and held["auc_framework_fp32"] > 0.7
     for name in record["parity"]["max_abs_diff_vs_framework_fp32"]:
@@ -185,7 +185,7 @@ def test_int8_leaves_the_interaction_and_the_layer_reading_it_alone(torch_step):
 
 
 def test_without_held_out_rows_int8_is_not_measured(torch_step):
-    record = engines.Declared.read(torch_step).record
+    record = engines.Recorded.read(torch_step).record
     assert "openvino-int8" not in record["parity"]["max_abs_diff_vs_framework_fp32"]
     assert record["parity"]["held_out"].startswith("none at hand")
 

@@ -14,7 +14,9 @@ from ensemble.schema import Model
 def test_repository_layout(trained):
     repo = trained.repository
     for model in Model:
-        assert (repo / model.value / "config.pbtxt").is_file()
+        assert (repo / model.value / "configs" / "gpu.pbtxt").is_file()
+        assert not (repo / model.value / "config.pbtxt").exists()  # no layout is the default one
+    assert (repo / "ranker" / "configs" / "native.pbtxt").is_file() and (repo / "rank" / "configs" / "fused.pbtxt").is_file()
     assert (repo / "features" / "1" / "workflow" / "workflow.pkl").is_file()  # NVTabular's own format
     assert (repo / "xgb" / "1" / "xgboost.json").is_file()
     assert (repo / "dlrm_torch" / "1" / "model.pt").is_file()
@@ -27,10 +29,14 @@ def test_new_versions_are_published_whole_and_old_ones_pruned(trained, tmp_path)
     repo = tmp_path / "repo"
     shutil.copytree(trained.repository, repo)
     artifacts = TrainedArtifacts.under(trained.workdir)
-    export_repository(artifacts, repo, keep=2)
+    retired = repo / "xgb" / "config.pbtxt"  # an earlier export's config of the retired CPU ensemble layout
+    retired.write_text("# kept\n")
+    said: list[str] = []
+    export_repository(artifacts, repo, keep=2, log=said.append)
     export_repository(artifacts, repo, keep=2)
     versions = sorted(p.name for p in (repo / "xgb").iterdir())
     assert versions == ["2", "3", "config.pbtxt", "configs"]  # no staging folder left behind
+    assert retired.read_text() == "# kept\n" and any("left in place: config.pbtxt of xgb" in line for line in said)
     assert latest_version(repo / "xgb").name == "3"
 
 

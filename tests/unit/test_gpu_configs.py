@@ -21,14 +21,10 @@ def gpu():
     return _parsed(configs.all_gpu_configs())
 
 
-@pytest.fixture(scope="module")
-def cpu():
-    return _parsed(configs.all_configs())
-
-
-def test_same_models_as_cpu(cpu, gpu):
-    assert set(gpu) == set(cpu) == {m.value for m in Model}
-    assert all(gpu[name].name == name and gpu[name].max_batch_size == cpu[name].max_batch_size for name in gpu)
+def test_every_model_batches_as_the_cpu_ranker(gpu):
+    cpu = configs.layout_configs(configs.Layout.NATIVE)[Model.RANKER.value]
+    assert set(gpu) == {m.value for m in Model}
+    assert all(gpu[name].name == name and gpu[name].max_batch_size == cpu.max_batch_size for name in gpu)
 
 
 def test_backends_and_placement(gpu):
@@ -44,18 +40,18 @@ def test_backends_and_placement(gpu):
         assert triton_releases.backend_of(config.backend, config.platform) in triton_releases.PINNED.backends, name
 
 
-def test_gpu_and_cpu_configs_agree(cpu, gpu):
-    findings = compat._agreement(cpu, gpu)
+def test_gpu_configs_carry_the_steps_tensors(gpu):
+    findings = compat._agreement(gpu)
     assert findings and all(f.ok for f in findings), [f.line() for f in findings if not f.ok]
 
 
-def test_agreement_catches_a_dtype_change(cpu, gpu):
+def test_agreement_catches_a_dtype_change(gpu):
     changed = dict(gpu)
     changed["dlrm_tf"] = configs.parse(configs.all_gpu_configs()["dlrm_tf"])
     changed["dlrm_tf"].input[0].data_type = configs._pb().DataType.Value("TYPE_FP16")
-    failed = [f for f in compat._agreement(cpu, changed) if not f.ok]
+    failed = [f for f in compat._agreement(changed) if not f.ok]
     assert [f.subject for f in failed] == ["dlrm_tf"]
-    assert "TYPE_FP16 [13], CPU is TYPE_FP32 [13]" in failed[0].message
+    assert "is TYPE_FP16 [13], the step's is TYPE_FP32 [13]" in failed[0].message
 
 
 def test_backend_names_map_to_schema_tensors(gpu):
@@ -148,12 +144,11 @@ def _warmup(config) -> dict[str, dict[str, tuple[str, tuple[int, ...], str]]]:
                      for name, i in s.inputs.items()} for s in config.model_warmup}
 
 
-@pytest.mark.parametrize("layout", [configs.Layout.GPU, configs.Layout.ENSEMBLE], ids=lambda la: la.value)
-def test_every_composing_model_warms_up_on_its_own_tensors(layout):
+def test_every_composing_model_warms_up_on_its_own_tensors():
     """Triton runs the samples before the model is ready: a model that cannot infer fails at load."""
-    parsed = _parsed(configs.layout_texts(layout))
-    batches = configs.GPU_WARMUP_BATCHES if layout is configs.Layout.GPU else configs.CPU_WARMUP_BATCHES
-    models, _ = configs.layout_specs(layout)
+    parsed = _parsed(configs.layout_texts(configs.Layout.GPU))
+    batches = configs.GPU_WARMUP_BATCHES
+    models, _ = configs.layout_specs(configs.Layout.GPU)
     assert {s.name for s in models} == {m.value for m in configs.ORDER}
     for spec in models:
         config = parsed[spec.name]

@@ -147,7 +147,6 @@ def test_targets_name_their_server_and_protocol():
 
     assert Target("triton-native-grpc").layout is Layout.NATIVE and Target("triton-native-grpc").grpc
     assert Target("triton-http").layout is Layout.FUSED and not Target("triton-http").grpc
-    assert Target("triton-ensemble-http").layout is Layout.ENSEMBLE
     assert set(TRITON) | set(BASELINES) == {t.value for t in Target} and not set(TRITON) & set(BASELINES)
     assert [t.value for t in Target if t.strict_json] == ["mlserver"]
 
