@@ -9,8 +9,9 @@ from ensemble.models.registry import Layout
 
 class Target(str, enum.Enum):
     """What a scenario loads. The two plain Triton targets serve the fused layout (the python-backend
-    fallback); ``triton-native-*`` the default, the ranker in the project's own backend. The baselines: ``inproc`` and ``naive`` (FastAPI processes) and
-    ``mlserver`` (the in-process pipeline as an MLServer runtime)."""
+    fallback); ``triton-native-*`` the default, the ranker in the project's own backend. The baselines:
+    ``inproc`` and ``naive`` (FastAPI processes) and ``mlserver`` (the in-process pipeline as an MLServer
+    runtime)."""
 
     TRITON_HTTP = "triton-http"
     TRITON_GRPC = "triton-grpc"

@@ -49,8 +49,8 @@ def _server(repository, log_file, **options) -> TritonServer:
 
 def _engine_metrics(server) -> dict:
     """The ranker's engine series on the metrics endpoint: (family, step) -> (engine, recorded, value) for
-    ensemble_engine_info (whose former label `declared` repeats `recorded` for one release), the value for ensemble_engine_substituted (which its former name, ensemble_engine_undeclared,
-    repeats for one release)."""
+    ensemble_engine_info (whose former label `declared` repeats `recorded` for one release), the value for
+    ensemble_engine_substituted (which its former name, ensemble_engine_undeclared, repeats for one release)."""
     import urllib.request
 
     from ensemble.operate.monitoring import parse_exposition
