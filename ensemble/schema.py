@@ -78,7 +78,7 @@ class Model(str, enum.Enum):
     RANKER = "ranker"
 
 
-# The client contract of the ensemble `ranker`.
+# The client contract of the `ranker`.
 DENSE = Tensor("dense", DType.FP32, (N_DENSE,))  # raw integer features, NaN = missing
 CATEGORICAL = Tensor("categorical", DType.STRING, (N_CATEGORICAL,))  # hex strings, "" = missing
 SCORE = Tensor("score", DType.FP32, (1,))
@@ -87,8 +87,8 @@ SCORE_DLRM_TORCH = Tensor("score_dlrm_torch", DType.FP32, (1,))
 SCORE_DLRM_TF = Tensor("score_dlrm_tf", DType.FP32, (1,))
 
 # Between the steps (in the GPU layout, of its Triton ensemble). The per-model probabilities travel
-# under their own names and the blend step re-emits them as the ensemble outputs: a tensor that is
-# both an ensemble output and another step's input deadlocks Triton's ensemble scheduler when the
+# under their own names and the blend step re-emits them as the ranker's outputs: a tensor that is both
+# an ensemble output and another step's input deadlocks Triton's ensemble scheduler when the
 # client asks for `score` alone (seen with tritonserver 2.51, on a CPU ensemble of the same steps).
 DENSE_FEATURES = Tensor("dense_features", DType.FP32, (N_DENSE,))  # normalized
 CATEGORY_IDS = Tensor("category_ids", DType.INT64, (N_CATEGORICAL,))  # Categorify ids
@@ -99,7 +99,7 @@ PROB_DLRM_TF = Tensor("prob_dlrm_tf", DType.FP32, (1,))
 RANKER_INPUTS: tuple[Tensor, ...] = (DENSE, CATEGORICAL)
 RANKER_OUTPUTS: tuple[Tensor, ...] = (SCORE, SCORE_XGB, SCORE_DLRM_TORCH, SCORE_DLRM_TF)
 
-# Each scoring model's output, and the ensemble output that carries it.
+# Each scoring model's output, and the ranker's output that carries it.
 MODEL_SCORES: dict[Model, tuple[Tensor, Tensor]] = {
     Model.XGB: (PROB_XGB, SCORE_XGB),
     Model.DLRM_TORCH: (PROB_DLRM_TORCH, SCORE_DLRM_TORCH),

@@ -199,8 +199,8 @@ def title(results: list[dict]) -> str:
     """What was compared: Triton against the baselines only when both were measured."""
     measured = {r["target"] for r in results}
     if measured & set(TRITON) and measured & set(BASELINES):
-        return "Load test: Triton ensemble vs CPU baselines"
-    return "Load test: Triton ensemble" if measured & set(TRITON) else "Load test: CPU baselines"
+        return "Load test: Triton vs CPU baselines"
+    return "Load test: Triton" if measured & set(TRITON) else "Load test: CPU baselines"
 
 
 def replot(folder: Path) -> list[str]:
@@ -255,7 +255,7 @@ def write_report(out: Path, results: list[dict], options, pinning, seconds: floa
                  f"| {r['failures']:.0f} |" for r in results]),
         "![latency percentiles](latency_percentiles.png)", "",
         *_table("| scenario | model | queue ms | compute ms | mean rows per execution |", stages,
-                ("## Inside the ensemble (Triton statistics, per request)", "")),
+                ("## Inside the server (Triton statistics, per request)", "")),
         *_table("| scenario | CPU ms per request | CPU us per row | by process (ms per request) |", cpu_rows(results), (
             "## Server CPU per request", "",
             "CPU time (user + system, from /proc) of the server processes over each measured run, divided by the "

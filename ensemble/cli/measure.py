@@ -58,7 +58,7 @@ def add_commands(sub) -> None:
     """This group's subcommands, in the order `ensemble --help` lists them."""
     p = _command(sub, "baseline-serve", "a CPU baseline server (FastAPI) with the ranker's HTTP contract")
     p.add_argument("--kind", choices=["naive", "inproc"], required=True,
-                   help="naive: pandas + NVTabular + the frameworks per request; inproc: the ensemble's own pipeline")
+                   help="naive: pandas + NVTabular + the frameworks per request; inproc: the ranker's own pipeline")
     p.add_argument("--repository", default="model_repository", help="the Triton model repository")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=int, default=8010, help="HTTP port")

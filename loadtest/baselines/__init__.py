@@ -1,1 +1,1 @@
-"""CPU baseline servers with the ensemble's request contract (see :mod:`loadtest.baselines.app`)."""
+"""CPU baseline servers with the ranker's request contract (see :mod:`loadtest.baselines.app`)."""

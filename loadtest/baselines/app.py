@@ -1,11 +1,11 @@
-"""One FastAPI/uvicorn app per baseline, with the ensemble's HTTP JSON request contract.
+"""One FastAPI/uvicorn app per baseline, with the ranker's HTTP JSON request contract.
 
 ``POST /v2/models/ranker/infer`` takes the same body Triton takes (inputs ``dense`` FP32
 [B, 13] and ``categorical`` BYTES [B, 26]) and answers with the same outputs; malformed
 requests get a 400 with ``{"error": ...}``. Kinds:
 
 - ``naive``: :class:`loadtest.baselines.naive.NaiveScorer` (NVTabular + pandas per request).
-- ``inproc``: the ensemble's own pipeline (lean transform, same models) in-process, per request.
+- ``inproc``: the ranker's own pipeline (lean transform, same models) in-process, per request.
 """
 
 # No `from __future__ import annotations`: FastAPI resolves the handler annotations at runtime.

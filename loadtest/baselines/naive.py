@@ -2,7 +2,7 @@
 
 Per request: a pandas DataFrame, the saved NVTabular ``Workflow.transform``, an XGBoost
 ``DMatrix``, the TorchScript model, the TensorFlow SavedModel, then the blend. Same artifacts as
-the ensemble (read from the same model repository), no batching across requests.
+the ranker (read from the same model repository), no batching across requests.
 """
 
 from __future__ import annotations

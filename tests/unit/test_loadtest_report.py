@@ -39,7 +39,7 @@ def test_report_folder_is_complete(tmp_path):
     report = write_report(tmp_path, RESULTS, options, Pinning("1", "0"), 42.0)
     text = report.read_text()
     for expected in ("Headline", "5.0x", "inf (baseline never met the SLA)", "pinned to CPU 1",
-                     "Cost per million", "extrapolated", "Inside the ensemble",
+                     "Cost per million", "extrapolated", "Inside the server",
                      "| triton-http r1 u1 | 4.00 | 4,000 | tritonserver 1.00, xgb 2.50, blend 0.50 |",
                      "| inproc r1 u1 | 1.75 | 1,750 |  |"):
         assert expected in text, expected
@@ -111,7 +111,7 @@ def test_a_run_without_baselines_is_not_titled_against_them_and_has_no_empty_tab
         r.setdefault("server_cpu_ms", {})
     text = write_report(tmp_path, triton_only, RunnerOptions(out=tmp_path, targets=("triton-http",)),
                         Pinning(None, None), 42.0).read_text()
-    assert text.startswith("# Load test: Triton ensemble\n") and "baseline" not in text.splitlines()[0]
+    assert text.startswith("# Load test: Triton\n") and "baseline" not in text.splitlines()[0]
     assert "vs baseline" not in text  # the ratio table has no rows without baselines
     for table in _tables(text):
         assert len(table) > 2, f"table without rows: {table[0]}"
@@ -120,8 +120,8 @@ def test_a_run_without_baselines_is_not_titled_against_them_and_has_no_empty_tab
 def test_sections_without_rows_are_left_out(tmp_path):
     bare = [{**r, "stages": {}, "server_cpu_ms": {}} for r in RESULTS]
     text = write_report(tmp_path, bare, RunnerOptions(out=tmp_path), Pinning("1", "0"), 42.0).read_text()
-    assert text.startswith("# Load test: Triton ensemble vs CPU baselines\n")
-    assert "Inside the ensemble" not in text and "Server CPU per request" not in text
+    assert text.startswith("# Load test: Triton vs CPU baselines\n")
+    assert "Inside the server" not in text and "Server CPU per request" not in text
     assert all(len(table) > 2 for table in _tables(text))
     baselines_only = [r for r in bare if r["target"] in ("inproc", "naive")]
     text = write_report(tmp_path, baselines_only, RunnerOptions(out=tmp_path), Pinning("1", "0"), 1.0).read_text()
