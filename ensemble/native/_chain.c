@@ -14,6 +14,10 @@
  * A call may use two threads: the rows are cut in two (as the Python pipeline cuts a batch) and a
  * helper thread the Chain keeps scores the second part, lookups and transform included, while the
  * caller scores the first. Every row's outputs are the same either way (each row is scored alone).
+ * A helper runs at its callers' priority: the Chain keeps one per nice value that calls it (the native
+ * backend's model thread, its bulk lane and the rank model's threads each run at their own), since a
+ * thread can lower its priority but not raise it again; one shared helper, lowered once by the bulk
+ * lane, scored every later interactive call's second half at the lane's nice 19.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -37,6 +41,10 @@
 #define MODELS 3 /* trees, torch DLRM, TF DLRM: the outputs after the blend */
 
 /* One part list of a call: what score takes. */
+/* Helpers a Chain keeps at most: one per nice value its callers run at (the model thread's, the bulk
+ * lane's, the rank model's and the loading thread's); a caller at yet another scores alone. */
+#define HELPERS 4
+
 typedef struct {
     int32_t parts;
     const float *const *dense;
@@ -46,14 +54,15 @@ typedef struct {
     double deadline; /* CLOCK_MONOTONIC seconds the call must be done by (0: none): a row store's reads */
 } Parts;
 
-/* The helper thread and the one job it may hold. */
+/* A helper thread and the one job it may hold. */
 typedef struct {
+    void *chain; /* the Chain it scores for */
     pthread_t thread;
     pthread_mutex_t lock; /* guards the fields below */
     pthread_cond_t wake;
     bool started, posted, done, stop;
     Parts job;
-    int nice; /* the posting thread's nice value, which the helper takes when it is lower than that */
+    int nice; /* the nice value of the threads it helps, which it runs at (fixed when it is started) */
     float *out;
     int64_t stride;
     int result;
@@ -75,7 +84,8 @@ typedef struct {
     double weights[MODELS], bias, eps;
     PyUFuncGenericFunction log_loop;
     void *log_data;
-    Helper helper;
+    pthread_mutex_t helpers_lock; /* guards starting a helper */
+    Helper helpers[HELPERS];
 } Chain;
 
 /* numpy's inner loop of np.log for float32 -> float32 (the first such loop, the one numpy picks). */
@@ -140,10 +150,13 @@ static void helper_stop(Helper *h) {
 
 static void chain_dealloc(PyObject *obj) {
     Chain *c = (Chain *)obj;
-    helper_stop(&c->helper);
-    pthread_cond_destroy(&c->helper.wake);
-    pthread_mutex_destroy(&c->helper.lock);
-    pthread_mutex_destroy(&c->helper.busy);
+    for (int i = 0; i < HELPERS; i++) {
+        helper_stop(&c->helpers[i]);
+        pthread_cond_destroy(&c->helpers[i].wake);
+        pthread_mutex_destroy(&c->helpers[i].lock);
+        pthread_mutex_destroy(&c->helpers[i].busy);
+    }
+    pthread_mutex_destroy(&c->helpers_lock);
     Py_buffer *views[] = {&c->means, &c->stds, &c->node_column, &c->node_threshold, &c->leaves};
     for (int i = 0; i < c->held; i++) PyBuffer_Release(views[i]);
     Py_XDECREF(c->vocabulary);
@@ -166,9 +179,13 @@ static PyObject *chain_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     Chain *c = (Chain *)type->tp_alloc(type, 0);
     if (c == NULL) return NULL;
-    pthread_mutex_init(&c->helper.lock, NULL);
-    pthread_mutex_init(&c->helper.busy, NULL);
-    pthread_cond_init(&c->helper.wake, NULL);
+    pthread_mutex_init(&c->helpers_lock, NULL);
+    for (int i = 0; i < HELPERS; i++) {
+        c->helpers[i].chain = c;
+        pthread_mutex_init(&c->helpers[i].lock, NULL);
+        pthread_mutex_init(&c->helpers[i].busy, NULL);
+        pthread_cond_init(&c->helpers[i].wake, NULL);
+    }
     c->native = api_of(ENSEMBLE_REQUEST_CAPSULE);
     c->trees = c->native ? api_of(ENSEMBLE_TREES_CAPSULE) : NULL;
     c->dlrm[0] = c->trees ? dlrm_api(torch) : NULL;
@@ -313,20 +330,18 @@ static int thread_nice(void) {
 }
 
 static void *helper_main(void *arg) {
-    Chain *c = arg;
-    Helper *h = &c->helper;
-    /* The helper scores half of the posting thread's call, so it runs at that thread's priority (the
-     * native backend lowers its model thread's, backend.c: lower_priority), also when it was
-     * started at load by another thread. It only ever lowers its own, which needs no privilege. */
-    int mine = thread_nice();
+    Helper *h = arg;
+    Chain *c = h->chain;
+    /* The helper scores half of its callers' calls, so it runs at their priority (the native backend
+     * lowers its model thread's, backend.c: lower_priority). A new thread takes its creator's nice value,
+     * which is the callers'; it only ever lowers its own, which needs no privilege. */
+    if (h->nice > thread_nice()) setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), h->nice);
     pthread_mutex_lock(&h->lock);
     for (;;) {
         while (!h->posted && !h->stop) pthread_cond_wait(&h->wake, &h->lock);
         if (h->stop) break;
         h->posted = false;
-        const int nice = h->nice;
         pthread_mutex_unlock(&h->lock);
-        if (nice > mine && setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice) == 0) mine = nice;
         const int result = score_rows(c, &h->job, h->out, h->stride, h->error, sizeof h->error);
         pthread_mutex_lock(&h->lock);
         h->result = result;
@@ -335,6 +350,26 @@ static void *helper_main(void *arg) {
     }
     pthread_mutex_unlock(&h->lock);
     return NULL;
+}
+
+/* The helper of callers at nice value `nice`, started on first use, with its `busy` lock held; NULL when
+ * it is busy with another call, every slot belongs to other nice values, or it cannot start (the call
+ * then scores alone). */
+static Helper *helper_for(Chain *c, int nice) {
+    pthread_mutex_lock(&c->helpers_lock);
+    Helper *h = NULL;
+    for (int i = 0; i < HELPERS && h == NULL; i++)
+        if (!c->helpers[i].started || c->helpers[i].nice == nice) h = &c->helpers[i];
+    if (h != NULL && !h->started) {
+        h->nice = nice;
+        pthread_mutex_lock(&h->lock);
+        h->started = pthread_create(&h->thread, NULL, helper_main, h) == 0;
+        pthread_mutex_unlock(&h->lock);
+        if (!h->started) h = NULL;
+    }
+    pthread_mutex_unlock(&c->helpers_lock);
+    if (h != NULL && pthread_mutex_trylock(&h->busy) != 0) h = NULL;
+    return h;
 }
 
 /* The byte offset in a BYTES wire buffer after its first count values, or its end when it does not
@@ -352,18 +387,12 @@ static int score(PyObject *obj, int32_t parts, const float *const *dense, const 
     int64_t total = 0;
     for (int32_t p = 0; p < parts; p++) total += rows[p];
     const int64_t cut = (total / 2 + 15) / 16 * 16; /* the Python pipeline's cut: whole groups of 16 rows */
-    Helper *h = &c->helper;
-    if (threads < 2 || cut <= 0 || cut >= total || pthread_mutex_trylock(&h->busy) != 0)
-        return score_rows(c, &all, out, total, error, error_size);
-    if (!h->started) {
-        pthread_mutex_lock(&h->lock);
-        h->started = pthread_create(&h->thread, NULL, helper_main, c) == 0;
-        pthread_mutex_unlock(&h->lock);
-        if (!h->started) {
-            pthread_mutex_unlock(&h->busy);
-            return score_rows(c, &all, out, total, error, error_size);
-        }
-    }
+    if (threads < 2 || cut <= 0 || cut >= total) return score_rows(c, &all, out, total, error, error_size);
+    /* this thread's nice value, read once: the backend sets it before the thread's first call */
+    static __thread int poster_nice = -100;
+    if (poster_nice == -100) poster_nice = thread_nice();
+    Helper *h = helper_for(c, poster_nice);
+    if (h == NULL) return score_rows(c, &all, out, total, error, error_size);
     /* The parts cut at row `cut`: [0, k] for this thread (part k's first `head` rows), [k, parts) for the
      * helper (part k's remaining rows), each list of at most parts + 1 entries. */
     const size_t n = (size_t)parts + 1;
@@ -388,16 +417,12 @@ static int score(PyObject *obj, int32_t parts, const float *const *dense, const 
     const unsigned char **w2 = w + n;
     uint64_t *ws2 = ws + n;
     int64_t *r2 = r + n;
-    /* this thread's nice value, read once: the backend sets it before the thread's first call */
-    static __thread int poster_nice = -100;
-    if (poster_nice == -100) poster_nice = thread_nice();
     d2[0] = dense[k] + head * c->n_dense, w2[0] = wire[k] + split, ws2[0] = wire_size[k] - split;
     r2[0] = rows[k] - head;
     for (int32_t p = k + 1; p < parts; p++)
         d2[p - k] = dense[p], w2[p - k] = wire[p], ws2[p - k] = wire_size[p], r2[p - k] = rows[p];
     pthread_mutex_lock(&h->lock);
     h->job = (Parts){parts - k, d2, w2, ws2, r2, deadline};
-    h->nice = poster_nice;
     h->out = out + cut;
     h->stride = total;
     h->done = false;

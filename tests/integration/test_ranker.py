@@ -175,8 +175,12 @@ def test_the_native_backend_answers_ordinary_requests_from_one_score_array(serve
 def test_the_native_model_thread_runs_below_the_front_end(servers, rows):
     """The native ranker's instance thread takes the config's nice value on its first call (so Triton's
     front-end threads, left at 0, parse arriving requests before it takes the core back), and the chain's
-    helper thread, which scores half of a large call, follows it; the rest of the server keeps 0."""
+    helper thread, which scores half of a large call, runs at it too, also after the bulk lane (nice 19)
+    had large calls of its own helped (one shared helper was lowered to 19 by them for good); the rest of
+    the server keeps 0."""
     import os
+    import threading
+    import time
 
     import tritonclient.http as httpclient
 
@@ -185,16 +189,27 @@ def test_the_native_model_thread_runs_below_the_front_end(servers, rows):
 
     srv = servers(Layout.NATIVE)
     dense, cats = rows
-    client = httpclient.InferenceServerClient(srv.http_url)
-    try:
-        for n in (1, 40):  # 40 rows: the chain's two-thread cut on a server with two cores
+
+    def infer(n: int, bulk: bool = False) -> None:
+        client = httpclient.InferenceServerClient(srv.http_url)  # one per thread: not shared
+        try:
             inputs = [httpclient.InferInput(schema.DENSE.name, [n, dense.shape[1]], "FP32"),
                       httpclient.InferInput(schema.CATEGORICAL.name, [n, cats.shape[1]], "BYTES")]
             inputs[0].set_data_from_numpy(np.ascontiguousarray(dense[:n], np.float32))
             inputs[1].set_data_from_numpy(cats[:n])
-            client.infer(schema.Model.RANKER.value, inputs)
-    finally:
-        client.close()
+            client.infer(schema.Model.RANKER.value, inputs,
+                         parameters={schema.BULK_PARAMETER: True} if bulk else None)
+        finally:
+            client.close()
+
+    until = time.monotonic() + 2  # bulk requests beside interactive ones: the lane scores them, helped
+    interactive = threading.Thread(target=lambda: [infer(1) for _ in iter(lambda: time.monotonic() < until, False)])
+    interactive.start()
+    while time.monotonic() < until:
+        infer(min(len(dense), 200), bulk=True)
+    interactive.join()
+    for n in (1, 40):  # 40 rows: the chain's two-thread cut on a server with two cores
+        infer(n)
     pid = srv.process.pid
     nice = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
