@@ -286,8 +286,8 @@ def layout_configs(layout: Layout, release: triton_releases.TritonRelease = trit
 
 
 # The ``rank`` model, one request per call (its candidate list is the batch). In the fused and gpu
-# layouts, a python-backend model (ensemble/serving/rank_model.py), it is numpy only and asks the ranker to score the rows by
-# an in-process inference call: one instance, a process of ~40 MiB (a second one would let another
+# layouts it is a python-backend model (ensemble/serving/rank_model.py), numpy only, that asks the
+# ranker to score the rows by an in-process inference call: one instance, a process of ~40 MiB (a second one would let another
 # ranking request's rows reach the ranker's queue meanwhile, for 40 MiB more: the fused server
 # measured 484 MiB with two, against the 500 MiB budget). In the native layout the project's backend
 # serves it in Triton's process with the ranker's own pipeline (ensemble/serving/embedded.py), where
